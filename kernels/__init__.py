@@ -1,0 +1,1 @@
+"""Triton kernels (built by a later issue). Imports without triton installed."""

@@ -1,0 +1,1 @@
+"""The radixrt frontend language (built by a later issue). Imports no torch."""
