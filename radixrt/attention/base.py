@@ -1,0 +1,50 @@
+"""The attention backend interface. Backends are chosen by name through `create_backend`."""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+
+import torch
+
+from radixrt.executor.forward_batch import ForwardBatch
+
+
+class AttentionBackend(ABC):
+    """Paged attention over the KV pool.
+
+    Contract: `init_forward_metadata(fb)` runs once per forward before any layer and may store
+    what it precomputes in `fb.attn_metadata`. `forward(...)` is called by every attention layer:
+    it first writes the new tokens' K/V into the pool at `fb.out_cache_loc` (layer `layer_id`),
+    then returns, for every new token, causal attention over its own sequence: the cached prefix
+    plus the new tokens up to and including itself.
+    """
+
+    @abstractmethod
+    def init_forward_metadata(self, fb: ForwardBatch) -> None: ...
+
+    @abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, num_q_heads, head_dim]
+        k: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        layer_id: int,
+        fb: ForwardBatch,
+        scaling: float,
+    ) -> torch.Tensor:  # [T, num_q_heads, head_dim]
+        ...
+
+
+# name -> "module:Class", imported lazily so that a backend's dependencies load only when used.
+_BACKENDS = {
+    "torch": "radixrt.attention.torch_backend:TorchAttentionBackend",
+    "triton": "radixrt.attention.triton_backend:TritonAttentionBackend",
+}
+
+
+def create_backend(name: str, **kwargs) -> AttentionBackend:
+    if name not in _BACKENDS:
+        raise ValueError(f"attention_backend must be one of {sorted(_BACKENDS)}, got {name!r}")
+    module_name, cls_name = _BACKENDS[name].split(":")
+    return getattr(importlib.import_module(module_name), cls_name)(**kwargs)

@@ -1,0 +1,52 @@
+"""The flattened description of one model forward over a ragged batch.
+
+A batch mixes prefill chunks ("extend": several new tokens after a cached prefix) and decode
+steps (one new token). Every tensor below is built once per step by the model runner; the model
+and the attention backend only read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from radixrt.attention.base import AttentionBackend
+    from radixrt.cache.kv_pool import KVPool
+
+
+@dataclass
+class ForwardBatch:
+    """T = total new tokens in the batch, B = number of sequences.
+
+    Sequence i owns new tokens qo_indptr[i]:qo_indptr[i+1] of input_ids / positions /
+    out_cache_loc, and its whole KV (cached prefix followed by its new tokens) sits at the pool
+    slots kv_indices[kv_indptr[i]:kv_indptr[i+1]], in position order.
+    """
+
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64, position of each new token in its sequence
+    out_cache_loc: torch.Tensor  # [T] int64, pool slot that receives each new token's K/V
+    qo_indptr: torch.Tensor  # [B+1] int64, offsets of each sequence's new tokens
+    kv_indices: torch.Tensor  # [sum(seq_lens)] int64, pool slots of every token of each seq
+    kv_indptr: torch.Tensor  # [B+1] int64, offsets into kv_indices
+    seq_lens: torch.Tensor  # [B] int64, prefix + new tokens
+    extend_lens: torch.Tensor  # [B] int64, new tokens (1 for a decode step)
+    # The same three lengths as Python lists: Python control flow must not sync on tensors.
+    seq_lens_cpu: list[int]
+    extend_lens_cpu: list[int]
+    prefix_lens_cpu: list[int]
+    kv_pool: "KVPool"
+    attn_backend: "AttentionBackend"
+    # Backend-private precomputed data (index tables, masks), set by init_forward_metadata.
+    attn_metadata: Any = field(default=None)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.seq_lens_cpu)
+
+    @property
+    def is_decode_only(self) -> bool:
+        return all(n == 1 for n in self.extend_lens_cpu)
