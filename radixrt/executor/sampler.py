@@ -1,0 +1,152 @@
+"""Pick the next token of every request in a batch, with batched tensor ops.
+
+Per step the scheduler builds one `SamplingBatch` from its requests and calls `sample` on the
+last-position logits. Order: penalties (on a copy) → greedy rows take the argmax → the others
+are divided by their temperature, softmaxed, filtered by top-k, then top-p, then min-p, and drawn.
+
+Drawing uses the exponential race: with E_i ~ Exp(1) independent, argmax_i(p_i / E_i) is
+distributed exactly as p. The noise of a row with its own `torch.Generator` (a request with a
+seed) is drawn from that generator alone, so a seeded request draws the same tokens whatever
+else shares its batch. Rows without one draw from torch's default generator, in one call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from radixrt.executor.penalties import PenaltyState, build_penalties
+from radixrt.sampling_params import SamplingParams
+
+
+@dataclass
+class SamplingBatch:
+    """The sampling parameters of a batch of B requests as tensors, plus what to skip."""
+
+    temperatures: torch.Tensor  # [B, 1] float32, 1.0 on greedy rows (never divides by 0)
+    top_ps: torch.Tensor  # [B] float32
+    top_ks: torch.Tensor  # [B] int64, vocab_size where top-k is off
+    min_ps: torch.Tensor  # [B] float32
+    greedy: torch.Tensor  # [B] bool
+    generators: list[torch.Generator | None]  # per row; None = torch's default generator
+    seeded_rows: list[int]  # non-greedy rows that have their own generator
+    unseeded_rows: torch.Tensor  # [U] int64, non-greedy rows drawing from the default one
+    all_greedy: bool
+    need_top_p: bool
+    need_top_k: bool
+    need_min_p: bool
+    penalties: PenaltyState | None  # None when no request uses a penalty
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.generators)
+
+    @classmethod
+    def build(
+        cls,
+        params: Sequence[SamplingParams],
+        generators: Sequence[torch.Generator | None],
+        output_ids: Sequence[Sequence[int]],
+        prompt_ids: Sequence[Sequence[int]],
+        vocab_size: int,
+        device: torch.device | str,
+        eos_token_ids: Sequence[int] = (),
+    ) -> SamplingBatch:
+        """Build the batch of one step; `params` must already be verified.
+
+        generators[i] must live on `device` (it draws row i's noise there). `eos_token_ids`
+        are masked, with each request's stop_token_ids, until it reaches min_new_tokens.
+        """
+        assert len(params) == len(generators) == len(output_ids) == len(prompt_ids)
+        greedy = [p.is_greedy for p in params]
+        sampled = [p for p, g in zip(params, greedy) if not g]
+        seeded = [i for i, g in enumerate(generators) if g is not None and not greedy[i]]
+        unseeded = [i for i, g in enumerate(generators) if g is None and not greedy[i]]
+        top_ks = [vocab_size if p.top_k < 1 else min(p.top_k, vocab_size) for p in params]
+        return cls(
+            temperatures=_floats(
+                [1.0 if g else p.temperature for p, g in zip(params, greedy)], device
+            ).unsqueeze(1),
+            top_ps=_floats([p.top_p for p in params], device),
+            top_ks=torch.tensor(top_ks, dtype=torch.int64, device=device),
+            min_ps=_floats([p.min_p for p in params], device),
+            greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
+            generators=list(generators),
+            seeded_rows=seeded,
+            unseeded_rows=torch.tensor(unseeded, dtype=torch.int64, device=device),
+            all_greedy=all(greedy),
+            need_top_p=any(p.top_p < 1.0 for p in sampled),
+            need_top_k=any(0 < p.top_k < vocab_size for p in sampled),
+            need_min_p=any(p.min_p > 0.0 for p in sampled),
+            penalties=build_penalties(
+                params, output_ids, prompt_ids, vocab_size, device, eos_token_ids
+            ),
+        )
+
+
+def _floats(values: list[float], device: torch.device | str) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float32, device=device)
+
+
+def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Next token ids [B] int64 from the last-position logits [B, V] float32.
+
+    The caller's logits are never modified (penalties work on a copy).
+    """
+    assert logits.dim() == 2 and logits.shape[0] == batch.batch_size, logits.shape
+    logits = logits.to(torch.float32)
+    if batch.penalties is not None:
+        logits = logits.clone()
+        batch.penalties.apply(logits)
+    greedy_ids = logits.argmax(dim=-1)
+    if batch.all_greedy:
+        return greedy_ids
+    probs = torch.softmax(logits / batch.temperatures, dim=-1)  # [B, V]
+    probs = filter_probs(probs, batch)
+    sampled_ids = (probs / _exponential_noise(probs, batch)).argmax(dim=-1)
+    return torch.where(batch.greedy, greedy_ids, sampled_ids)
+
+
+def filter_probs(probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Zero the probabilities top-k, top-p and min-p remove; rows are left unnormalized.
+
+    The exponential race does not need normalized rows, so nothing is renormalized here.
+    """
+    if batch.need_top_k or batch.need_top_p:
+        probs = _top_k_top_p(probs, batch)
+    if batch.need_min_p:
+        # The top token always survives top-k/top-p, so this max is the unfiltered max.
+        threshold = batch.min_ps.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)  # [B, 1]
+        probs = probs.masked_fill(probs < threshold, 0.0)
+    return probs
+
+
+def _top_k_top_p(probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    # One descending sort for the whole batch serves both filters.
+    sorted_probs, order = probs.sort(dim=-1, descending=True)  # [B, V] each
+    if batch.need_top_k:
+        ranks = torch.arange(probs.shape[-1], device=probs.device).unsqueeze(0)  # [1, V]
+        sorted_probs.masked_fill_(ranks >= batch.top_ks.unsqueeze(1), 0.0)
+    if batch.need_top_p:
+        # Top-p acts on the top-k survivors renormalized (as Hugging Face and vLLM do): keep a
+        # token while the mass ranked above it is within top_p of the surviving mass.
+        cumulative = sorted_probs.cumsum(dim=-1)  # [B, V]
+        mass_before = cumulative - sorted_probs
+        limit = batch.top_ps.unsqueeze(1) * cumulative[:, -1:]  # [B, 1]
+        drop = (mass_before > limit) & (batch.top_ps < 1.0).unsqueeze(1)
+        sorted_probs.masked_fill_(drop, 0.0)
+    return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+
+
+def _exponential_noise(probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Exp(1) noise [B, V]; row i from generators[i] when it has one. Greedy rows get ones."""
+    noise = torch.ones_like(probs)
+    if batch.unseeded_rows.numel() > 0:
+        rows = batch.unseeded_rows
+        noise[rows] = torch.empty(rows.numel(), probs.shape[-1], device=probs.device).exponential_()
+    for row in batch.seeded_rows:
+        noise[row].exponential_(generator=batch.generators[row])
+    # An exact 0 draw would make p / 0 = inf (or nan for p = 0); clamp it away.
+    return noise.clamp_min_(torch.finfo(noise.dtype).tiny)

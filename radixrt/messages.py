@@ -1,0 +1,85 @@
+"""Every message that crosses between the frontend (Engine / tokenizer manager) and the scheduler.
+
+They are msgspec Structs, encoded with msgspec.msgpack; a tagged union lets one socket carry
+several kinds. Nothing read from a socket is ever unpickled.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+
+
+class GenerateReq(msgspec.Struct, tag="generate"):
+    """One tokenized request (n > 1 is expanded into n of these before it reaches the scheduler)."""
+
+    rid: str
+    input_ids: list[int]
+    sampling_params: dict[str, Any]
+    return_logprob: bool = False
+    logprob_start_len: int = -1  # -1: no prompt logprobs; k >= 0: prompt logprobs from token k
+    top_logprobs_num: int = 0
+    stream: bool = False
+
+
+class AbortReq(msgspec.Struct, tag="abort"):
+    rid: str
+
+
+class FlushCacheReq(msgspec.Struct, tag="flush_cache"):
+    pass
+
+
+class ShutdownReq(msgspec.Struct, tag="shutdown"):
+    pass
+
+
+class ReqOutput(msgspec.Struct):
+    """What one request produced since the last ReqOutput for it (the ids are a delta)."""
+
+    rid: str
+    new_output_ids: list[int]
+    finished: bool
+    finish_reason: dict[str, Any] | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    # Logprob deltas, present only when the request asked for them:
+    # (logprob, token_id) pairs and, per token, a list of (logprob, token_id) alternatives.
+    output_token_logprobs: list[tuple[float, int]] | None = None
+    output_top_logprobs: list[list[tuple[float, int]]] | None = None
+    input_token_logprobs: list[tuple[float | None, int]] | None = None
+    input_top_logprobs: list[list[tuple[float, int]] | None] | None = None
+
+
+class BatchOutput(msgspec.Struct, tag="batch_output"):
+    outputs: list[ReqOutput]
+
+
+class ControlReply(msgspec.Struct, tag="control_reply"):
+    """The scheduler's answer to a control request (flush_cache)."""
+
+    kind: str
+    success: bool
+    message: str = ""
+
+
+ToScheduler = Union[GenerateReq, AbortReq, FlushCacheReq, ShutdownReq]
+FromScheduler = Union[BatchOutput, ControlReply]
+
+_to_scheduler = msgspec.msgpack.Decoder(ToScheduler)
+_from_scheduler = msgspec.msgpack.Decoder(FromScheduler)
+_encoder = msgspec.msgpack.Encoder()
+
+
+def encode(msg: msgspec.Struct) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode_to_scheduler(data: bytes) -> ToScheduler:
+    return _to_scheduler.decode(data)
+
+
+def decode_from_scheduler(data: bytes) -> FromScheduler:
+    return _from_scheduler.decode(data)

@@ -1,0 +1,88 @@
+"""Frontend-side state of one request: collects the scheduler's deltas into SGLang-shaped dicts."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import time
+from typing import Any
+
+from radixrt.detokenizer import IncrementalDetokenizer
+from radixrt.messages import ReqOutput
+
+
+class SchedulerDied(RuntimeError):
+    pass
+
+
+class ReqState:
+    def __init__(self, rid: str, detok: IncrementalDetokenizer | None, return_logprob: bool,
+                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.rid = rid
+        self.detok = detok
+        self.return_logprob = return_logprob
+        self.created = time.perf_counter()
+        self.output_ids: list[int] = []
+        self.text = ""
+        self.finished = False
+        self.last: ReqOutput | None = None
+        self.logprobs: dict[str, list] = {k: [] for k in (
+            "input_token_logprobs", "input_top_logprobs",
+            "output_token_logprobs", "output_top_logprobs")}
+        # Outputs are pushed from the dispatcher thread: a thread queue for sync callers, an
+        # asyncio queue (fed through call_soon_threadsafe) for async ones.
+        self.loop = loop
+        self.sync_q: queue.Queue = queue.Queue()
+        self.async_q: asyncio.Queue | None = asyncio.Queue() if loop else None
+
+    def push(self, item: ReqOutput | BaseException) -> None:
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self.async_q.put_nowait, item)
+        else:
+            self.sync_q.put(item)
+
+    def absorb(self, out: ReqOutput) -> dict[str, Any]:
+        """Fold one delta in; return the chunk a stream yields for it (delta text and ids)."""
+        self.last = out
+        self.output_ids.extend(out.new_output_ids)
+        for key in self.logprobs:
+            self.logprobs[key].extend(getattr(out, key) or [])
+        delta = ""
+        if self.detok is not None:
+            delta = self.detok.add(out.new_output_ids)
+            if out.finished:
+                delta += self.detok.finish(out.finish_reason)
+            self.text += delta
+        self.finished = out.finished
+        return {"text": delta, "output_ids": list(out.new_output_ids),
+                "meta_info": self.meta_info()}
+
+    def meta_info(self) -> dict[str, Any]:
+        out = self.last
+        meta: dict[str, Any] = {
+            "id": self.rid,
+            "prompt_tokens": out.prompt_tokens if out else 0,
+            "completion_tokens": out.completion_tokens if out else 0,
+            "cached_tokens": out.cached_tokens if out else 0,
+            "finish_reason": out.finish_reason if out else None,
+            "e2e_latency": time.perf_counter() - self.created,
+        }
+        if self.return_logprob:
+            meta["input_token_logprobs"] = [_triple(p) for p in self.logprobs[
+                "input_token_logprobs"]]
+            meta["output_token_logprobs"] = [_triple(p) for p in self.logprobs[
+                "output_token_logprobs"]]
+            meta["input_top_logprobs"] = [None if t is None else [_triple(p) for p in t]
+                                          for t in self.logprobs["input_top_logprobs"]]
+            meta["output_top_logprobs"] = [[_triple(p) for p in t]
+                                           for t in self.logprobs["output_top_logprobs"]]
+        return meta
+
+    def result(self) -> dict[str, Any]:
+        return {"text": self.text, "output_ids": list(self.output_ids),
+                "meta_info": self.meta_info()}
+
+
+def _triple(pair) -> tuple:
+    """SGLang's logprob entries are (logprob, token_id, token_text or None)."""
+    return (pair[0], pair[1], None)

@@ -1,0 +1,107 @@
+"""Builds what the scheduler owns from the config: model, KV pool, allocator, cache, runner."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from radixrt.attention.base import create_backend
+from radixrt.cache.allocator import PageAllocator
+from radixrt.cache.kv_pool import KVPool
+from radixrt.cache.radix_cache import RadixCache
+from radixrt.executor.model_runner import ModelRunner
+from radixrt.loader.default_model import default_model_path
+from radixrt.loader.load import load_model
+from radixrt.loader.model_config import ModelConfig
+from radixrt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+# Keep the pool from exceeding this many tokens on CPU even when the budget allows more: a
+# larger pool only costs memory there.
+MAX_CPU_POOL_TOKENS = 1 << 20
+
+
+@dataclass
+class Components:
+    model_config: ModelConfig
+    runner: ModelRunner
+    allocator: PageAllocator
+    cache: RadixCache
+    pool_tokens: int
+    dtype: torch.dtype
+    device: str
+    attention_backend: str
+    context_length: int
+    tokenizer: Any
+
+
+def resolve_device(device: str | None) -> str:
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for, but CUDA is not available; use 'cpu'")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
+    return device
+
+
+def cpu_has_bf16() -> bool:
+    """AVX-512 BF16 (or AMX) makes bf16 matmuls about twice as fast as fp32 on the CPU."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    if dtype == "auto":
+        if device.startswith("cuda"):
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if cpu_has_bf16() else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+
+
+def pool_size_tokens(args: ServerArgs, cfg: ModelConfig, dtype: torch.dtype, device: str) -> int:
+    per_token = KVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
+    if args.max_total_tokens is not None:
+        tokens = args.max_total_tokens
+    elif device.startswith("cuda"):
+        free, total = torch.cuda.mem_get_info(torch.device(device))
+        budget = free - total * (1 - args.mem_fraction_static)
+        if budget <= 0:
+            raise ValueError(f"mem_fraction_static={args.mem_fraction_static} leaves no room "
+                             "for the KV pool after the weights; raise it")
+        tokens = int(budget // per_token)
+    else:
+        tokens = min(int(args.cpu_kv_cache_gb * (1 << 30) // per_token), MAX_CPU_POOL_TOKENS)
+    return tokens // args.page_size * args.page_size
+
+
+def build_components(args: ServerArgs, tokenizer: Any = None) -> Components:
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    model_path = args.model_path or default_model_path()
+    if not os.path.exists(model_path):
+        raise FileNotFoundError(f"model_path {model_path!r} does not exist")
+    model, cfg = load_model(model_path, dtype, device)
+    context_length = args.context_length or cfg.context_length
+    tokens = pool_size_tokens(args, cfg, dtype, device)
+    pool = KVPool(tokens, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype, device)
+    allocator = PageAllocator(tokens // args.page_size, args.page_size)
+    cache = RadixCache(allocator, args.page_size, disable=args.disable_radix_cache)
+    backend_name = args.attention_backend or ("triton" if device.startswith("cuda") else "torch")
+    backend = create_backend(backend_name)
+    runner = ModelRunner(model, pool, backend, device)
+    logger.info("model %s, %s on %s, KV pool %d tokens, attention %s", model_path, dtype,
+                device, tokens, backend_name)
+    return Components(cfg, runner, allocator, cache, tokens, dtype, device, backend_name,
+                      context_length, tokenizer)

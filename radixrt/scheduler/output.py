@@ -1,0 +1,155 @@
+"""After a forward: pick the logit rows, sample, record logprobs, decide who finished."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from radixrt.executor.logprobs import compute_logprobs
+from radixrt.executor.sampler import SamplingBatch, sample
+from radixrt.messages import ReqOutput
+from radixrt.scheduler.req import Req
+
+
+@dataclass
+class RowPlan:
+    """Which rows of the step's flattened tokens need logits, and for what."""
+
+    rows: list[int] = field(default_factory=list)
+    sample_reqs: list[Req] = field(default_factory=list)  # in the order of their rows
+    sample_rows: list[int] = field(default_factory=list)  # positions within `rows`
+    # (req, first prompt token index t, positions within `rows` of rows t-1 ...)
+    prompt_lp: list[tuple[Req, int, list[int]]] = field(default_factory=list)
+
+
+def plan_rows(work: list[tuple[Req, int]]) -> RowPlan:
+    plan = RowPlan()
+    offset = 0
+    for req, n in work:
+        start = req.kv_len - n  # kv_len was already advanced by this step's n tokens
+        first_t, last_t = _prompt_logprob_span(req, start, n)
+        if first_t <= last_t:
+            idx = list(range(len(plan.rows), len(plan.rows) + last_t - first_t + 1))
+            plan.rows.extend(offset + (t - 1 - start) for t in range(first_t, last_t + 1))
+            plan.prompt_lp.append((req, first_t, idx))
+        if req.kv_len == req.seq_len:
+            plan.sample_rows.append(len(plan.rows))
+            plan.rows.append(offset + n - 1)
+            plan.sample_reqs.append(req)
+        offset += n
+    return plan
+
+
+def _prompt_logprob_span(req: Req, start: int, n: int) -> tuple[int, int]:
+    """Prompt tokens t whose logprob comes from row t-1 computed in [start, start+n)."""
+    if not req.return_logprob or req.logprob_start_len < 0:
+        return 1, 0
+    done = req.logprob_start_len + req.input_logprobs_count
+    first = max(done, start + 1, 1)
+    last = min(len(req.origin_input_ids) - 1, start + n)
+    return first, last
+
+
+class OutputProcessor:
+    def __init__(self, eos_token_ids: list[int], vocab_size: int, context_length: int,
+                 tokenizer=None, device: str = "cpu") -> None:
+        self.eos_token_ids = set(eos_token_ids)
+        self.vocab_size = vocab_size
+        self.context_length = context_length
+        self.tokenizer = tokenizer
+        self.device = device
+
+    def process(self, plan: RowPlan, logits: torch.Tensor) -> None:
+        for req, first_t, idx in plan.prompt_lp:
+            self._record_prompt_logprobs(req, first_t, logits[idx])
+        if not plan.sample_reqs:
+            return
+        reqs = plan.sample_reqs
+        sample_logits = logits[plan.sample_rows]
+        batch = SamplingBatch.build(
+            [r.sampling_params for r in reqs], [r.generator for r in reqs],
+            [r.output_ids for r in reqs], [r.origin_input_ids for r in reqs],
+            self.vocab_size, sample_logits.device, eos_token_ids=sorted(self.eos_token_ids))
+        next_ids = sample(sample_logits, batch).tolist()
+        self._record_output_logprobs(reqs, sample_logits, next_ids)
+        for req, tok in zip(reqs, next_ids):
+            req.output_ids.append(tok)
+            self._check_finished(req, tok)
+
+    def _record_prompt_logprobs(self, req: Req, first_t: int, logits: torch.Tensor) -> None:
+        if req.input_logprobs_count == 0 and req.logprob_start_len == 0:
+            req.input_token_logprobs.append((None, req.origin_input_ids[0]))
+            req.input_top_logprobs.append(None)
+            req.input_logprobs_count = 1
+        tokens = req.origin_input_ids[first_t:first_t + logits.shape[0]]
+        lp, top_v, top_i = compute_logprobs(logits, torch.tensor(tokens), req.top_logprobs_num)
+        req.input_token_logprobs.extend(zip(lp.tolist(), tokens))
+        req.input_top_logprobs.extend(_top_pairs(top_v, top_i, req.top_logprobs_num))
+        req.input_logprobs_count += len(tokens)
+
+    def _record_output_logprobs(self, reqs: list[Req], logits: torch.Tensor,
+                                next_ids: list[int]) -> None:
+        rows = [i for i, r in enumerate(reqs) if r.return_logprob]
+        if not rows:
+            return
+        k = max(reqs[i].top_logprobs_num for i in rows)
+        lp, top_v, top_i = compute_logprobs(logits[rows], torch.tensor(next_ids)[rows], k)
+        for j, i in enumerate(rows):
+            req = reqs[i]
+            req.output_token_logprobs.append((float(lp[j]), next_ids[i]))
+            req.output_top_logprobs.extend(
+                _top_pairs(top_v[j:j + 1], top_i[j:j + 1], req.top_logprobs_num))
+
+    def _check_finished(self, req: Req, tok: int) -> None:
+        sp = req.sampling_params
+        if len(req.output_ids) >= sp.min_new_tokens:
+            if tok in (sp.stop_token_ids or ()) or (
+                not sp.ignore_eos and tok in self.eos_token_ids
+            ):
+                req.finish_reason = {"type": "stop", "matched": tok}
+                return
+            matched = self._matched_stop_string(req)
+            if matched is not None:
+                req.finish_reason = {"type": "stop", "matched": matched}
+                return
+        if len(req.output_ids) >= sp.max_new_tokens:
+            req.finish_reason = {"type": "length", "length": sp.max_new_tokens}
+        elif req.seq_len >= self.context_length:
+            req.finish_reason = {"type": "length", "length": len(req.output_ids)}
+
+    def _matched_stop_string(self, req: Req) -> str | None:
+        stops = req.sampling_params.stop
+        if not stops or self.tokenizer is None:
+            return None
+        # A stop string can only newly appear in text ending with the newest token; a token
+        # holds at least one character, so this many tail tokens cover the longest stop.
+        tail = req.output_ids[-(max(len(s) for s in stops) + 2):]
+        text = self.tokenizer.decode(tail, skip_special_tokens=False)
+        return next((s for s in stops if s in text), None)
+
+
+def _top_pairs(values: torch.Tensor, indices: torch.Tensor, k: int) -> list:
+    if k <= 0:
+        return [[] for _ in range(values.shape[0])]
+    return [list(zip(v[:k].tolist(), i[:k].tolist())) for v, i in zip(values, indices)]
+
+
+def make_output(req: Req) -> ReqOutput:
+    """The delta of everything the request produced since it last emitted; clears the deltas."""
+    new_ids = req.output_ids[req.num_sent_ids:]
+    req.num_sent_ids = len(req.output_ids)
+    want = req.return_logprob
+    out = ReqOutput(
+        rid=req.rid, new_output_ids=new_ids, finished=req.finished,
+        finish_reason=req.finish_reason, prompt_tokens=len(req.origin_input_ids),
+        completion_tokens=len(req.output_ids), cached_tokens=req.cached_tokens,
+        output_token_logprobs=req.output_token_logprobs if want else None,
+        output_top_logprobs=req.output_top_logprobs if want else None,
+        input_token_logprobs=req.input_token_logprobs if want else None,
+        input_top_logprobs=req.input_top_logprobs if want else None,
+    )
+    if want:
+        req.output_token_logprobs, req.output_top_logprobs = [], []
+        req.input_token_logprobs, req.input_top_logprobs = [], []
+    return out

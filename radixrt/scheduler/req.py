@@ -1,0 +1,72 @@
+"""A request as the scheduler tracks it: its tokens, its KV slots and its progress."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from radixrt.sampling_params import SamplingParams
+
+
+@dataclass
+class Req:
+    rid: str
+    origin_input_ids: list[int]
+    sampling_params: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    stream: bool = False
+    generator: torch.Generator | None = None
+
+    output_ids: list[int] = field(default_factory=list)
+    # kv_slots[i] is the pool slot of position i; slots [:tree_len] belong to the radix tree
+    # (locked through last_node), slots [tree_len:] are this request's private pages.
+    kv_slots: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
+    tree_len: int = 0
+    last_node: Any = None
+    kv_len: int = 0  # positions whose K/V is computed (or being computed this step)
+    cached_tokens: int = 0  # prompt tokens reused from the cache, reported to the user
+    prefix_match_len: int = 0  # set by the policy each time the request is considered
+    finish_reason: dict[str, Any] | None = None
+    num_sent_ids: int = 0  # output ids already emitted (streaming deltas)
+    # Logprob results not yet emitted.
+    output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_token_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
+    input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
+    input_logprobs_count: int = 0  # prompt logprobs computed so far (emitted or not)
+    num_retractions: int = 0
+    arrival_order: int = 0
+
+    @property
+    def fill_ids(self) -> list[int]:
+        """Every token whose K/V the request needs before it can sample its next token."""
+        return self.origin_input_ids + self.output_ids
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def remaining_new_tokens(self) -> int:
+        return max(self.sampling_params.max_new_tokens - len(self.output_ids), 0)
+
+    @property
+    def max_prefix_reuse(self) -> int:
+        """How many leading tokens may come from the cache: at least one token must be computed
+        to get logits to sample from, and prompt logprobs need rows from logprob_start_len - 1."""
+        limit = self.seq_len - 1
+        if self.return_logprob and self.logprob_start_len >= 0:
+            limit = min(limit, max(self.logprob_start_len - 1, 0))
+        return max(limit, 0)
+
+    def private_pages(self, page_size: int) -> int:
+        private = self.kv_slots.numel() - self.tree_len
+        return (private + page_size - 1) // page_size

@@ -1,0 +1,173 @@
+"""The scheduler loop: receive → admit and schedule → forward → sample → emit → repeat.
+
+Single-threaded; it owns every tensor. It talks to the frontend only through a Transport.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+import torch
+
+from radixrt.cache.invariants import check_kv_accounting
+from radixrt.executor.model_runner import SeqWork
+from radixrt.messages import (
+    AbortReq,
+    BatchOutput,
+    ControlReply,
+    FlushCacheReq,
+    GenerateReq,
+    ReqOutput,
+    ShutdownReq,
+    decode_to_scheduler,
+    encode,
+)
+from radixrt.sampling_params import SamplingParams
+from radixrt.scheduler.components import Components
+from radixrt.scheduler.kv_manager import KVManager
+from radixrt.scheduler.output import OutputProcessor, make_output, plan_rows
+from radixrt.scheduler.planner import Planner
+from radixrt.scheduler.policy import SchedulePolicy
+from radixrt.scheduler.req import Req
+from radixrt.scheduler.transport import Transport
+from radixrt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, args: ServerArgs, parts: Components, transport: Transport) -> None:
+        self.args = args
+        self.parts = parts
+        self.transport = transport
+        self.page_size = args.page_size
+        self.kv = KVManager(parts.allocator, parts.cache, args.page_size)
+        policy = SchedulePolicy(args.schedule_policy, self.kv, seed=args.random_seed)
+        self.planner = Planner(self.kv, policy, args.max_prefill_tokens,
+                               args.chunked_prefill_size, args.max_running_requests,
+                               args.schedule_conservativeness)
+        cfg = parts.model_config
+        self.outputs = OutputProcessor(cfg.eos_token_ids, cfg.vocab_size, parts.context_length,
+                                       parts.tokenizer, parts.device)
+        self.running: list[Req] = []
+        self.waiting: list[Req] = []
+        self.arrivals = itertools.count()
+        self.stopped = False
+        self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0, "steps": 0}
+        torch.manual_seed(args.random_seed)
+
+    # -- the loop ---------------------------------------------------------------------------
+    def run_forever(self) -> None:
+        while not self.stopped:
+            idle = not self.running and not self.waiting
+            for data in self.transport.recv(timeout=None if idle else 0):
+                self.handle(decode_to_scheduler(data))
+            if self.running or self.waiting:
+                self.step()
+
+    def step(self) -> None:
+        plan = self.planner.plan(self.running, self.waiting)
+        for req, n in plan.work:
+            req.kv_len += n
+        if plan.work:
+            rows = plan_rows(plan.work)
+            work = [SeqWork(r.fill_ids, r.kv_slots, r.kv_len - n, n) for r, n in plan.work]
+            logits = self.parts.runner.forward(work, rows.rows)
+            self.outputs.process(rows, logits)
+        self._settle([r for r, _ in plan.work], {id(r): n for r, n in plan.work})
+        self.stats["steps"] += 1
+        if self.args.enable_kv_checks:
+            self.check_kv()
+
+    def _settle(self, reqs: list[Req], computed: dict[int, int]) -> None:
+        outs: list[ReqOutput] = []
+        for req in reqs:
+            if req.finished:
+                self.kv.release(req)
+                self.running.remove(req)
+                self.stats["generated_tokens"] += len(req.output_ids)
+                self.stats["cached_tokens"] += req.cached_tokens
+            elif computed[id(req)] > 1:
+                self.kv.cache_unfinished(req)
+            if req.finished or (req.stream and len(req.output_ids) > req.num_sent_ids):
+                outs.append(make_output(req))
+        if outs:
+            self.transport.send(encode(BatchOutput(outs)))
+
+    def check_kv(self) -> None:
+        held = sum(r.private_pages(self.page_size) for r in self.running)
+        check_kv_accounting(self.parts.allocator, self.parts.cache, held)
+
+    # -- messages ---------------------------------------------------------------------------
+    def handle(self, msg) -> None:
+        if isinstance(msg, GenerateReq):
+            self._add_request(msg)
+        elif isinstance(msg, AbortReq):
+            self._abort(msg.rid)
+        elif isinstance(msg, FlushCacheReq):
+            self._flush_cache()
+        elif isinstance(msg, ShutdownReq):
+            self.stopped = True
+
+    def _add_request(self, msg: GenerateReq) -> None:
+        try:
+            req = self._make_req(msg)
+        except ValueError as e:
+            self._send_abort(msg.rid, len(msg.input_ids), str(e))
+            return
+        self.waiting.append(req)
+        self.stats["prompt_tokens"] += len(req.origin_input_ids)
+        self.stats["requests"] = self.stats.get("requests", 0) + 1
+
+    def _make_req(self, msg: GenerateReq) -> Req:
+        params = SamplingParams.from_dict(msg.sampling_params)
+        params.verify(self.parts.model_config.vocab_size)
+        validate_request_size(len(msg.input_ids), params.max_new_tokens,
+                              self.parts.context_length, self.parts.pool_tokens)
+        gen = None
+        if params.seed is not None:
+            gen = torch.Generator(device=self.parts.device).manual_seed(params.seed)
+        return Req(msg.rid, list(msg.input_ids), params, msg.return_logprob,
+                   msg.logprob_start_len, msg.top_logprobs_num, msg.stream, gen,
+                   arrival_order=next(self.arrivals))
+
+    def _abort(self, rid: str) -> None:
+        for queue_ in (self.waiting, self.running):
+            for req in [r for r in queue_ if r.rid == rid]:
+                if queue_ is self.running:
+                    self.kv.release(req)
+                queue_.remove(req)
+                req.finish_reason = {"type": "abort", "message": "aborted by the client"}
+                self.transport.send(encode(BatchOutput([make_output(req)])))
+
+    def _send_abort(self, rid: str, prompt_tokens: int, message: str) -> None:
+        out = ReqOutput(rid, [], True, {"type": "abort", "message": message}, prompt_tokens, 0, 0)
+        self.transport.send(encode(BatchOutput([out])))
+
+    def _flush_cache(self) -> None:
+        if self.running or self.waiting:
+            reply = ControlReply("flush_cache", False, "cannot flush the cache while "
+                                 f"{len(self.running) + len(self.waiting)} requests run")
+        else:
+            self.parts.cache.reset()
+            reply = ControlReply("flush_cache", True)
+        self.transport.send(encode(reply))
+
+    @property
+    def cache_hit_rate(self) -> float:
+        return self.stats["cached_tokens"] / max(self.stats["prompt_tokens"], 1)
+
+
+def validate_request_size(prompt_len: int, max_new_tokens: int, context_length: int,
+                          pool_tokens: int) -> None:
+    """Errors name the limit; shared by the frontend (raise early) and the scheduler."""
+    if prompt_len == 0:
+        raise ValueError("the prompt is empty: give at least one token")
+    if prompt_len >= context_length:
+        raise ValueError(f"the prompt has {prompt_len} tokens; the model's context_length is "
+                         f"{context_length} and at least one token must be generated")
+    if prompt_len + max_new_tokens > pool_tokens:
+        raise ValueError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) "
+                         f"exceed the KV pool ({pool_tokens} tokens): lower max_new_tokens or "
+                         "raise max_total_tokens")

@@ -1,0 +1,48 @@
+"""The small transport interface between the frontend and the scheduler loop.
+
+Messages are msgspec-encoded bytes either way, so the in-process queues (tests, notebooks) and
+the ZeroMQ sockets (separate processes) carry exactly the same data.
+"""
+
+from __future__ import annotations
+
+import queue
+from typing import Protocol
+
+
+class Transport(Protocol):
+    def recv(self, timeout: float | None) -> list[bytes]:
+        """Every pending message; waits up to `timeout` seconds (None: forever) for the first."""
+        ...
+
+    def send(self, data: bytes) -> None: ...
+
+
+class QueueTransport:
+    """One end of a pair of in-process queues."""
+
+    def __init__(self, inbox: queue.Queue, outbox: queue.Queue) -> None:
+        self.inbox = inbox
+        self.outbox = outbox
+
+    def recv(self, timeout: float | None) -> list[bytes]:
+        try:
+            first = self.inbox.get(timeout=timeout) if timeout != 0 else self.inbox.get_nowait()
+        except queue.Empty:
+            return []
+        items = [first]
+        while True:
+            try:
+                items.append(self.inbox.get_nowait())
+            except queue.Empty:
+                return items
+
+    def send(self, data: bytes) -> None:
+        self.outbox.put(data)
+
+
+def queue_pair() -> tuple[QueueTransport, QueueTransport]:
+    """(frontend end, scheduler end) of a fresh in-process channel."""
+    to_sched: queue.Queue = queue.Queue()
+    from_sched: queue.Queue = queue.Queue()
+    return QueueTransport(from_sched, to_sched), QueueTransport(to_sched, from_sched)

@@ -1,0 +1,109 @@
+"""The one configuration dataclass. The CLI and `Engine(**kwargs)` are generated from its fields.
+
+Fields are grouped by subsystem; each carries its help text in `metadata["help"]`, and, where
+the values are a fixed set, `metadata["choices"]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _f(default: Any, help: str, choices: tuple | None = None) -> Any:
+    meta = {"help": help}
+    if choices:
+        meta["choices"] = choices
+    return field(default=default, metadata=meta)
+
+
+SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "lof", "random")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass
+class ServerArgs:
+    # Model and tokenizer
+    model_path: str | None = _f(None, "HF model folder or .gguf file; default: SmolLM2-135M-Instruct")
+    tokenizer_path: str | None = _f(None, "tokenizer folder or .gguf file; default: model_path")
+    skip_tokenizer_init: bool = _f(False, "serve token ids only; no tokenizer is loaded")
+    dtype: str = _f("auto", "weights and activations dtype; auto: bfloat16 on an AVX-512 "
+                    "CPU or CUDA, else float32", DTYPES)
+    device: str | None = _f(None, "cpu or cuda; default: cuda if available, else cpu")
+    context_length: int | None = _f(None, "max tokens per sequence; default: the model's")
+    random_seed: int = _f(0, "seed of the default sampling generator")
+    # Memory and KV cache
+    page_size: int = _f(1, "tokens per KV page")
+    max_total_tokens: int | None = _f(None, "KV pool size in tokens; default: from the memory budget")
+    mem_fraction_static: float = _f(0.85, "fraction of GPU memory for weights + KV pool (CUDA)")
+    cpu_kv_cache_gb: float = _f(2.0, "KV pool budget in GiB when running on the CPU")
+    disable_radix_cache: bool = _f(False, "turn the radix prefix cache off (for comparison)")
+    # Scheduling
+    schedule_policy: str = _f("lpm", "order of waiting requests", SCHEDULE_POLICIES)
+    chunked_prefill_size: int = _f(2048, "max prompt tokens prefilled per step per request; "
+                                   "-1 disables chunking")
+    max_prefill_tokens: int = _f(8192, "token budget of new prefill tokens per step")
+    max_running_requests: int = _f(128, "max requests decoding at once")
+    schedule_conservativeness: float = _f(1.0, "KV headroom reserved for running decodes")
+    # Execution
+    attention_backend: str | None = _f(None, "torch or triton; default: triton on CUDA, torch "
+                                       "on CPU", ("torch", "triton"))
+    num_threads: int | None = _f(None, "torch CPU threads; default: torch's choice")
+    # Debugging and logging
+    enable_kv_checks: bool = _f(False, "check KV accounting after every scheduler step")
+    log_level: str = _f("info", "logging level", ("debug", "info", "warning", "error"))
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            value = getattr(self, f.name)
+            if choices and value is not None and value not in choices:
+                raise ValueError(f"{f.name} must be one of {list(choices)}, got {value!r}")
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.max_total_tokens is not None and self.max_total_tokens < self.page_size:
+            raise ValueError(f"max_total_tokens must be >= page_size ({self.page_size}), "
+                             f"got {self.max_total_tokens}")
+        if self.chunked_prefill_size != -1 and self.chunked_prefill_size < 1:
+            raise ValueError("chunked_prefill_size must be -1 (off) or >= 1, "
+                             f"got {self.chunked_prefill_size}")
+        if self.max_running_requests < 1:
+            raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
+        if not 0 < self.mem_fraction_static <= 1:
+            raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> "ServerArgs":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise TypeError(f"unknown engine argument(s) {unknown}; allowed: {sorted(names)}")
+        return cls(**kwargs)
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        for f in dataclasses.fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            if f.type in ("bool", bool):
+                parser.add_argument(flag, action="store_true", help=f.metadata["help"])
+                continue
+            parser.add_argument(flag, type=_cli_type(f), default=f.default,
+                                choices=f.metadata.get("choices"), help=f.metadata["help"])
+
+    @classmethod
+    def from_cli_args(cls, ns: argparse.Namespace) -> "ServerArgs":
+        return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})
+
+
+def _cli_type(f: dataclasses.Field) -> type:
+    text = str(f.type)
+    if text.startswith("int"):
+        return int
+    if text.startswith("float"):
+        return float
+    return str

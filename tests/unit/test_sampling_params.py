@@ -1,0 +1,144 @@
+"""SamplingParams: parsing a user dict, range checks, normalization, the wire form."""
+
+import dataclasses
+
+import pytest
+
+from radixrt.sampling_params import SamplingParams
+
+VOCAB = 100
+
+
+def test_defaults_match_sglang() -> None:
+    p = SamplingParams.from_dict(None)
+    assert p == SamplingParams.from_dict({})
+    assert (p.max_new_tokens, p.min_new_tokens, p.temperature, p.top_p) == (128, 0, 1.0, 1.0)
+    assert (p.top_k, p.min_p, p.n, p.seed) == (-1, 0.0, 1, None)
+    assert (p.frequency_penalty, p.presence_penalty, p.repetition_penalty) == (0.0, 0.0, 1.0)
+    assert p.stop is None and p.stop_token_ids is None and p.logit_bias is None
+    assert not p.ignore_eos and p.skip_special_tokens and p.spaces_between_special_tokens
+    assert not p.no_stop_trim and p.regex is None and p.json_schema is None and p.ebnf is None
+    assert not p.is_greedy
+    p.verify(VOCAB)
+    assert p.stop == []
+
+
+def test_unknown_key_names_it_and_suggests_the_closest() -> None:
+    with pytest.raises(ValueError) as err:
+        SamplingParams.from_dict({"max_tokens": 5})
+    message = str(err.value)
+    assert "'max_tokens'" in message
+    assert "Did you mean 'max_new_tokens'" in message
+    assert "temperature" in message  # the allowed names are listed
+
+
+@pytest.mark.parametrize(
+    "field, value, expected",
+    [
+        ("max_new_tokens", 3.5, "an int"),
+        ("max_new_tokens", True, "an int"),  # bool is not an int
+        ("top_k", "5", "an int"),
+        ("temperature", "hot", "a number"),
+        ("temperature", False, "a number"),
+        ("ignore_eos", 1, "a bool"),
+        ("stop", ["ok", 3], "a str, a list of str"),
+        ("stop_token_ids", [1, "2"], "a list of int"),
+        ("seed", 1.0, "an int"),
+        ("logit_bias", {5: 1.0}, "a dict of str token id"),
+        ("regex", 5, "a str or None"),
+    ],
+)
+def test_wrong_type_names_field_and_type(field: str, value: object, expected: str) -> None:
+    with pytest.raises(ValueError) as err:
+        SamplingParams.from_dict({field: value})
+    assert repr(field) in str(err.value)
+    assert expected in str(err.value)
+
+
+def test_ints_are_accepted_for_floats() -> None:
+    p = SamplingParams.from_dict({"temperature": 1, "top_p": 1, "repetition_penalty": 2})
+    assert isinstance(p.temperature, float) and p.temperature == 1.0
+    assert isinstance(p.repetition_penalty, float)
+
+
+@pytest.mark.parametrize(
+    "overrides, field, allowed",
+    [
+        ({"max_new_tokens": -1}, "max_new_tokens", ">= 0"),
+        ({"min_new_tokens": -1}, "min_new_tokens", "in [0, max_new_tokens=128]"),
+        ({"min_new_tokens": 10, "max_new_tokens": 5}, "min_new_tokens", "max_new_tokens=5"),
+        ({"temperature": -0.1}, "temperature", "in [0, 100.0]"),
+        ({"temperature": 101}, "temperature", "in [0, 100.0]"),
+        ({"top_p": 0.0}, "top_p", "in (0, 1]"),
+        ({"top_p": 1.5}, "top_p", "in (0, 1]"),
+        ({"top_k": 0}, "top_k", "-1 (off) or >= 1"),
+        ({"top_k": -2}, "top_k", "-1 (off) or >= 1"),
+        ({"min_p": 1.5}, "min_p", "in [0, 1]"),
+        ({"min_p": -0.1}, "min_p", "in [0, 1]"),
+        ({"frequency_penalty": 2.5}, "frequency_penalty", "in [-2.0, 2.0]"),
+        ({"presence_penalty": -3}, "presence_penalty", "in [-2.0, 2.0]"),
+        ({"repetition_penalty": 0}, "repetition_penalty", "in (0, 10.0]"),
+        ({"repetition_penalty": 11}, "repetition_penalty", "in (0, 10.0]"),
+        ({"n": 0}, "n", "in [1, 128]"),
+        ({"n": 129}, "n", "in [1, 128]"),
+        ({"stop": ""}, "stop", "non-empty"),
+        ({"stop": ["a", ""]}, "stop", "non-empty"),
+        ({"stop_token_ids": [VOCAB]}, "stop_token_ids", f"[0, {VOCAB})"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids", f"[0, {VOCAB})"),
+        ({"seed": -1}, "seed", "[0, 2**63)"),
+        ({"seed": 2**63}, "seed", "[0, 2**63)"),
+        ({"logit_bias": {"abc": 1.0}}, "logit_bias", f"[0, {VOCAB})"),
+        ({"logit_bias": {str(VOCAB): 1.0}}, "logit_bias", f"[0, {VOCAB})"),
+        ({"logit_bias": {"3": 101.0}}, "logit_bias", "[-100.0, 100.0]"),
+    ],
+)
+def test_range_error_names_field_and_range(overrides: dict, field: str, allowed: str) -> None:
+    p = SamplingParams.from_dict(overrides)
+    with pytest.raises(ValueError) as err:
+        p.verify(VOCAB)
+    assert repr(field) in str(err.value)
+    assert allowed in str(err.value)
+
+
+def test_max_new_tokens_bounded_by_context() -> None:
+    p = SamplingParams.from_dict({"max_new_tokens": 300})
+    p.verify(VOCAB)  # no context length given: fine
+    with pytest.raises(ValueError, match="'max_new_tokens'.*<= the context length 256"):
+        p.verify(VOCAB, max_context=256)
+
+
+@pytest.mark.parametrize("field", ["regex", "json_schema", "ebnf"])
+def test_structured_generation_not_supported_yet(field: str) -> None:
+    p = SamplingParams.from_dict({field: "x"})
+    with pytest.raises(ValueError, match=f"'{field}'.*structured generation is not supported"):
+        p.verify(VOCAB)
+
+
+def test_verify_checks_types_of_directly_built_params() -> None:
+    with pytest.raises(ValueError, match="'top_k' must be an int"):
+        SamplingParams(top_k=2.0).verify(VOCAB)  # type: ignore[arg-type]
+
+
+def test_normalization() -> None:
+    p = SamplingParams.from_dict({"stop": "###", "temperature": 0})
+    assert p.is_greedy
+    p.verify(VOCAB)
+    assert p.stop == ["###"] and p.top_k == 1 and p.is_greedy
+    q = SamplingParams.from_dict({"temperature": 1e-7})
+    q.verify(VOCAB)
+    assert q.top_k == 1
+    r = SamplingParams.from_dict({"temperature": 0.5, "top_k": 5})
+    r.verify(VOCAB)
+    assert r.top_k == 5 and not r.is_greedy
+
+
+def test_to_dict_round_trips_with_plain_types() -> None:
+    d = {"stop": ["a", "b"], "stop_token_ids": [1, 2], "logit_bias": {"7": -1.5}, "seed": 3}
+    p = SamplingParams.from_dict(d)
+    p.verify(VOCAB)
+    wire = p.to_dict()
+    assert set(wire) == {f.name for f in dataclasses.fields(SamplingParams)}
+    assert all(type(v) in (int, float, bool, str, list, dict, type(None)) for v in wire.values())
+    assert SamplingParams.from_dict(wire) == p
+    wire["stop"].append("c")  # a copy: the params are not changed through it
+    assert p.stop == ["a", "b"]
