@@ -26,7 +26,8 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 @dataclass
 class ServerArgs:
     # Model and tokenizer
-    model_path: str | None = _f(None, "HF model folder or .gguf file; default: SmolLM2-135M-Instruct")
+    model_path: str | None = _f(None, "HF model folder or .gguf file; "
+                                "default: SmolLM2-135M-Instruct")
     tokenizer_path: str | None = _f(None, "tokenizer folder or .gguf file; default: model_path")
     skip_tokenizer_init: bool = _f(False, "serve token ids only; no tokenizer is loaded")
     dtype: str = _f("auto", "weights and activations dtype; auto: bfloat16 on an AVX-512 "
@@ -36,7 +37,8 @@ class ServerArgs:
     random_seed: int = _f(0, "seed of the default sampling generator")
     # Memory and KV cache
     page_size: int = _f(1, "tokens per KV page")
-    max_total_tokens: int | None = _f(None, "KV pool size in tokens; default: from the memory budget")
+    max_total_tokens: int | None = _f(None, "KV pool size in tokens; "
+                                      "default: from the memory budget")
     mem_fraction_static: float = _f(0.85, "fraction of GPU memory for weights + KV pool (CUDA)")
     cpu_kv_cache_gb: float = _f(2.0, "KV pool budget in GiB when running on the CPU")
     disable_radix_cache: bool = _f(False, "turn the radix prefix cache off (for comparison)")
@@ -75,7 +77,8 @@ class ServerArgs:
         if self.max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
         if not 0 < self.mem_fraction_static <= 1:
-            raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}")
+            raise ValueError("mem_fraction_static must be in (0, 1], "
+                             f"got {self.mem_fraction_static}")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "ServerArgs":
