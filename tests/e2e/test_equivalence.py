@@ -1,0 +1,114 @@
+"""Greedy output equals Hugging Face transformers' (float32, one prompt at a time), whatever the
+batching, caching, chunking, paging or preemption did."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from conftest import assert_same_greedy, hf_greedy
+
+import radixrt
+
+MAX_NEW = 12
+SETTINGS = {
+    "page1": dict(page_size=1),
+    "page16": dict(page_size=16),
+    "chunked": dict(chunked_prefill_size=5, page_size=1),
+    "chunked-page16": dict(chunked_prefill_size=7, page_size=16),
+    # 8 requests of ~60 tokens each in a 192-token pool: preemption must happen.
+    "preempt": dict(max_total_tokens=192, page_size=1),
+    "preempt-page16": dict(max_total_tokens=224, page_size=16),
+}
+
+
+def prompt_sets(vocab: int, encode=None) -> dict[str, list[list[int]]]:
+    """Prompt groups: mixed lengths, the same prompt twice, a long shared prefix."""
+    rng = random.Random(0)
+
+    def rand(n: int) -> list[int]:
+        return [rng.randrange(3, vocab) for _ in range(n)]
+
+    if encode is not None:
+        base = encode("Here are some facts about the world. Paris is the capital of France. "
+                      "The Nile is a long river in Africa. Mount Everest is very high. ")
+        mixed = [encode(t) for t in ("The capital of France is", "def add(a, b):",
+                                     "Write a haiku about autumn leaves falling on a pond",
+                                     "1, 2, 3, 4,")]
+        shared = [base + encode(q) for q in ("Q: What is the capital of France? A:",
+                                            "Q: Where is the Nile? A:",
+                                            "Q: Name a high mountain. A:")]
+    else:
+        mixed = [rand(n) for n in (3, 17, 40, 29)]
+        prefix = rand(45)
+        shared = [prefix + rand(n) for n in (4, 9, 13)]
+    return {"mixed": mixed, "shared": shared, "twice": [mixed[2]]}
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "mistral", "default"])
+def model_case(request, tiny_model_dir):
+    if request.param == "default":
+        from radixrt.loader.default_model import default_model_path
+
+        return request.param, default_model_path()
+    return request.param, str(tiny_model_dir(request.param))
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_greedy_matches_transformers(model_case, setting, hf_loader):
+    name, path = model_case
+    hf = hf_loader(path)
+    engine = radixrt.Engine(model_path=path, dtype="float32", device="cpu",
+                            enable_kv_checks=True, skip_tokenizer_init=(name != "default"),
+                            **SETTINGS[setting])
+    try:
+        encode = engine.tokenizer.encode if engine.tokenizer else None
+        sets = prompt_sets(engine.parts.model_config.vocab_size, encode)
+        params = {"temperature": 0, "max_new_tokens": MAX_NEW, "ignore_eos": True}
+        for group in ("mixed", "shared"):
+            outs = engine.generate(input_ids=sets[group], sampling_params=params)
+            for i, (prompt, out) in enumerate(zip(sets[group], outs)):
+                ref = hf_greedy(hf, prompt, MAX_NEW)
+                assert_same_greedy(out["output_ids"], ref, f"{name}/{setting}/{group}[{i}]")
+        twice = sets["twice"][0]
+        ref = hf_greedy(hf, twice, MAX_NEW)
+        for attempt in range(2):
+            out = engine.generate(input_ids=twice, sampling_params=params)
+            assert_same_greedy(out["output_ids"], ref, f"{name}/{setting}/twice[{attempt}]")
+        if not setting.startswith("preempt"):
+            ps = engine.server_args.page_size
+            assert out["meta_info"]["cached_tokens"] == (len(twice) - 1) // ps * ps
+        else:
+            assert engine.scheduler.planner.num_preemptions > 0, "the pool never ran short"
+        engine.scheduler.check_kv()
+    finally:
+        engine.shutdown()
+
+
+def test_logprobs_match_transformers(model_case, hf_loader):
+    name, path = model_case
+    hf = hf_loader(path)
+    engine = radixrt.Engine(model_path=path, dtype="float32", device="cpu",
+                            skip_tokenizer_init=(name != "default"), enable_kv_checks=True,
+                            chunked_prefill_size=8)
+    try:
+        encode = engine.tokenizer.encode if engine.tokenizer else None
+        prompts = prompt_sets(engine.parts.model_config.vocab_size, encode)["shared"]
+        engine.generate(input_ids=prompts[0], sampling_params={"max_new_tokens": 1})
+        params = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
+        outs = engine.generate(input_ids=prompts, sampling_params=params, return_logprob=True,
+                               logprob_start_len=0, top_logprobs_num=3)
+        for prompt, out in zip(prompts, outs):
+            ref = hf_greedy(hf, prompt, 6)
+            meta = out["meta_info"]
+            inputs = meta["input_token_logprobs"]
+            assert inputs[0][0] is None and [t for _, t, _ in inputs] == prompt
+            ours = [lp for lp, _, _ in inputs[1:]]
+            assert max(abs(a - b) for a, b in zip(ours, ref.prompt_logprobs)) < 1e-4
+            outs_lp = [lp for lp, _, _ in meta["output_token_logprobs"]]
+            assert max(abs(a - b) for a, b in zip(outs_lp, ref.output_logprobs)) < 1e-4
+            tops = meta["output_top_logprobs"]
+            assert len(tops) == 6 and all(len(t) == 3 for t in tops)
+            assert all(t[0][1] == tok for t, tok in zip(tops, out["output_ids"]))
+    finally:
+        engine.shutdown()

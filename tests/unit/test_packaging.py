@@ -1,0 +1,35 @@
+"""The package list in pyproject equals the folders that hold an __init__.py, and the light
+imports stay light."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_package_list_matches_folders():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    declared = set(config["packages"])
+    mapping = config["package-dir"]
+    found = set()
+    for init in ROOT.glob("**/__init__.py"):
+        rel = init.parent.relative_to(ROOT)
+        if rel.parts[0] in (".venv", "tests", "build") or rel.parts[0].startswith("."):
+            continue
+        dotted = ".".join(rel.parts)
+        for pkg, folder in mapping.items():
+            if dotted == folder or dotted.startswith(folder + "."):
+                dotted = pkg + dotted[len(folder):]
+        found.add(dotted)
+    assert declared == found
+
+
+def test_import_radixrt_does_not_load_torch():
+    code = ("import sys, radixrt, radixrt.lang; "
+            "heavy = [m for m in ('torch', 'transformers', 'triton') if m in sys.modules]; "
+            "assert not heavy, heavy; assert radixrt.Engine is not None")
+    subprocess.run([sys.executable, "-c", code], check=True)
