@@ -27,8 +27,10 @@ class KVPool:
         self.dtype = dtype
         self.device = torch.device(device)
         shape = (size, num_kv_heads, head_dim)
-        self.k_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.k_buffer = [torch.zeros(shape, dtype=dtype, device=device)
+                         for _ in range(num_layers)]
+        self.v_buffer = [torch.zeros(shape, dtype=dtype, device=device)
+                         for _ in range(num_layers)]
 
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write new K/V ([T, num_kv_heads, head_dim]) into slots `loc` ([T]) of one layer."""
@@ -39,5 +41,8 @@ class KVPool:
         return self.k_buffer[layer_id], self.v_buffer[layer_id]
 
     @staticmethod
-    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        return 2 * num_layers * num_kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
+    def bytes_per_token(
+        num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
+        itemsize = torch.tensor([], dtype=dtype).element_size()
+        return 2 * num_layers * num_kv_heads * head_dim * itemsize
