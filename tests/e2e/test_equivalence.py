@@ -16,9 +16,10 @@ SETTINGS = {
     "page16": dict(page_size=16),
     "chunked": dict(chunked_prefill_size=5, page_size=1),
     "chunked-page16": dict(chunked_prefill_size=7, page_size=16),
-    # 8 requests of ~60 tokens each in a 192-token pool: preemption must happen.
-    "preempt": dict(max_total_tokens=192, page_size=1),
-    "preempt-page16": dict(max_total_tokens=224, page_size=16),
+    # Prompt groups of ~200 tokens in all in a 96-token pool, admitted without headroom
+    # (conservativeness 0): running decodes must run out of pages and be preempted.
+    "preempt": dict(max_total_tokens=96, page_size=1, schedule_conservativeness=0.0),
+    "preempt-page16": dict(max_total_tokens=96, page_size=16, schedule_conservativeness=0.0),
 }
 
 

@@ -1,0 +1,174 @@
+"""Paged attention in plain torch: correct on any device, and the reference for other backends.
+
+Per forward, `init_forward_metadata` splits the batch into decode sequences (one new token) and
+extend sequences (a prefill chunk after an optional cached prefix) and builds their index
+tables once. Per layer, all decode sequences go through one padded SDPA call; extend sequences,
+few per step, go one by one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from radixrt.attention.base import AttentionBackend
+from radixrt.executor.forward_batch import ForwardBatch
+
+
+@dataclass(frozen=True)
+class DecodeMetadata:
+    """All decode sequences of the batch, padded to the longest (Bd sequences, Lmax slots)."""
+
+    token_idx: torch.Tensor | None  # [Bd] rows of the batch's tokens; None: all rows, in order
+    slots: torch.Tensor  # [Bd * Lmax] pool slots, row-major; padding repeats a real slot
+    mask: torch.Tensor | None  # [Bd, 1, 1, Lmax] bool, True = attend; None when no padding
+    batch: int
+    max_len: int
+
+
+@dataclass(frozen=True)
+class ExtendMetadata:
+    """One extend sequence: new tokens start:end of the batch after prefix_len cached ones."""
+
+    start: int
+    end: int
+    prefix_len: int
+    slots: torch.Tensor | None  # [prefix_len + n] pool slots; None when there is no prefix
+    mask: torch.Tensor | None  # [n, prefix_len + n] bool, True = attend; None: plain causal
+
+
+@dataclass(frozen=True)
+class TorchAttentionMetadata:
+    decode: DecodeMetadata | None
+    extends: list[ExtendMetadata]
+
+
+class TorchAttentionBackend(AttentionBackend):
+    """Paged attention with `torch.nn.functional.scaled_dot_product_attention`."""
+
+    def __init__(self, **kwargs: object) -> None:
+        # Constructor options of other backends (page size, device...) are not needed here.
+        del kwargs
+
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        """Build the decode table and the per-extend-sequence data; sets `fb.attn_metadata`."""
+        decode_ids = [i for i, n in enumerate(fb.extend_lens_cpu) if n == 1]
+        extend_ids = [i for i, n in enumerate(fb.extend_lens_cpu) if n != 1]
+        decode = _decode_metadata(fb, decode_ids) if decode_ids else None
+        starts, kv_starts = _offsets(fb.extend_lens_cpu), _offsets(fb.seq_lens_cpu)
+        extends = [_extend_metadata(fb, i, starts[i], kv_starts[i]) for i in extend_ids]
+        fb.attn_metadata = TorchAttentionMetadata(decode=decode, extends=extends)
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, Hq, D]
+        k: torch.Tensor,  # [T, Hkv, D]
+        v: torch.Tensor,  # [T, Hkv, D]
+        layer_id: int,
+        fb: ForwardBatch,
+        scaling: float,
+    ) -> torch.Tensor:  # [T, Hq, D]
+        """Write k/v into the pool (layer `layer_id`), then attend; see AttentionBackend."""
+        fb.kv_pool.set_kv(layer_id, fb.out_cache_loc, k, v)
+        meta: TorchAttentionMetadata = fb.attn_metadata
+        k_cache, v_cache = fb.kv_pool.get_kv(layer_id)
+        if meta.decode is not None and meta.decode.token_idx is None:
+            return _decode(q, k_cache, v_cache, meta.decode, scaling)  # decode-only batch
+        out = torch.empty_like(q)
+        if meta.decode is not None:
+            dec = meta.decode
+            q_dec = q.index_select(0, dec.token_idx)
+            out[dec.token_idx] = _decode(q_dec, k_cache, v_cache, dec, scaling)
+        for ext in meta.extends:
+            out[ext.start : ext.end] = _extend(q, k, v, k_cache, v_cache, ext, scaling)
+        return out
+
+
+def _offsets(lengths: list[int]) -> list[int]:
+    out, total = [], 0
+    for n in lengths:
+        out.append(total)
+        total += n
+    return out
+
+
+def _decode_metadata(fb: ForwardBatch, ids: list[int]) -> DecodeMetadata:
+    device = fb.kv_indices.device
+    lens_cpu = [fb.seq_lens_cpu[i] for i in ids]
+    max_len = max(lens_cpu)
+    ids_t = torch.tensor(ids, dtype=torch.int64, device=device)
+    starts = fb.kv_indptr.index_select(0, ids_t)  # [Bd]
+    lens = fb.seq_lens.index_select(0, ids_t)  # [Bd]
+    cols = torch.arange(max_len, device=device)  # [Lmax]
+    valid = cols[None, :] < lens[:, None]  # [Bd, Lmax]
+    # Padding points at the sequence's first slot: real, finite data that the mask then hides.
+    offsets = torch.where(valid, starts[:, None] + cols[None, :], starts[:, None])
+    slots = fb.kv_indices.index_select(0, offsets.reshape(-1))
+    mask = None if min(lens_cpu) == max_len else valid[:, None, None, :]
+    all_decode = len(ids) == fb.batch_size
+    token_idx = None if all_decode else fb.qo_indptr.index_select(0, ids_t)
+    return DecodeMetadata(token_idx, slots, mask, len(ids), max_len)
+
+
+def _extend_metadata(fb: ForwardBatch, i: int, start: int, kv_start: int) -> ExtendMetadata:
+    # start / kv_start: offsets of sequence i in the batch's tokens / in kv_indices, from the
+    # Python length lists (reading qo_indptr or kv_indptr would sync with the device).
+    end = start + fb.extend_lens_cpu[i]
+    prefix = fb.prefix_lens_cpu[i]
+    if prefix == 0:
+        return ExtendMetadata(start, end, 0, None, None)
+    total = prefix + (end - start)
+    slots = fb.kv_indices[kv_start : kv_start + total]
+    device = slots.device
+    # A query at position p sees keys at positions <= p: bottom-right aligned causal mask.
+    q_pos = torch.arange(prefix, total, device=device)
+    mask = torch.arange(total, device=device)[None, :] <= q_pos[:, None]  # [n, total]
+    return ExtendMetadata(start, end, prefix, slots, mask)
+
+
+def _decode(
+    q: torch.Tensor,  # [Bd, Hq, D]
+    k_cache: torch.Tensor,  # [pool, Hkv, D]
+    v_cache: torch.Tensor,
+    dec: DecodeMetadata,
+    scaling: float,
+) -> torch.Tensor:  # [Bd, Hq, D]
+    bd, hq, d = q.shape
+    hkv = k_cache.shape[1]
+    # index_select is many times faster than advanced indexing for this gather on the CPU.
+    k = k_cache.index_select(0, dec.slots).view(bd, dec.max_len, hkv, d).transpose(1, 2)
+    v = v_cache.index_select(0, dec.slots).view(bd, dec.max_len, hkv, d).transpose(1, 2)
+    # GQA without repeating K/V: query head j uses kv head j // group, so the group's heads
+    # become G "query positions" against one kv head ([Bd, Hkv, G, D]); with one new token per
+    # sequence no causal mask is needed among them.
+    qg = q.view(bd, hkv, hq // hkv, d)
+    o = F.scaled_dot_product_attention(qg, k.to(q.dtype), v.to(q.dtype), dec.mask, scale=scaling)
+    return o.reshape(bd, hq, d)
+
+
+def _extend(
+    q: torch.Tensor,  # [T, Hq, D]
+    k: torch.Tensor,  # [T, Hkv, D]
+    v: torch.Tensor,
+    k_cache: torch.Tensor,  # [pool, Hkv, D]
+    v_cache: torch.Tensor,
+    ext: ExtendMetadata,
+    scaling: float,
+) -> torch.Tensor:  # [n, Hq, D]
+    qs = q[ext.start : ext.end].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
+    if ext.slots is None:
+        # No prefix: the keys are exactly the new tokens (read back the pool only if the pool
+        # stores another dtype, so that every path sees the same rounded values).
+        ks, vs = k[ext.start : ext.end], v[ext.start : ext.end]
+        if k_cache.dtype != q.dtype:
+            ks, vs = ks.to(k_cache.dtype), vs.to(v_cache.dtype)
+    else:
+        ks, vs = k_cache.index_select(0, ext.slots), v_cache.index_select(0, ext.slots)
+    ks = ks.to(q.dtype).transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
+    vs = vs.to(q.dtype).transpose(0, 1).unsqueeze(0)
+    o = F.scaled_dot_product_attention(
+        qs, ks, vs, ext.mask, is_causal=ext.mask is None, scale=scaling, enable_gqa=True
+    )
+    return o[0].transpose(0, 1)  # [n, Hq, D]

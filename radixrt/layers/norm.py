@@ -1,0 +1,26 @@
+"""RMSNorm, computed the way Hugging Face Llama computes it so that outputs match bit for bit."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """y = weight * (x / sqrt(mean(x^2) + eps)).
+
+    The statistics are taken in float32 and the normalized value is cast back to the input dtype
+    before the weight multiply: that is the order transformers uses, and in bfloat16 a different
+    order changes the rounding (and, rarely, a greedy token).
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
+        dtype = x.dtype
+        x32 = x.float()
+        variance = x32.pow(2).mean(-1, keepdim=True)
+        return self.weight * (x32 * torch.rsqrt(variance + self.eps)).to(dtype)

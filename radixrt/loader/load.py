@@ -1,0 +1,57 @@
+"""load_model: a model folder (config.json + safetensors) or a .gguf file -> model + config."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import AutoConfig, PretrainedConfig
+
+from radixrt.loader.model_config import ModelConfig, architecture_of, resolve_dtype
+from radixrt.loader.weights import iter_safetensors, safetensors_files
+from radixrt.models.registry import get_model_class
+
+Weights = Iterator[tuple[str, torch.Tensor]]
+
+
+def load_model(
+    model_path: str, dtype: torch.dtype | str, device: str | torch.device
+) -> tuple[nn.Module, ModelConfig]:
+    """Build the model for `model_path` and load its weights, in `dtype` on `device`.
+
+    `dtype` may also be a name or "auto" (see `resolve_dtype`). Returns the model in eval mode,
+    without gradients. Raises FileNotFoundError naming the path for a missing path, a folder
+    without config.json or without weight files; ValueError for an unsupported architecture or
+    config field, and for weights that leave a parameter unset.
+    """
+    path = Path(model_path)
+    hf_config, weights, model_dir = _open_checkpoint(path)
+    resolved = resolve_dtype(dtype, hf_config)
+    model_cls = get_model_class(architecture_of(hf_config))
+    # Build on the meta device, so that no memory is spent on (or time on initializing) weights
+    # that load_weights overwrites anyway; it raises for any parameter left unset.
+    with torch.device("meta"):
+        model = model_cls(hf_config)
+    model = model.to(dtype=resolved).to_empty(device=device)
+    model.load_weights(weights)
+    model.eval().requires_grad_(False)
+    return model, ModelConfig.from_hf(hf_config, resolved, model_dir)
+
+
+def _open_checkpoint(path: Path) -> tuple[PretrainedConfig, Weights, Path | None]:
+    if not path.exists():
+        raise FileNotFoundError(f"model path not found: {path}")
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise FileNotFoundError(f"model path {path} is a file but not a .gguf file")
+        from radixrt.loader.gguf_loader import load_gguf
+
+        config, weights = load_gguf(path)
+        return config, weights, None
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"no config.json in model folder {path}")
+    safetensors_files(path)  # fail early, before building the model, if there are none
+    config = AutoConfig.from_pretrained(str(path))
+    return config, iter_safetensors(path), path

