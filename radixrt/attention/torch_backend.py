@@ -16,16 +16,26 @@ import torch.nn.functional as F
 from radixrt.attention.base import AttentionBackend
 from radixrt.executor.forward_batch import ForwardBatch
 
+# Decode sequences whose page tables start with the same slots (a radix-cache hit shared by
+# the whole batch) attend to that common prefix once, as one dense block, and to their own
+# suffixes separately; the two softmaxes are merged through their log-sum-exp ("cascade"
+# attention). Below this many shared tokens the split does not pay.
+MIN_SHARED_PREFIX = 16
+
 
 @dataclass(frozen=True)
 class DecodeMetadata:
-    """All decode sequences of the batch, padded to the longest (Bd sequences, Lmax slots)."""
+    """All decode sequences of the batch, padded to the longest (Bd sequences, Lmax slots).
+
+    With a shared prefix of P slots, `slots`/`mask`/`max_len` describe only the suffixes
+    (positions P.. of each sequence) and `prefix_slots` the P shared slots."""
 
     token_idx: torch.Tensor | None  # [Bd] rows of the batch's tokens; None: all rows, in order
     slots: torch.Tensor  # [Bd * Lmax] pool slots, row-major; padding repeats a real slot
     mask: torch.Tensor | None  # [Bd, 1, 1, Lmax] bool, True = attend; None when no padding
     batch: int
     max_len: int
+    prefix_slots: torch.Tensor | None = None  # [P] slots every sequence starts with
 
 
 @dataclass(frozen=True)
@@ -105,11 +115,27 @@ def _decode_metadata(fb: ForwardBatch, ids: list[int]) -> DecodeMetadata:
     valid = cols[None, :] < lens[:, None]  # [Bd, Lmax]
     # Padding points at the sequence's first slot: real, finite data that the mask then hides.
     offsets = torch.where(valid, starts[:, None] + cols[None, :], starts[:, None])
-    slots = fb.kv_indices.index_select(0, offsets.reshape(-1))
-    mask = None if min(lens_cpu) == max_len else valid[:, None, None, :]
+    table = fb.kv_indices.index_select(0, offsets.reshape(-1)).view(len(ids), max_len)
     all_decode = len(ids) == fb.batch_size
     token_idx = None if all_decode else fb.qo_indptr.index_select(0, ids_t)
-    return DecodeMetadata(token_idx, slots, mask, len(ids), max_len)
+    shared = _shared_prefix_len(table, min(lens_cpu))
+    prefix_slots = None
+    if shared >= MIN_SHARED_PREFIX:
+        prefix_slots, table, valid = table[0, :shared], table[:, shared:], valid[:, shared:]
+        max_len -= shared
+    mask = None if bool(valid.all()) else valid[:, None, None, :]
+    return DecodeMetadata(token_idx, table.reshape(-1), mask, len(ids), max_len, prefix_slots)
+
+
+def _shared_prefix_len(table: torch.Tensor, min_len: int) -> int:
+    """Leading columns on which every row of the [Bd, Lmax] slot table agrees, keeping at
+    least one own slot per sequence."""
+    if table.shape[0] < 2:
+        return 0
+    same = (table[:, :min_len] == table[:1, :min_len]).all(dim=0)  # [min_len]
+    differ = (~same).nonzero()
+    shared = int(differ[0]) if differ.numel() else min_len
+    return min(shared, min_len - 1)
 
 
 def _extend_metadata(fb: ForwardBatch, i: int, start: int, kv_start: int) -> ExtendMetadata:
@@ -144,8 +170,57 @@ def _decode(
     # become G "query positions" against one kv head ([Bd, Hkv, G, D]); with one new token per
     # sequence no causal mask is needed among them.
     qg = q.view(bd, hkv, hq // hkv, d)
-    o = F.scaled_dot_product_attention(qg, k.to(q.dtype), v.to(q.dtype), dec.mask, scale=scaling)
-    return o.reshape(bd, hq, d)
+    k, v = k.to(q.dtype), v.to(q.dtype)
+    if dec.prefix_slots is None:
+        o = F.scaled_dot_product_attention(qg, k, v, dec.mask, scale=scaling)
+        return o.reshape(bd, hq, d)
+    o_own, lse_own = _attention_with_lse(qg, k, v, dec.mask, scaling)
+    o_pre, lse_pre = _shared_prefix_attention(qg, k_cache, v_cache, dec.prefix_slots, scaling)
+    lse = torch.logaddexp(lse_pre, lse_own)  # [Bd, Hkv, G]
+    w_pre = torch.exp(lse_pre - lse).unsqueeze(-1)
+    w_own = torch.exp(lse_own - lse).unsqueeze(-1)
+    o = o_pre.float() * w_pre + o_own.float() * w_own
+    return o.to(q.dtype).reshape(bd, hq, d)
+
+
+def _shared_prefix_attention(
+    qg: torch.Tensor,  # [Bd, Hkv, G, D]
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    prefix_slots: torch.Tensor,  # [P]
+    scaling: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # [Bd, Hkv, G, D], [Bd, Hkv, G]
+    """Every query of the batch against the one shared prefix: a dense [Bd*G, P] block per kv
+    head, reading the prefix's K/V once instead of once per sequence."""
+    bd, hkv, g, d = qg.shape
+    kp = k_cache.index_select(0, prefix_slots).transpose(0, 1).unsqueeze(0).to(qg.dtype)
+    vp = v_cache.index_select(0, prefix_slots).transpose(0, 1).unsqueeze(0).to(qg.dtype)
+    qp = qg.permute(1, 0, 2, 3).reshape(1, hkv, bd * g, d)
+    o, lse = _attention_with_lse(qp, kp, vp, None, scaling)
+    o = o.view(hkv, bd, g, d).permute(1, 0, 2, 3)
+    return o, lse.view(hkv, bd, g).permute(1, 0, 2)
+
+
+def _attention_with_lse(
+    q: torch.Tensor,  # [B, H, Lq, D]
+    k: torch.Tensor,  # [B, H, Lk, D]
+    v: torch.Tensor,
+    mask: torch.Tensor | None,  # [B, 1, 1, Lk] bool, True = attend
+    scaling: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # [B, H, Lq, D], [B, H, Lq] float32
+    """Attention that also returns the log-sum-exp of each row's scores, for merging."""
+    if q.device.type == "cpu":
+        add = None
+        if mask is not None:  # the CPU flash kernel takes an additive mask in q's dtype
+            add = torch.zeros(mask.shape, dtype=q.dtype).masked_fill_(~mask, float("-inf"))
+        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        o, lse = flash(q, k, v, 0.0, False, attn_mask=add, scale=scaling)
+        return o, lse
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scaling
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.matmul(torch.exp(s - lse.unsqueeze(-1)), v.float()).to(q.dtype), lse
 
 
 def _extend(

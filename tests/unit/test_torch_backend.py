@@ -96,3 +96,57 @@ def test_matches_naive_attention(specs, dtype):
 
 def test_registry_creates_torch_backend():
     assert isinstance(create_backend("torch", page_size=16), TorchAttentionBackend)
+
+
+@pytest.mark.parametrize("with_extend", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_with_shared_prefix_slots_matches_naive(with_extend, dtype):
+    """Decode sequences whose page tables start with the same 20 slots (a cache hit shared by
+    the batch) take the split prefix + own-suffix path; the result must not change."""
+    from radixrt.attention.torch_backend import MIN_SHARED_PREFIX
+
+    gen = torch.Generator().manual_seed(1)
+    shared_len, own_lens = 20, [0, 3, 7, 1]  # own tokens before the new decode token
+    assert shared_len >= MIN_SHARED_PREFIX
+    pool = KVPool(512, 1, HKV, D, dtype, "cpu")
+    shared_k, shared_v = (torch.randn(shared_len, HKV, D, generator=gen) for _ in range(2))
+    shared_slots = torch.arange(100, 100 + shared_len)
+    pool.set_kv(0, shared_slots, shared_k, shared_v)
+    seqs, kv_idx, out_loc, next_slot = [], [], [], 300
+    for own in own_lens:
+        k, v = (torch.randn(own + 1, HKV, D, generator=gen) for _ in range(2))
+        slots = torch.arange(next_slot, next_slot + own + 1)
+        next_slot += own + 1
+        pool.set_kv(0, slots[:own], k[:own], v[:own])
+        kv_idx += shared_slots.tolist() + slots.tolist()
+        out_loc.append(int(slots[-1]))
+        seqs.append((torch.cat([shared_k, k]), torch.cat([shared_v, v])))
+    specs = [(shared_len + own, 1) for own in own_lens]
+    if with_extend:  # a prefill with no prefix in the same batch
+        k, v = (torch.randn(5, HKV, D, generator=gen) for _ in range(2))
+        slots = torch.arange(next_slot, next_slot + 5)
+        kv_idx += slots.tolist()
+        out_loc += slots.tolist()
+        seqs.append((k, v))
+        specs.append((0, 5))
+    lens = [p + n for p, n in specs]
+    qo = [0] + torch.tensor([n for _, n in specs]).cumsum(0).tolist()
+    kvp = [0] + torch.tensor(lens).cumsum(0).tolist()
+    t = lambda x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
+    fb = ForwardBatch(
+        input_ids=t([0] * qo[-1]), positions=t(sum((list(range(p, p + n)) for p, n in specs), [])),
+        out_cache_loc=t(out_loc), qo_indptr=t(qo), kv_indices=t(kv_idx), kv_indptr=t(kvp),
+        seq_lens=t(lens), extend_lens=t([n for _, n in specs]), seq_lens_cpu=lens,
+        extend_lens_cpu=[n for _, n in specs], prefix_lens_cpu=[p for p, _ in specs],
+        kv_pool=pool, attn_backend=TorchAttentionBackend(),
+    )  # fmt: skip
+    fb.attn_backend.init_forward_metadata(fb)
+    assert fb.attn_metadata.decode.prefix_slots is not None, "the split path was not taken"
+    q = torch.randn(qo[-1], HQ, D, generator=gen)
+    k_new = torch.cat([k[p:] for (k, _), (p, _) in zip(seqs, specs)])
+    v_new = torch.cat([v[p:] for (_, v), (p, _) in zip(seqs, specs)])
+    out = fb.attn_backend.forward(q.to(dtype), k_new.to(dtype), v_new.to(dtype), 0, fb, D**-0.5)
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    for i, ((k, v), (p, n)) in enumerate(zip(seqs, specs)):
+        want = naive(q[qo[i]: qo[i] + n], k.to(dtype).float(), v.to(dtype).float(), p, D**-0.5)
+        torch.testing.assert_close(out[qo[i]: qo[i] + n].float(), want, atol=tol, rtol=0)

@@ -1,0 +1,50 @@
+"""`radixrt generate` (one prompt through the offline engine); the server lands as `launch`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from radixrt.server_args import ServerArgs
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="radixrt")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate text for one prompt with the offline engine")
+    gen.add_argument("--prompt", required=True, help="the prompt text")
+    gen.add_argument("--sampling-params", default="{}",
+                     help='JSON dict, e.g. \'{"temperature": 0, "max_new_tokens": 32}\'')
+    gen.add_argument("--stream", action="store_true", help="print text as it is generated")
+    ServerArgs.add_cli_args(gen)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    try:
+        params = json.loads(ns.sampling_params)
+    except json.JSONDecodeError as e:
+        print(f"--sampling-params is not valid JSON: {e}", file=sys.stderr)
+        return 2
+    from radixrt.engine import Engine
+
+    args = ServerArgs.from_cli_args(ns)
+    engine = Engine(**vars(args))
+    try:
+        if ns.stream:
+            for chunk in engine.generate(ns.prompt, params, stream=True):
+                print(chunk["text"], end="", flush=True)
+            print()
+        else:
+            out = engine.generate(ns.prompt, params)
+            print(out["text"])
+            print(json.dumps(out["meta_info"]), file=sys.stderr)
+    finally:
+        engine.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
