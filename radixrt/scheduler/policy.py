@@ -30,6 +30,8 @@ class SchedulePolicy:
     def order(self, waiting: list[Req]) -> list[Req]:
         """Return the waiting requests in the order admission should try them. Cache-aware
         policies also leave each request's `prefix_match_len` up to date."""
+        if not waiting:
+            return []
         policy = self.policy
         cache_aware = policy in ("lpm", "dfs-weight")
         if cache_aware and (self.kv.disabled or len(waiting) > MAX_QUEUE_FOR_PREFIX_POLICY):

@@ -21,6 +21,14 @@ SETTINGS = {
     "preempt": dict(max_total_tokens=96, page_size=1, schedule_conservativeness=0.0),
     "preempt-page16": dict(max_total_tokens=96, page_size=16, schedule_conservativeness=0.0),
 }
+# Scheduling variants, checked on the tiny models (the default model runs the settings above).
+TINY_ONLY = {
+    "no-radix-cache": dict(disable_radix_cache=True, chunked_prefill_size=9),
+    "fcfs": dict(schedule_policy="fcfs"),
+    "dfs-weight": dict(schedule_policy="dfs-weight", page_size=16),
+    "lof": dict(schedule_policy="lof", max_total_tokens=96, schedule_conservativeness=0.0),
+    "random": dict(schedule_policy="random", chunked_prefill_size=3),
+}
 
 
 def prompt_sets(vocab: int, encode=None) -> dict[str, list[list[int]]]:
@@ -55,11 +63,13 @@ def model_case(request, tiny_model_dir):
     return request.param, str(tiny_model_dir(request.param))
 
 
-@pytest.mark.parametrize("setting", list(SETTINGS))
+@pytest.mark.parametrize("setting", list(SETTINGS) + list(TINY_ONLY))
 def test_greedy_matches_transformers(model_case, setting, hf_loader):
     name, path = model_case
+    if setting in TINY_ONLY and name == "default":
+        pytest.skip("scheduling variants run on the tiny models only, to keep the suite short")
     hf = hf_loader(path)
-    args = dict(SETTINGS[setting])
+    args = dict(SETTINGS.get(setting) or TINY_ONLY[setting])
     if setting.startswith("preempt") and name == "default":
         args["max_total_tokens"] = 64  # its text prompts are shorter than the tiny models'
     engine = radixrt.Engine(model_path=path, dtype="float32", device="cpu",
@@ -79,11 +89,13 @@ def test_greedy_matches_transformers(model_case, setting, hf_loader):
         for attempt in range(2):
             out = engine.generate(input_ids=twice, sampling_params=params)
             assert_same_greedy(out["output_ids"], ref, f"{name}/{setting}/twice[{attempt}]")
-        if not setting.startswith("preempt"):
-            ps = engine.server_args.page_size
-            assert out["meta_info"]["cached_tokens"] == (len(twice) - 1) // ps * ps
-        else:
+        ps = engine.server_args.page_size
+        if engine.server_args.disable_radix_cache:
+            assert out["meta_info"]["cached_tokens"] == 0
+        elif engine.server_args.schedule_conservativeness == 0.0:
             assert engine.scheduler.planner.num_preemptions > 0, "the pool never ran short"
+        else:
+            assert out["meta_info"]["cached_tokens"] == (len(twice) - 1) // ps * ps
         engine.scheduler.check_kv()
     finally:
         engine.shutdown()
