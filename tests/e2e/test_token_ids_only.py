@@ -1,0 +1,40 @@
+"""A model folder without a tokenizer serves token ids with skip_tokenizer_init=True."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+import radixrt
+
+
+@pytest.fixture(scope="module")
+def bare_model_dir(tiny_model_dir, tmp_path_factory):
+    src = Path(tiny_model_dir("qwen2"))
+    dst = tmp_path_factory.mktemp("bare")
+    for f in src.iterdir():
+        if f.name == "config.json" or f.suffix == ".safetensors":
+            shutil.copy(f, dst / f.name)
+    return str(dst)
+
+
+def test_token_ids_only(bare_model_dir):
+    with pytest.raises(ValueError, match="skip_tokenizer_init"):
+        radixrt.Engine(model_path=bare_model_dir, dtype="float32")
+    with radixrt.Engine(model_path=bare_model_dir, dtype="float32",
+                        skip_tokenizer_init=True) as engine:
+        out = engine.generate(input_ids=[[5, 6, 7], [8, 9]],
+                              sampling_params={"max_new_tokens": 4, "ignore_eos": True})
+        assert [len(o["output_ids"]) for o in out] == [4, 4]
+        assert out[0]["text"] == ""
+        with pytest.raises(ValueError, match="input_ids"):
+            engine.generate("text needs a tokenizer")
+        with pytest.raises(ValueError, match="stop"):
+            engine.generate(input_ids=[1, 2], sampling_params={"stop": "x"})
+
+
+def test_missing_model_path_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does-not-exist"):
+        radixrt.Engine(model_path=str(tmp_path / "does-not-exist"))
