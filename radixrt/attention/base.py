@@ -47,4 +47,9 @@ def create_backend(name: str, **kwargs) -> AttentionBackend:
     if name not in _BACKENDS:
         raise ValueError(f"attention_backend must be one of {sorted(_BACKENDS)}, got {name!r}")
     module_name, cls_name = _BACKENDS[name].split(":")
-    return getattr(importlib.import_module(module_name), cls_name)(**kwargs)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"attention_backend {name!r} is not available here ({e}); "
+                         "use attention_backend='torch'") from e
+    return getattr(module, cls_name)(**kwargs)

@@ -17,7 +17,7 @@ def build(pool: KVPool, specs: list[tuple[int, int]], gen: torch.Generator):
     """specs: (prefix_len, extend_len) per sequence; sequence i's slots are scattered (reversed
     and offset) to check that the backend follows kv_indices. The prefix K/V are written into
     the pool here. Returns the batch and each sequence's full K, V [L, Hkv, D]."""
-    kv_idx, out_loc, full_k, full_v, qo, kvp = [], [], [], [], [0], [0]
+    kv_idx, out_loc, full_k, full_v = [], [], [], []
     for i, (prefix, n) in enumerate(specs):
         total = prefix + n
         slots = (torch.arange(total).flip(0) * 3 + 1000 * i + 7).tolist()
@@ -30,21 +30,26 @@ def build(pool: KVPool, specs: list[tuple[int, int]], gen: torch.Generator):
         out_loc += slots[prefix:]
         full_k.append(k)
         full_v.append(v)
-        qo.append(qo[-1] + n)
-        kvp.append(kvp[-1] + total)
+    return make_batch(pool, specs, kv_idx, out_loc), full_k, full_v
+
+
+def make_batch(pool: KVPool, specs: list[tuple[int, int]], kv_idx: list[int],
+               out_loc: list[int]) -> ForwardBatch:
+    """specs: (prefix_len, extend_len) per sequence; kv_idx: every sequence's slots in turn."""
     lens = [p + n for p, n in specs]
+    qo = [0] + torch.tensor([n for _, n in specs]).cumsum(0).tolist()
+    kvp = [0] + torch.tensor(lens).cumsum(0).tolist()
 
     def t(x: list[int]) -> torch.Tensor:
         return torch.tensor(x, dtype=torch.int64)
 
-    fb = ForwardBatch(
+    return ForwardBatch(
         input_ids=t([0] * qo[-1]), positions=t(sum((list(range(p, p + n)) for p, n in specs), [])),
         out_cache_loc=t(out_loc), qo_indptr=t(qo), kv_indices=t(kv_idx), kv_indptr=t(kvp),
         seq_lens=t(lens), extend_lens=t([n for _, n in specs]), seq_lens_cpu=lens,
         extend_lens_cpu=[n for _, n in specs], prefix_lens_cpu=[p for p, _ in specs],
         kv_pool=pool, attn_backend=TorchAttentionBackend(),
     )  # fmt: skip
-    return fb, full_k, full_v
 
 
 def naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int, scale: float):
@@ -129,17 +134,8 @@ def test_decode_with_shared_prefix_slots_matches_naive(with_extend, dtype):
         out_loc += slots.tolist()
         seqs.append((k, v))
         specs.append((0, 5))
-    lens = [p + n for p, n in specs]
-    qo = [0] + torch.tensor([n for _, n in specs]).cumsum(0).tolist()
-    kvp = [0] + torch.tensor(lens).cumsum(0).tolist()
-    t = lambda x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
-    fb = ForwardBatch(
-        input_ids=t([0] * qo[-1]), positions=t(sum((list(range(p, p + n)) for p, n in specs), [])),
-        out_cache_loc=t(out_loc), qo_indptr=t(qo), kv_indices=t(kv_idx), kv_indptr=t(kvp),
-        seq_lens=t(lens), extend_lens=t([n for _, n in specs]), seq_lens_cpu=lens,
-        extend_lens_cpu=[n for _, n in specs], prefix_lens_cpu=[p for p, _ in specs],
-        kv_pool=pool, attn_backend=TorchAttentionBackend(),
-    )  # fmt: skip
+    fb = make_batch(pool, specs, kv_idx, out_loc)
+    qo = fb.qo_indptr.tolist()
     fb.attn_backend.init_forward_metadata(fb)
     assert fb.attn_metadata.decode.prefix_slots is not None, "the split path was not taken"
     q = torch.randn(qo[-1], HQ, D, generator=gen)
