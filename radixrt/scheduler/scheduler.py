@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 
 import torch
 
@@ -55,6 +56,8 @@ class Scheduler:
         self.arrivals = itertools.count()
         self.stopped = False
         self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0, "steps": 0}
+        self._log_mark = (time.monotonic(), 0)  # (time, decode tokens) at the last stats line
+        self._decode_tokens = 0
         torch.manual_seed(args.random_seed)
 
     # -- the loop ---------------------------------------------------------------------------
@@ -77,8 +80,24 @@ class Scheduler:
             self.outputs.process(rows, logits)
         self._settle([r for r, _ in plan.work], {id(r): n for r, n in plan.work})
         self.stats["steps"] += 1
+        self._decode_tokens += sum(1 for _, n in plan.work if n == 1)
         if self.args.enable_kv_checks:
             self.check_kv()
+        self._maybe_log_stats()
+
+    def _maybe_log_stats(self, every_s: float = 5.0) -> None:
+        """One line every few seconds of activity, as SGLang and vLLM operators expect."""
+        then, tokens_then = self._log_mark
+        now = time.monotonic()
+        if now - then < every_s:
+            return
+        throughput = (self._decode_tokens - tokens_then) / (now - then)
+        self._log_mark = (now, self._decode_tokens)
+        pool = self.parts.pool_tokens
+        used = pool - self.parts.allocator.available_tokens - self.parts.cache.evictable_size()
+        logger.info("running %d, queued %d, KV in use %.1f%% of %d tokens, cache hit rate "
+                    "%.1f%%, generation %.1f tok/s", len(self.running), len(self.waiting),
+                    100 * used / pool, pool, 100 * self.cache_hit_rate, throughput)
 
     def _settle(self, reqs: list[Req], computed: dict[int, int]) -> None:
         outs: list[ReqOutput] = []
