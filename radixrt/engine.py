@@ -1,15 +1,17 @@
 """The offline engine: `radixrt.Engine().generate(...)`, SGLang's offline API.
 
 The engine tokenizes, validates and detokenizes in the caller's process; the scheduler loop (the
-same one the server runs) owns the model and runs on its own thread behind a Transport.
+same one the server runs) owns the model and runs in a child process behind a Transport.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
+import os
+import queue
 import threading
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -20,6 +22,8 @@ from radixrt.messages import (
     ControlReply,
     FlushCacheReq,
     GenerateReq,
+    GetStatsReq,
+    SchedulerFailed,
     ShutdownReq,
     decode_from_scheduler,
     encode,
@@ -32,35 +36,47 @@ logger = logging.getLogger(__name__)
 
 
 class Engine:
-    """`Engine(model_path=None, **server_args)`: every ServerArgs field is a keyword argument."""
+    """`Engine(model_path=None, **server_args)`: every ServerArgs field is a keyword argument.
 
-    def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
+    The scheduler runs in a child process (ZeroMQ between the two) unless `in_process=True`,
+    which runs it on a thread of this process (handy in tests and notebooks; slower on the CPU
+    when this process also runs torch)."""
+
+    def __init__(self, model_path: str | None = None, *, in_process: bool = False,
+                 **kwargs: Any) -> None:
         from radixrt.loader.default_model import default_model_path
         from radixrt.loader.tokenizer import load_tokenizer
-        from radixrt.scheduler.components import build_components
-        from radixrt.scheduler.scheduler import Scheduler
-        from radixrt.scheduler.transport import queue_pair
+        from radixrt.scheduler.launcher import start_process, start_thread
 
         self.server_args = args = ServerArgs.from_kwargs(model_path=model_path, **kwargs)
         logging.basicConfig(level=args.log_level.upper())
         path = args.model_path or default_model_path()
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"model_path {path!r} does not exist")
         self.tokenizer = None
         if not args.skip_tokenizer_init:
             self.tokenizer = load_tokenizer(path, args.tokenizer_path)
-        self.parts = build_components(args, self.tokenizer)
-        self._front, self._back = queue_pair()
-        self.scheduler = Scheduler(args, self.parts, self._back)
         self._states: dict[str, ReqState] = {}
-        self._lock = threading.Lock()
-        self._control_replies: list[ControlReply] = []
-        self._control_event = threading.Event()
+        self._lock = threading.Lock()  # guards _states
+        self._send_lock = threading.Lock()  # sockets are not thread-safe
+        self._control_lock = threading.Lock()  # one control request at a time
+        self._control_replies: queue.Queue = queue.Queue()
         self._error: BaseException | None = None
-        self._sched_thread = threading.Thread(target=self._run_scheduler, daemon=True,
-                                              name="radixrt-scheduler")
+        self._closed = False
+        if in_process:
+            self._handle = start_thread(args, self.tokenizer)
+        else:
+            self._handle = start_process(args)
+        self.info = self._handle.info
         self._dispatch_thread = threading.Thread(target=self._dispatch, daemon=True,
                                                  name="radixrt-dispatch")
-        self._sched_thread.start()
         self._dispatch_thread.start()
+        atexit.register(self.shutdown)
+
+    @property
+    def scheduler(self):
+        """The Scheduler object, when it runs in this process (in_process=True); else None."""
+        return self._handle.local_scheduler
 
     # -- public API -------------------------------------------------------------------------
     def generate(self, prompt: str | list[str] | None = None,
@@ -95,28 +111,38 @@ class Engine:
 
     def flush_cache(self) -> bool:
         """Empty the radix cache; refused (False) while requests run."""
-        self._control_event.clear()
-        self._front.send(encode(FlushCacheReq()))
-        self._control_event.wait()
-        return self._control_replies.pop().success
+        return self._control(FlushCacheReq()).success
+
+    def get_stats(self, check_kv: bool = False) -> dict[str, Any]:
+        """The scheduler's counters (tokens, steps, preemptions, KV pool usage). With check_kv,
+        the KV accounting check runs too and a failure raises AssertionError."""
+        reply = self._control(GetStatsReq(check_kv))
+        if not reply.success:
+            raise AssertionError(reply.message)
+        return reply.stats
 
     def abort_request(self, rid: str) -> None:
         with self._lock:
             rids = [r for r in self._states if r == rid or r.startswith(rid + "-")]
         for r in rids:
-            self._front.send(encode(AbortReq(r)))
+            self._send(AbortReq(r))
 
     def get_server_info(self) -> dict[str, Any]:
-        parts, stats = self.parts, self.scheduler.stats
-        return {"model_path": self.server_args.model_path, "dtype": str(parts.dtype),
-                "device": parts.device, "attention_backend": parts.attention_backend,
-                "max_total_num_tokens": parts.pool_tokens, "context_length":
-                parts.context_length, "cache_hit_rate": self.scheduler.cache_hit_rate, **stats}
+        info = self.info
+        return {"model_path": info.model_path, "dtype": info.dtype, "device": info.device,
+                "attention_backend": info.attention_backend,
+                "max_total_num_tokens": info.pool_tokens, "context_length": info.context_length,
+                **self.get_stats()}
 
     def shutdown(self) -> None:
-        if self._sched_thread.is_alive():
-            self._front.send(encode(ShutdownReq()))
-            self._sched_thread.join(timeout=30)
+        if self._closed:
+            return
+        self._closed = True
+        if self._handle.alive():
+            self._send(ShutdownReq())
+        self._handle.stop(timeout=30)
+        self._dispatch_thread.join(timeout=5)
+        self._handle.close()
 
     def __enter__(self) -> "Engine":
         return self
@@ -127,8 +153,8 @@ class Engine:
     # -- submission -------------------------------------------------------------------------
     def _submit(self, prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
                 top_logprobs_num, rid, stream, loop) -> tuple[list[ReqState], bool]:
-        if self._error is not None:
-            raise SchedulerDied(f"the scheduler has died: {self._error!r}")
+        if self._error is not None or self._closed:
+            raise SchedulerDied(f"the engine is not running ({self._error or 'shut down'})")
         from radixrt.frontend_validation import build_requests
 
         reqs, is_batch = build_requests(
@@ -139,8 +165,11 @@ class Engine:
         states = []
         for msg, params in reqs:
             states.append(self._register(msg, params, loop))
+        if self._error is not None:  # the scheduler died while these were registered
+            for state in states:
+                state.push(self._error)
         for msg, _ in reqs:
-            self._front.send(encode(msg))
+            self._send(msg)
         return states, is_batch
 
     def _register(self, msg: GenerateReq, params: SamplingParams, loop) -> ReqState:
@@ -155,9 +184,6 @@ class Engine:
                 raise ValueError(f"rid {msg.rid!r} is already in use by a running request")
             self._states[msg.rid] = state
         return state
-
-    def new_rid(self) -> str:
-        return uuid.uuid4().hex
 
     # -- waiting for results ----------------------------------------------------------------
     def _wait_sync(self, state: ReqState) -> dict[str, Any]:
@@ -186,31 +212,38 @@ class Engine:
             if not state.finished:
                 self.abort_request(state.rid)
 
-    # -- threads ----------------------------------------------------------------------------
-    def _run_scheduler(self) -> None:
-        try:
-            self.scheduler.run_forever()
-        except BaseException as e:  # surface it to every waiting caller instead of hanging
-            logger.exception("scheduler loop failed")
-            self._error = e
-            with self._lock:
-                states = list(self._states.values())
-            for s in states:
-                s.push(SchedulerDied(f"the scheduler has died: {e!r}"))
-        finally:
-            self._back.outbox.put(None)  # wakes the dispatcher so it can exit
+    # -- plumbing ---------------------------------------------------------------------------
+    def _send(self, msg) -> None:
+        with self._send_lock:
+            self._handle.transport.send(encode(msg))
+
+    def _control(self, msg) -> ControlReply:
+        with self._control_lock:
+            if self._error is not None or self._closed:
+                raise SchedulerDied(f"the engine is not running ({self._error or 'shut down'})")
+            self._send(msg)
+            reply = self._control_replies.get()
+        return _raise_if_error(reply)
 
     def _dispatch(self) -> None:
-        while True:
-            item = self._front.inbox.get()
-            if item is None:
+        """Route the scheduler's messages to the requests waiting for them; notice its death."""
+        transport = self._handle.transport
+        while not (self._closed and not self._handle.alive()):
+            items = transport.recv(timeout=0.5)
+            if not items and not self._handle.alive():
+                if not self._closed:
+                    self._fail_all(SchedulerDied("the scheduler stopped unexpectedly"))
                 return
-            msg = decode_from_scheduler(item)
-            if isinstance(msg, ControlReply):
-                self._control_replies.append(msg)
-                self._control_event.set()
-                continue
-            assert isinstance(msg, BatchOutput)
+            for item in items:
+                self._route(decode_from_scheduler(item))
+
+    def _route(self, msg) -> None:
+        if isinstance(msg, ControlReply):
+            self._control_replies.put(msg)
+        elif isinstance(msg, SchedulerFailed):
+            self._fail_all(SchedulerDied(f"the scheduler has died: {msg.error_type}: "
+                                         f"{msg.error}"))
+        elif isinstance(msg, BatchOutput):
             for out in msg.outputs:
                 with self._lock:
                     state = self._states.get(out.rid)
@@ -218,6 +251,16 @@ class Engine:
                         self._states.pop(out.rid, None)
                 if state is not None:
                     state.push(out)
+
+    def _fail_all(self, error: SchedulerDied) -> None:
+        logger.error("%s", error)
+        self._error = error
+        with self._lock:
+            states = list(self._states.values())
+            self._states.clear()
+        for s in states:
+            s.push(error)
+        self._control_replies.put(error)
 
 
 def _raise_if_error(item):

@@ -19,7 +19,7 @@ def build_requests(engine: Any, prompt, sampling_params, input_ids, return_logpr
                    stream) -> tuple[list[tuple[GenerateReq, SamplingParams]], bool]:
     """Returns ([(message, params)], is_batch); n > 1 becomes n messages with rids rid-0..."""
     token_lists, is_batch = _token_lists(engine.tokenizer, prompt, input_ids)
-    vocab = engine.parts.model_config.vocab_size
+    vocab = engine.info.vocab_size
     params_list = _params_list(sampling_params, len(token_lists))
     rids = _rids(rid, len(token_lists), is_batch)
     start = -1 if logprob_start_len is None else logprob_start_len
@@ -30,8 +30,8 @@ def build_requests(engine: Any, prompt, sampling_params, input_ids, return_logpr
     for ids, raw, base_rid in zip(token_lists, params_list, rids):
         params = _checked_params(raw, vocab, engine.tokenizer is not None)
         _check_ids(ids, vocab)
-        validate_request_size(len(ids), params.max_new_tokens, engine.parts.context_length,
-                              engine.parts.pool_tokens)
+        validate_request_size(len(ids), params.max_new_tokens, engine.info.context_length,
+                              engine.info.pool_tokens)
         if not isinstance(start, int) or not -1 <= start < len(ids):
             raise ValueError(f"logprob_start_len must be -1 or in [0, {len(ids) - 1}] for "
                              f"a prompt of {len(ids)} tokens, got {start!r}")

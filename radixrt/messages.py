@@ -35,6 +35,12 @@ class ShutdownReq(msgspec.Struct, tag="shutdown"):
     pass
 
 
+class GetStatsReq(msgspec.Struct, tag="get_stats"):
+    """Ask for the scheduler's counters; with check_kv, also run the KV accounting check."""
+
+    check_kv: bool = False
+
+
 class ReqOutput(msgspec.Struct):
     """What one request produced since the last ReqOutput for it (the ids are a delta)."""
 
@@ -58,15 +64,37 @@ class BatchOutput(msgspec.Struct, tag="batch_output"):
 
 
 class ControlReply(msgspec.Struct, tag="control_reply"):
-    """The scheduler's answer to a control request (flush_cache)."""
+    """The scheduler's answer to a control request (flush_cache, get_stats)."""
 
     kind: str
     success: bool
     message: str = ""
+    stats: dict[str, Any] | None = None
 
 
-ToScheduler = Union[GenerateReq, AbortReq, FlushCacheReq, ShutdownReq]
-FromScheduler = Union[BatchOutput, ControlReply]
+class SchedulerReady(msgspec.Struct, tag="ready"):
+    """Sent once by a scheduler that has loaded its model: what the frontend must know."""
+
+    model_path: str
+    vocab_size: int
+    context_length: int
+    pool_tokens: int
+    eos_token_ids: list[int]
+    dtype: str
+    device: str
+    attention_backend: str
+    pid: int  # the scheduler's process
+
+
+class SchedulerFailed(msgspec.Struct, tag="failed"):
+    """Sent by a scheduler that could not start or whose loop raised."""
+
+    error: str
+    error_type: str = "RuntimeError"  # the exception's class name, to re-raise it alike
+
+
+ToScheduler = Union[GenerateReq, AbortReq, FlushCacheReq, ShutdownReq, GetStatsReq]
+FromScheduler = Union[BatchOutput, ControlReply, SchedulerReady, SchedulerFailed]
 
 _to_scheduler = msgspec.msgpack.Decoder(ToScheduler)
 _from_scheduler = msgspec.msgpack.Decoder(FromScheduler)

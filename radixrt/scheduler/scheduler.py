@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import time
 
 import torch
@@ -19,7 +20,9 @@ from radixrt.messages import (
     ControlReply,
     FlushCacheReq,
     GenerateReq,
+    GetStatsReq,
     ReqOutput,
+    SchedulerReady,
     ShutdownReq,
     decode_to_scheduler,
     encode,
@@ -126,8 +129,36 @@ class Scheduler:
             self._abort(msg.rid)
         elif isinstance(msg, FlushCacheReq):
             self._flush_cache()
+        elif isinstance(msg, GetStatsReq):
+            self._send_stats(msg.check_kv)
         elif isinstance(msg, ShutdownReq):
             self.stopped = True
+
+    def ready_message(self) -> SchedulerReady:
+        p = self.parts
+        return SchedulerReady(self.args.model_path or "", p.model_config.vocab_size,
+                              p.context_length, p.pool_tokens, list(p.model_config.eos_token_ids),
+                              str(p.dtype).removeprefix("torch."), p.device, p.attention_backend,
+                              os.getpid())
+
+    def get_stats(self) -> dict:
+        p = self.parts
+        return {**self.stats, "num_preemptions": self.planner.num_preemptions,
+                "cache_hit_rate": self.cache_hit_rate, "running": len(self.running),
+                "queued": len(self.waiting), "pool_tokens": p.pool_tokens,
+                "free_tokens": p.allocator.available_tokens,
+                "evictable_tokens": p.cache.evictable_size(),
+                "protected_tokens": p.cache.protected_size()}
+
+    def _send_stats(self, check_kv: bool) -> None:
+        message = ""
+        if check_kv:
+            try:
+                self.check_kv()
+            except AssertionError as e:
+                message = f"KV accounting check failed: {e}"
+        reply = ControlReply("get_stats", not message, message, self.get_stats())
+        self.transport.send(encode(reply))
 
     def _add_request(self, msg: GenerateReq) -> None:
         try:

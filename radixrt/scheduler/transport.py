@@ -9,6 +9,8 @@ from __future__ import annotations
 import queue
 from typing import Protocol
 
+import zmq
+
 
 class Transport(Protocol):
     def recv(self, timeout: float | None) -> list[bytes]:
@@ -46,3 +48,32 @@ def queue_pair() -> tuple[QueueTransport, QueueTransport]:
     to_sched: queue.Queue = queue.Queue()
     from_sched: queue.Queue = queue.Queue()
     return QueueTransport(from_sched, to_sched), QueueTransport(to_sched, from_sched)
+
+
+class ZmqTransport:
+    """PUSH/PULL ZeroMQ sockets carrying the same msgspec bytes between processes."""
+
+    def __init__(self, recv_addr: str, send_addr: str, bind: bool) -> None:
+        self.ctx = zmq.Context()
+        self.pull = self.ctx.socket(zmq.PULL)
+        self.push = self.ctx.socket(zmq.PUSH)
+        for sock, addr in ((self.pull, recv_addr), (self.push, send_addr)):
+            sock.setsockopt(zmq.LINGER, 1000)  # let a last message (an error) out
+            sock.bind(addr) if bind else sock.connect(addr)
+
+    def recv(self, timeout: float | None) -> list[bytes]:
+        ms = -1 if timeout is None else int(timeout * 1000)
+        if not self.pull.poll(ms):
+            return []
+        items = [self.pull.recv()]
+        while self.pull.poll(0):
+            items.append(self.pull.recv())
+        return items
+
+    def send(self, data: bytes) -> None:
+        self.push.send(data)
+
+    def close(self) -> None:
+        self.pull.close()
+        self.push.close()
+        self.ctx.term()

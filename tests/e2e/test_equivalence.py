@@ -72,12 +72,14 @@ def test_greedy_matches_transformers(model_case, setting, hf_loader):
     args = dict(SETTINGS.get(setting) or TINY_ONLY[setting])
     if setting.startswith("preempt") and name == "default":
         args["max_total_tokens"] = 64  # its text prompts are shorter than the tiny models'
-    engine = radixrt.Engine(model_path=path, dtype="float32", device="cpu",
+    # The scheduler runs on a thread here (quicker to start); test_engine_api covers the
+    # default child-process mode.
+    engine = radixrt.Engine(model_path=path, dtype="float32", device="cpu", in_process=True,
                             enable_kv_checks=True, skip_tokenizer_init=(name != "default"),
                             **args)
     try:
         encode = engine.tokenizer.encode if engine.tokenizer else None
-        sets = prompt_sets(engine.parts.model_config.vocab_size, encode)
+        sets = prompt_sets(engine.info.vocab_size, encode)
         params = {"temperature": 0, "max_new_tokens": MAX_NEW, "ignore_eos": True}
         for group in ("mixed", "shared"):
             outs = engine.generate(input_ids=sets[group], sampling_params=params)
@@ -93,10 +95,10 @@ def test_greedy_matches_transformers(model_case, setting, hf_loader):
         if engine.server_args.disable_radix_cache:
             assert out["meta_info"]["cached_tokens"] == 0
         elif engine.server_args.schedule_conservativeness == 0.0:
-            assert engine.scheduler.planner.num_preemptions > 0, "the pool never ran short"
+            assert engine.get_stats()["num_preemptions"] > 0, "the pool never ran short"
         else:
             assert out["meta_info"]["cached_tokens"] == (len(twice) - 1) // ps * ps
-        engine.scheduler.check_kv()
+        engine.get_stats(check_kv=True)
     finally:
         engine.shutdown()
 
@@ -104,12 +106,12 @@ def test_greedy_matches_transformers(model_case, setting, hf_loader):
 def test_logprobs_match_transformers(model_case, hf_loader):
     name, path = model_case
     hf = hf_loader(path)
-    engine = radixrt.Engine(model_path=path, dtype="float32", device="cpu",
+    engine = radixrt.Engine(model_path=path, dtype="float32", device="cpu", in_process=True,
                             skip_tokenizer_init=(name != "default"), enable_kv_checks=True,
                             chunked_prefill_size=8)
     try:
         encode = engine.tokenizer.encode if engine.tokenizer else None
-        prompts = prompt_sets(engine.parts.model_config.vocab_size, encode)["shared"]
+        prompts = prompt_sets(engine.info.vocab_size, encode)["shared"]
         engine.generate(input_ids=prompts[0], sampling_params={"max_new_tokens": 1})
         params = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
         outs = engine.generate(input_ids=prompts, sampling_params=params, return_logprob=True,

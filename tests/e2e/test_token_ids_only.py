@@ -38,3 +38,34 @@ def test_token_ids_only(bare_model_dir):
 def test_missing_model_path_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="does-not-exist"):
         radixrt.Engine(model_path=str(tmp_path / "does-not-exist"))
+
+
+def test_child_scheduler_death_is_an_error_not_a_hang(tiny_model_dir):
+    import os
+    import signal
+    import time
+
+    from radixrt.request_state import SchedulerDied
+
+    engine = radixrt.Engine(model_path=tiny_model_dir("llama"), dtype="float32")
+    try:
+        assert engine.info.pid != os.getpid()
+        assert engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 2})
+        os.kill(engine.info.pid, signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(SchedulerDied):
+            engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 200,
+                                                                   "ignore_eos": True})
+        assert time.monotonic() - start < 10
+    finally:
+        engine.shutdown()
+
+
+def test_shutdown_ends_the_child_process(tiny_model_dir):
+    import os
+
+    engine = radixrt.Engine(model_path=tiny_model_dir("llama"), dtype="float32")
+    pid = engine.info.pid
+    engine.shutdown()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # reaped: no such process

@@ -1,0 +1,52 @@
+"""The scheduler as its own process: `python -m radixrt.scheduler.process` reads its config
+(JSON: the ServerArgs fields and the two ZeroMQ addresses) from stdin, loads the model, says
+ready, and runs the loop until told to shut down.
+
+A process of its own keeps the model's OpenMP thread team off the caller's threads: on the CPU,
+torch ops run from a second thread of a process whose main thread has used torch are markedly
+slower.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import traceback
+
+from radixrt.messages import SchedulerFailed, encode
+from radixrt.scheduler.transport import ZmqTransport
+from radixrt.server_args import ServerArgs
+
+logger = logging.getLogger("radixrt.scheduler")
+
+
+def run(config: dict) -> int:
+    args = ServerArgs(**config["server_args"])
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="[%(asctime)s scheduler] %(message)s")
+    transport = ZmqTransport(config["recv_addr"], config["send_addr"], bind=False)
+    try:
+        from radixrt.loader.default_model import default_model_path
+        from radixrt.loader.tokenizer import load_tokenizer
+        from radixrt.scheduler.components import build_components
+        from radixrt.scheduler.scheduler import Scheduler
+
+        tokenizer = None
+        if not args.skip_tokenizer_init:  # the scheduler matches stop strings
+            tokenizer = load_tokenizer(args.model_path or default_model_path(),
+                                       args.tokenizer_path)
+        scheduler = Scheduler(args, build_components(args, tokenizer), transport)
+        transport.send(encode(scheduler.ready_message()))
+        scheduler.run_forever()
+        return 0
+    except BaseException as e:  # tell the frontend why, then die
+        logger.error("scheduler failed:\n%s", traceback.format_exc())
+        transport.send(encode(SchedulerFailed(str(e), type(e).__name__)))
+        return 1
+    finally:
+        transport.close()
+
+
+if __name__ == "__main__":
+    sys.exit(run(json.loads(sys.stdin.read())))
