@@ -105,7 +105,7 @@ class Planner:
             if budget <= 0 or len(running) >= self.max_running:
                 break
             match = self.kv.match(req)
-            if _should_wait_for_sibling(req, inflight):
+            if _should_wait_for_sibling(req, inflight, self.kv.page_size):
                 continue
             n = min(req.seq_len - req.prefix_match_len, self.chunk, budget)
             need = n + reserved + self._reserved_tokens([req]) + self.kv.page_size
@@ -129,12 +129,13 @@ def _is_decode(req: Req) -> bool:
     return bool(req.output_ids) and req.kv_len == req.seq_len - 1
 
 
-def _should_wait_for_sibling(req: Req, inflight: list[list[int]]) -> bool:
-    reusable = req.max_prefix_reuse
+def _should_wait_for_sibling(req: Req, inflight: list[list[int]], page_size: int) -> bool:
+    reusable = req.max_prefix_reuse // page_size * page_size  # the cache holds whole pages
     if not inflight or reusable <= req.prefix_match_len:
         return False
     ids = req.fill_ids
     shared = max(_common_prefix_len(ids, other, reusable) for other in inflight)
+    shared = shared // page_size * page_size
     gain = shared - req.prefix_match_len
     return gain >= IN_BATCH_SHARE_THRESHOLD or (gain > 0 and shared >= reusable)
 
