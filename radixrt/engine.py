@@ -12,6 +12,7 @@ import logging
 import os
 import queue
 import threading
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -33,6 +34,16 @@ from radixrt.sampling_params import SamplingParams
 from radixrt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
+
+
+_LIVE_ENGINES: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_live_engines() -> None:
+    """Stop schedulers still running at exit (a weak set: engines stay collectable)."""
+    for engine in list(_LIVE_ENGINES):
+        engine.shutdown()
 
 
 class Engine:
@@ -71,7 +82,7 @@ class Engine:
         self._dispatch_thread = threading.Thread(target=self._dispatch, daemon=True,
                                                  name="radixrt-dispatch")
         self._dispatch_thread.start()
-        atexit.register(self.shutdown)
+        _LIVE_ENGINES.add(self)
 
     @property
     def scheduler(self):
