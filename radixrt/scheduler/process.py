@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import traceback
 
@@ -38,7 +39,8 @@ def run(config: dict) -> int:
                                        args.tokenizer_path)
         scheduler = Scheduler(args, build_components(args, tokenizer), transport)
         transport.send(encode(scheduler.ready_message()))
-        scheduler.run_forever()
+        parent = os.getppid()
+        scheduler.run_forever(orphaned=lambda: os.getppid() != parent)
         return 0
     except BaseException as e:  # tell the frontend why, then die
         logger.error("scheduler failed:\n%s", traceback.format_exc())

@@ -9,6 +9,7 @@ import itertools
 import logging
 import os
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -64,13 +65,19 @@ class Scheduler:
         torch.manual_seed(args.random_seed)
 
     # -- the loop ---------------------------------------------------------------------------
-    def run_forever(self) -> None:
+    def run_forever(self, orphaned: Callable[[], bool] | None = None) -> None:
+        """Loop until a ShutdownReq arrives, or, while idle, until `orphaned()` says the
+        frontend is gone."""
         while not self.stopped:
             idle = not self.running and not self.waiting
-            for data in self.transport.recv(timeout=None if idle else 0):
+            timeout = 0 if not idle else (1.0 if orphaned else None)
+            for data in self.transport.recv(timeout=timeout):
                 self.handle(decode_to_scheduler(data))
             if self.running or self.waiting:
                 self.step()
+            elif orphaned is not None and orphaned():
+                logger.warning("the frontend process is gone: the scheduler stops")
+                return
 
     def step(self) -> None:
         plan = self.planner.plan(self.running, self.waiting)

@@ -69,3 +69,28 @@ def test_shutdown_ends_the_child_process(tiny_model_dir):
     engine.shutdown()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # reaped: no such process
+
+
+def test_scheduler_exits_when_its_frontend_is_killed(tiny_model_dir):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    code = ("import sys, time, radixrt; e = radixrt.Engine(model_path=sys.argv[1], "
+            "dtype='float32'); print(e.info.pid, flush=True); time.sleep(120)")
+    front = subprocess.Popen([sys.executable, "-c", code, tiny_model_dir("llama")],
+                             stdout=subprocess.PIPE, text=True)
+    child = int(front.stdout.readline())
+    os.kill(front.pid, signal.SIGKILL)
+    front.wait()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.kill(child, signal.SIGKILL)
+    pytest.fail("the scheduler process outlived its frontend")
