@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import gc
 import logging
 import os
 import queue
@@ -154,6 +155,10 @@ class Engine:
         self._handle.stop(timeout=30)
         self._dispatch_thread.join(timeout=5)
         self._handle.close()
+        # An in-process scheduler holds the weights and the KV pool: let them go now rather
+        # than whenever the cycle collector next runs.
+        self._handle.local_scheduler = None
+        gc.collect()
 
     def __enter__(self) -> "Engine":
         return self

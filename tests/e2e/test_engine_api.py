@@ -16,7 +16,8 @@ PROMPT = "Once upon a time, in a small village by the sea, there lived"
 def engine():
     # float32: bfloat16 (the CPU default) rounds differently with batch shape and cache hits,
     # and these tests compare runs token for token.
-    eng = radixrt.Engine(dtype="float32", enable_kv_checks=True, log_level="warning")
+    eng = radixrt.Engine(dtype="float32", enable_kv_checks=True, log_level="warning",
+                         max_total_tokens=16384)
     yield eng
     eng.shutdown()
 

@@ -69,7 +69,7 @@ def test_greedy_matches_transformers(model_case, setting, hf_loader):
     if setting in TINY_ONLY and name == "default":
         pytest.skip("scheduling variants run on the tiny models only, to keep the suite short")
     hf = hf_loader(path)
-    args = dict(SETTINGS.get(setting) or TINY_ONLY[setting])
+    args = {"max_total_tokens": 8192, **(SETTINGS.get(setting) or TINY_ONLY[setting])}
     if setting.startswith("preempt") and name == "default":
         args["max_total_tokens"] = 64  # its text prompts are shorter than the tiny models'
     # The scheduler runs on a thread here (quicker to start); test_engine_api covers the
@@ -108,7 +108,7 @@ def test_logprobs_match_transformers(model_case, hf_loader):
     hf = hf_loader(path)
     engine = radixrt.Engine(model_path=path, dtype="float32", device="cpu", in_process=True,
                             skip_tokenizer_init=(name != "default"), enable_kv_checks=True,
-                            chunked_prefill_size=8)
+                            chunked_prefill_size=8, max_total_tokens=8192)
     try:
         encode = engine.tokenizer.encode if engine.tokenizer else None
         prompts = prompt_sets(engine.info.vocab_size, encode)["shared"]
