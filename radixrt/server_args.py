@@ -40,7 +40,7 @@ class ServerArgs:
     max_total_tokens: int | None = _f(None, "KV pool size in tokens; "
                                       "default: from the memory budget")
     mem_fraction_static: float = _f(0.85, "fraction of GPU memory for weights + KV pool (CUDA)")
-    cpu_kv_cache_gb: float = _f(2.0, "KV pool budget in GiB when running on the CPU")
+    cpu_kv_cache_gb: float = _f(1.0, "KV pool budget in GiB when running on the CPU")
     disable_radix_cache: bool = _f(False, "turn the radix prefix cache off (for comparison)")
     # Scheduling
     schedule_policy: str = _f("lpm", "order of waiting requests", SCHEDULE_POLICIES)
