@@ -65,9 +65,16 @@ class Engine:
         path = args.model_path or default_model_path()
         if not os.path.exists(path):
             raise FileNotFoundError(f"model_path {path!r} does not exist")
+        # The child process loads the model while this one loads the tokenizer.
+        wait_ready = None if in_process else start_process(args)
         self.tokenizer = None
-        if not args.skip_tokenizer_init:
-            self.tokenizer = load_tokenizer(path, args.tokenizer_path)
+        try:
+            if not args.skip_tokenizer_init:
+                self.tokenizer = load_tokenizer(path, args.tokenizer_path)
+        except BaseException:
+            if wait_ready is not None:
+                _abandon(wait_ready)
+            raise
         self._states: dict[str, ReqState] = {}
         self._lock = threading.Lock()  # guards _states
         self._send_lock = threading.Lock()  # sockets are not thread-safe
@@ -78,7 +85,7 @@ class Engine:
         if in_process:
             self._handle = start_thread(args, self.tokenizer)
         else:
-            self._handle = start_process(args)
+            self._handle = wait_ready()
         self.info = self._handle.info
         self._dispatch_thread = threading.Thread(target=self._dispatch, daemon=True,
                                                  name="radixrt-dispatch")
@@ -277,6 +284,17 @@ class Engine:
         for s in states:
             s.push(error)
         self._control_replies.put(error)
+
+
+def _abandon(wait_ready) -> None:
+    """Stop a scheduler process that is no longer wanted (the frontend failed to start)."""
+    try:
+        handle = wait_ready()
+    except Exception:
+        return  # it failed by itself and is cleaned up
+    handle.transport.send(encode(ShutdownReq()))
+    handle.stop(timeout=10)
+    handle.close()
 
 
 def _raise_if_error(item):

@@ -50,9 +50,21 @@ class ExtendMetadata:
 
 
 @dataclass(frozen=True)
+class SharedExtendMetadata:
+    """Extend sequences whose cached prefixes start with the same `prefix_slots`: all their
+    new tokens (`rows` of the batch) attend to those slots in one block; `extends` then hold
+    only each sequence's remaining keys (from the shared length on)."""
+
+    rows: torch.Tensor  # [N] int64, the group's new tokens, sequence after sequence
+    prefix_slots: torch.Tensor  # [P]
+    extends: list[ExtendMetadata]
+
+
+@dataclass(frozen=True)
 class TorchAttentionMetadata:
     decode: DecodeMetadata | None
     extends: list[ExtendMetadata]
+    shared_extend: SharedExtendMetadata | None = None
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -69,7 +81,10 @@ class TorchAttentionBackend(AttentionBackend):
         decode = _decode_metadata(fb, decode_ids) if decode_ids else None
         starts, kv_starts = _offsets(fb.extend_lens_cpu), _offsets(fb.seq_lens_cpu)
         extends = [_extend_metadata(fb, i, starts[i], kv_starts[i]) for i in extend_ids]
-        fb.attn_metadata = TorchAttentionMetadata(decode=decode, extends=extends)
+        shared = _shared_extend_metadata(extends)
+        if shared is not None:
+            extends = [e for e in extends if e.prefix_len == 0]
+        fb.attn_metadata = TorchAttentionMetadata(decode, extends, shared)
 
     def forward(
         self,
@@ -93,6 +108,8 @@ class TorchAttentionBackend(AttentionBackend):
             out[dec.token_idx] = _decode(q_dec, k_cache, v_cache, dec, scaling)
         for ext in meta.extends:
             out[ext.start : ext.end] = _extend(q, k, v, k_cache, v_cache, ext, scaling)
+        if meta.shared_extend is not None:
+            _shared_extend(q, k_cache, v_cache, meta.shared_extend, scaling, out)
         return out
 
 
@@ -154,6 +171,22 @@ def _extend_metadata(fb: ForwardBatch, i: int, start: int, kv_start: int) -> Ext
     return ExtendMetadata(start, end, prefix, slots, mask)
 
 
+def _shared_extend_metadata(extends: list[ExtendMetadata]) -> SharedExtendMetadata | None:
+    """Group the extend sequences with a cached prefix if their slots share a long start."""
+    group = [e for e in extends if e.prefix_len > 0]
+    if len(group) < 2:
+        return None
+    min_prefix = min(e.prefix_len for e in group)
+    table = torch.stack([e.slots[:min_prefix] for e in group])  # [G, min_prefix]
+    shared = _shared_prefix_len(table, min_prefix + 1)  # all of the shortest prefix may go
+    if shared < MIN_SHARED_PREFIX:
+        return None
+    rows = torch.cat([torch.arange(e.start, e.end, device=table.device) for e in group])
+    own = [ExtendMetadata(e.start, e.end, e.prefix_len, e.slots[shared:], e.mask[:, shared:])
+           for e in group]
+    return SharedExtendMetadata(rows, table[0, :shared], own)
+
+
 def _decode(
     q: torch.Tensor,  # [Bd, Hq, D]
     k_cache: torch.Tensor,  # [pool, Hkv, D]
@@ -176,11 +209,61 @@ def _decode(
         return o.reshape(bd, hq, d)
     o_own, lse_own = _attention_with_lse(qg, k, v, dec.mask, scaling)
     o_pre, lse_pre = _shared_prefix_attention(qg, k_cache, v_cache, dec.prefix_slots, scaling)
-    lse = torch.logaddexp(lse_pre, lse_own)  # [Bd, Hkv, G]
-    w_pre = torch.exp(lse_pre - lse).unsqueeze(-1)
-    w_own = torch.exp(lse_own - lse).unsqueeze(-1)
-    o = o_pre.float() * w_pre + o_own.float() * w_own
-    return o.to(q.dtype).reshape(bd, hq, d)
+    return _merge(o_pre, lse_pre, o_own, lse_own).to(q.dtype).reshape(bd, hq, d)
+
+
+def _merge(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor,
+           lse2: torch.Tensor) -> torch.Tensor:
+    """Combine two attentions of the same queries over disjoint key sets: o [..., D] and the
+    log-sum-exp of their scores lse [...] -> the attention over the union (float32)."""
+    lse = torch.logaddexp(lse1, lse2)
+    return (o1.float() * torch.exp(lse1 - lse).unsqueeze(-1)
+            + o2.float() * torch.exp(lse2 - lse).unsqueeze(-1))
+
+
+def _shared_extend(
+    q: torch.Tensor,  # [T, Hq, D]
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: SharedExtendMetadata,
+    scaling: float,
+    out: torch.Tensor,  # [T, Hq, D], written at the group's rows
+) -> None:
+    t, hq, d = q.shape
+    hkv = k_cache.shape[1]
+    g = hq // hkv
+    rows = meta.rows.numel()
+    q_group = q.index_select(0, meta.rows).view(rows, hkv, g, d)
+    # The shared prefix is older than every new token: no mask, one block for all of them.
+    o_pre, lse_pre = _shared_prefix_attention(q_group, k_cache, v_cache, meta.prefix_slots,
+                                              scaling)  # [N, Hkv, G, D], [N, Hkv, G]
+    offset = 0
+    for ext in meta.extends:
+        n = ext.end - ext.start
+        o_own, lse_own = _own_keys_attention(q_group[offset:offset + n], k_cache, v_cache,
+                                             ext, scaling)
+        merged = _merge(o_pre[offset:offset + n], lse_pre[offset:offset + n], o_own, lse_own)
+        out[ext.start:ext.end] = merged.to(q.dtype).reshape(n, hq, d)
+        offset += n
+
+
+def _own_keys_attention(
+    qg: torch.Tensor,  # [n, Hkv, G, D]
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    ext: ExtendMetadata,  # slots/mask: the sequence's keys after the shared prefix
+    scaling: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # [n, Hkv, G, D], [n, Hkv, G]
+    n, hkv, g, d = qg.shape
+    k = k_cache.index_select(0, ext.slots).transpose(0, 1).unsqueeze(0).to(qg.dtype)
+    v = v_cache.index_select(0, ext.slots).transpose(0, 1).unsqueeze(0).to(qg.dtype)
+    # GQA: the G heads sharing a kv head become rows (token i, head j) -> i * G + j, each
+    # with its token's causal mask row.
+    q_rows = qg.permute(1, 0, 2, 3).reshape(1, hkv, n * g, d)
+    mask = ext.mask.repeat_interleave(g, dim=0)[None, None]  # [1, 1, n*G, L]
+    o, lse = _attention_with_lse(q_rows, k, v, mask, scaling)
+    o = o.view(hkv, n, g, d).permute(1, 0, 2, 3)
+    return o, lse.view(hkv, n, g).permute(1, 0, 2)
 
 
 def _shared_prefix_attention(

@@ -12,6 +12,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from radixrt.messages import (
@@ -57,7 +58,9 @@ class SchedulerHandle:
             self._close()
 
 
-def start_process(args: ServerArgs) -> SchedulerHandle:
+def start_process(args: ServerArgs) -> Callable[[], SchedulerHandle]:
+    """Spawn the scheduler process now; the returned function waits until it is ready (so the
+    caller can load its tokenizer meanwhile) and returns the handle, or raises why not."""
     from radixrt.scheduler.transport import ZmqTransport
 
     ipc_dir = tempfile.mkdtemp(prefix="radixrt-")
@@ -83,14 +86,17 @@ def start_process(args: ServerArgs) -> SchedulerHandle:
             _remove(os.path.join(ipc_dir, name))
         os.rmdir(ipc_dir)
 
-    try:
-        info = _wait_ready(transport, lambda: proc.poll() is None)
-    except BaseException:
-        proc.kill()
-        stop(5)
-        close()
-        raise
-    return SchedulerHandle(transport, info, lambda: proc.poll() is None, stop, close)
+    def wait_ready() -> SchedulerHandle:
+        try:
+            info = _wait_ready(transport, lambda: proc.poll() is None)
+        except BaseException:
+            proc.kill()
+            stop(5)
+            close()
+            raise
+        return SchedulerHandle(transport, info, lambda: proc.poll() is None, stop, close)
+
+    return wait_ready
 
 
 def start_thread(args: ServerArgs, tokenizer: Any) -> SchedulerHandle:

@@ -146,3 +146,45 @@ def test_decode_with_shared_prefix_slots_matches_naive(with_extend, dtype):
     for i, ((k, v), (p, n)) in enumerate(zip(seqs, specs)):
         want = naive(q[qo[i]: qo[i] + n], k.to(dtype).float(), v.to(dtype).float(), p, D**-0.5)
         torch.testing.assert_close(out[qo[i]: qo[i] + n].float(), want, atol=tol, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_extends_with_shared_prefix_slots_match_naive(dtype):
+    """Prefill chunks whose cached prefixes start with the same 24 slots (siblings after a
+    radix hit) attend to those slots in one block; results must equal plain attention."""
+    gen = torch.Generator().manual_seed(2)
+    shared_len = 24
+    pool = KVPool(1024, 1, HKV, D, dtype, "cpu")
+    shared_k, shared_v = (torch.randn(shared_len, HKV, D, generator=gen) for _ in range(2))
+    shared_slots = torch.arange(500, 500 + shared_len)
+    pool.set_kv(0, shared_slots, shared_k, shared_v)
+    # (own cached tokens after the shared part, new tokens); plus a decode and a fresh prefill.
+    layout = [(0, 3), (5, 2), (2, 6), (7, 1)]
+    seqs, specs, kv_idx, out_loc, next_slot = [], [], [], [], 0
+    for own, n in layout:
+        k, v = (torch.randn(own + n, HKV, D, generator=gen) for _ in range(2))
+        slots = torch.arange(next_slot, next_slot + own + n)
+        next_slot += own + n + 3
+        pool.set_kv(0, slots[:own], k[:own], v[:own])
+        kv_idx += shared_slots.tolist() + slots.tolist()
+        out_loc += slots[own:].tolist()
+        seqs.append((torch.cat([shared_k, k]), torch.cat([shared_v, v])))
+        specs.append((shared_len + own, n))
+    k, v = (torch.randn(4, HKV, D, generator=gen) for _ in range(2))
+    kv_idx += list(range(900, 904))
+    out_loc += list(range(900, 904))
+    seqs.append((k, v))
+    specs.append((0, 4))
+    fb = make_batch(pool, specs, kv_idx, out_loc)
+    fb.attn_backend.init_forward_metadata(fb)
+    shared = fb.attn_metadata.shared_extend
+    assert shared is not None and shared.prefix_slots.numel() == shared_len
+    qo = fb.qo_indptr.tolist()
+    q = torch.randn(qo[-1], HQ, D, generator=gen)
+    k_new = torch.cat([k[p:] for (k, _), (p, _) in zip(seqs, specs)])
+    v_new = torch.cat([v[p:] for (_, v), (p, _) in zip(seqs, specs)])
+    out = fb.attn_backend.forward(q.to(dtype), k_new.to(dtype), v_new.to(dtype), 0, fb, D**-0.5)
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    for i, ((k, v), (p, n)) in enumerate(zip(seqs, specs)):
+        want = naive(q[qo[i]: qo[i] + n], k.to(dtype).float(), v.to(dtype).float(), p, D**-0.5)
+        torch.testing.assert_close(out[qo[i]: qo[i] + n].float(), want, atol=tol, rtol=0)
