@@ -30,7 +30,7 @@ from radixrt.messages import (
     decode_from_scheduler,
     encode,
 )
-from radixrt.request_state import ReqState, SchedulerDied
+from radixrt.request_state import ReqState, SchedulerDied, new_queues
 from radixrt.sampling_params import SamplingParams
 from radixrt.server_args import ServerArgs
 
@@ -105,11 +105,12 @@ class Engine:
                  top_logprobs_num: int | None = None, rid: str | list[str] | None = None,
                  stream: bool = False) -> Any:
         """One prompt → one dict (a list of n when n > 1); a list of prompts → a list of dicts
-        in order. With stream=True, an iterator of chunks whose "text" is the new text."""
+        in order. With stream=True, an iterator of chunks whose "text" is the new text (with
+        several requests, chunks interleave and carry the "index" of their output)."""
         states, batch = self._submit(prompt, sampling_params, input_ids, return_logprob,
                                      logprob_start_len, top_logprobs_num, rid, stream, loop=None)
         if stream:
-            return self._stream_sync(states[0])
+            return self._stream_sync(states)
         results = [self._wait_sync(s) for s in states]
         return results if batch or len(results) > 1 else results[0]
 
@@ -124,7 +125,7 @@ class Engine:
                                      logprob_start_len, top_logprobs_num, rid, stream,
                                      loop=asyncio.get_running_loop())
         if stream:
-            return self._stream_async(states[0])
+            return self._stream_async(states)
         results = [await self._wait_async(s) for s in states]
         return results if batch or len(results) > 1 else results[0]
 
@@ -183,11 +184,16 @@ class Engine:
         reqs, is_batch = build_requests(
             self, prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
             top_logprobs_num, rid, stream)
-        if stream and len(reqs) != 1:
-            raise ValueError("stream=True takes one prompt with n=1")
-        states = []
-        for msg, params in reqs:
-            states.append(self._register(msg, params, loop))
+        shared = new_queues(loop) if stream else None  # one iterator streams them all
+        states: list[ReqState] = []
+        try:
+            for i, (msg, params) in enumerate(reqs):
+                states.append(self._register(msg, params, loop, i, shared))
+        except ValueError:
+            with self._lock:
+                for state in states:
+                    self._states.pop(state.rid, None)
+            raise
         if self._error is not None:  # the scheduler died while these were registered
             for state in states:
                 state.push(self._error)
@@ -195,13 +201,14 @@ class Engine:
             self._send(msg)
         return states, is_batch
 
-    def _register(self, msg: GenerateReq, params: SamplingParams, loop) -> ReqState:
+    def _register(self, msg: GenerateReq, params: SamplingParams, loop, index: int,
+                  queues) -> ReqState:
         detok = None
         if self.tokenizer is not None:
             detok = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens,
                                            params.spaces_between_special_tokens, params.stop,
                                            params.no_stop_trim)
-        state = ReqState(msg.rid, detok, msg.return_logprob, loop)
+        state = ReqState(msg.rid, detok, msg.return_logprob, loop, index, queues)
         with self._lock:
             if msg.rid in self._states:
                 raise ValueError(f"rid {msg.rid!r} is already in use by a running request")
@@ -211,29 +218,33 @@ class Engine:
     # -- waiting for results ----------------------------------------------------------------
     def _wait_sync(self, state: ReqState) -> dict[str, Any]:
         while not state.finished:
-            state.absorb(_raise_if_error(state.sync_q.get()))
+            state.absorb(_raise_if_error(state.sync_q.get()[1]))
         return state.result()
 
-    def _stream_sync(self, state: ReqState) -> Iterator[dict[str, Any]]:
+    def _stream_sync(self, states: list[ReqState]) -> Iterator[dict[str, Any]]:
         try:
-            while not state.finished:
-                yield state.absorb(_raise_if_error(state.sync_q.get()))
+            while not all(s.finished for s in states):
+                state, item = states[0].sync_q.get()
+                yield _chunk(state, _raise_if_error(item), len(states))
         finally:
-            if not state.finished:
-                self.abort_request(state.rid)
+            for state in states:
+                if not state.finished:
+                    self.abort_request(state.rid)
 
     async def _wait_async(self, state: ReqState) -> dict[str, Any]:
         while not state.finished:
-            state.absorb(_raise_if_error(await state.async_q.get()))
+            state.absorb(_raise_if_error((await state.async_q.get())[1]))
         return state.result()
 
-    async def _stream_async(self, state: ReqState) -> AsyncIterator[dict[str, Any]]:
+    async def _stream_async(self, states: list[ReqState]) -> AsyncIterator[dict[str, Any]]:
         try:
-            while not state.finished:
-                yield state.absorb(_raise_if_error(await state.async_q.get()))
+            while not all(s.finished for s in states):
+                state, item = await states[0].async_q.get()
+                yield _chunk(state, _raise_if_error(item), len(states))
         finally:
-            if not state.finished:
-                self.abort_request(state.rid)
+            for state in states:
+                if not state.finished:
+                    self.abort_request(state.rid)
 
     # -- plumbing ---------------------------------------------------------------------------
     def _send(self, msg) -> None:
@@ -284,6 +295,14 @@ class Engine:
         for s in states:
             s.push(error)
         self._control_replies.put(error)
+
+
+def _chunk(state: ReqState, out, count: int) -> dict[str, Any]:
+    """A stream chunk; with several requests in one stream, "index" says whose it is."""
+    chunk = state.absorb(out)
+    if count > 1:
+        chunk["index"] = state.index
+    return chunk
 
 
 def _abandon(wait_ready) -> None:

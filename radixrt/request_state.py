@@ -17,7 +17,8 @@ class SchedulerDied(RuntimeError):
 
 class ReqState:
     def __init__(self, rid: str, detok: IncrementalDetokenizer | None, return_logprob: bool,
-                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+                 loop: asyncio.AbstractEventLoop | None = None, index: int = 0,
+                 queues: tuple[queue.Queue, asyncio.Queue | None] | None = None) -> None:
         self.rid = rid
         self.detok = detok
         self.return_logprob = return_logprob
@@ -29,17 +30,18 @@ class ReqState:
         self.logprobs: dict[str, list] = {k: [] for k in (
             "input_token_logprobs", "input_top_logprobs",
             "output_token_logprobs", "output_top_logprobs")}
-        # Outputs are pushed from the dispatcher thread: a thread queue for sync callers, an
-        # asyncio queue (fed through call_soon_threadsafe) for async ones.
+        self.index = index  # position in the caller's list of outputs
+        # Outputs are pushed from the dispatcher thread as (state, item) pairs: into a thread
+        # queue for sync callers, an asyncio queue (through call_soon_threadsafe) for async
+        # ones. Requests streamed through one iterator share their queues.
         self.loop = loop
-        self.sync_q: queue.Queue = queue.Queue()
-        self.async_q: asyncio.Queue | None = asyncio.Queue() if loop else None
+        self.sync_q, self.async_q = queues or new_queues(loop)
 
     def push(self, item: ReqOutput | BaseException) -> None:
         if self.loop is not None:
-            self.loop.call_soon_threadsafe(self.async_q.put_nowait, item)
+            self.loop.call_soon_threadsafe(self.async_q.put_nowait, (self, item))
         else:
-            self.sync_q.put(item)
+            self.sync_q.put((self, item))
 
     def absorb(self, out: ReqOutput) -> dict[str, Any]:
         """Fold one delta in; return the chunk a stream yields for it (delta text and ids)."""
@@ -81,6 +83,10 @@ class ReqState:
     def result(self) -> dict[str, Any]:
         return {"text": self.text, "output_ids": list(self.output_ids),
                 "meta_info": self.meta_info()}
+
+
+def new_queues(loop: asyncio.AbstractEventLoop | None) -> tuple[queue.Queue, asyncio.Queue | None]:
+    return queue.Queue(), (asyncio.Queue() if loop else None)
 
 
 def _triple(pair) -> tuple:

@@ -152,3 +152,19 @@ def test_flush_is_refused_while_requests_run(engine):
     next(stream)
     assert engine.flush_cache() is False
     stream.close()
+
+
+def test_streaming_a_batch_interleaves_chunks_by_index(engine):
+    prompts = [PROMPT, "The three primary colors are"]
+    params = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+    whole = engine.generate(prompts, params)
+    texts = ["", ""]
+    ids: list[list[int]] = [[], []]
+    for chunk in engine.generate(prompts, params, stream=True):
+        texts[chunk["index"]] += chunk["text"]
+        ids[chunk["index"]] += chunk["output_ids"]
+    assert ids == [w["output_ids"] for w in whole]
+    assert texts == [w["text"] for w in whole]
+    seen = {c["index"] for c in engine.generate(PROMPT, {"n": 3, "max_new_tokens": 3},
+                                                 stream=True)}
+    assert seen == {0, 1, 2}
