@@ -103,6 +103,20 @@ def test_registry_creates_torch_backend():
     assert isinstance(create_backend("torch", page_size=16), TorchAttentionBackend)
 
 
+def check_against_naive(fb: ForwardBatch, seqs: list, specs: list[tuple[int, int]],
+                        dtype: torch.dtype, gen: torch.Generator) -> None:
+    """Layer 0's output for random queries equals naive attention over each sequence's K/V."""
+    qo = fb.qo_indptr.tolist()
+    q = torch.randn(qo[-1], HQ, D, generator=gen)
+    k_new = torch.cat([k[p:] for (k, _), (p, _) in zip(seqs, specs)])
+    v_new = torch.cat([v[p:] for (_, v), (p, _) in zip(seqs, specs)])
+    out = fb.attn_backend.forward(q.to(dtype), k_new.to(dtype), v_new.to(dtype), 0, fb, D**-0.5)
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    for i, ((k, v), (p, n)) in enumerate(zip(seqs, specs)):
+        want = naive(q[qo[i]: qo[i] + n], k.to(dtype).float(), v.to(dtype).float(), p, D**-0.5)
+        torch.testing.assert_close(out[qo[i]: qo[i] + n].float(), want, atol=tol, rtol=0)
+
+
 @pytest.mark.parametrize("with_extend", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decode_with_shared_prefix_slots_matches_naive(with_extend, dtype):
@@ -135,17 +149,9 @@ def test_decode_with_shared_prefix_slots_matches_naive(with_extend, dtype):
         seqs.append((k, v))
         specs.append((0, 5))
     fb = make_batch(pool, specs, kv_idx, out_loc)
-    qo = fb.qo_indptr.tolist()
     fb.attn_backend.init_forward_metadata(fb)
     assert fb.attn_metadata.decode.prefix_slots is not None, "the split path was not taken"
-    q = torch.randn(qo[-1], HQ, D, generator=gen)
-    k_new = torch.cat([k[p:] for (k, _), (p, _) in zip(seqs, specs)])
-    v_new = torch.cat([v[p:] for (_, v), (p, _) in zip(seqs, specs)])
-    out = fb.attn_backend.forward(q.to(dtype), k_new.to(dtype), v_new.to(dtype), 0, fb, D**-0.5)
-    tol = 1e-5 if dtype == torch.float32 else 3e-2
-    for i, ((k, v), (p, n)) in enumerate(zip(seqs, specs)):
-        want = naive(q[qo[i]: qo[i] + n], k.to(dtype).float(), v.to(dtype).float(), p, D**-0.5)
-        torch.testing.assert_close(out[qo[i]: qo[i] + n].float(), want, atol=tol, rtol=0)
+    check_against_naive(fb, seqs, specs, dtype, gen)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -179,12 +185,4 @@ def test_extends_with_shared_prefix_slots_match_naive(dtype):
     fb.attn_backend.init_forward_metadata(fb)
     shared = fb.attn_metadata.shared_extend
     assert shared is not None and shared.prefix_slots.numel() == shared_len
-    qo = fb.qo_indptr.tolist()
-    q = torch.randn(qo[-1], HQ, D, generator=gen)
-    k_new = torch.cat([k[p:] for (k, _), (p, _) in zip(seqs, specs)])
-    v_new = torch.cat([v[p:] for (_, v), (p, _) in zip(seqs, specs)])
-    out = fb.attn_backend.forward(q.to(dtype), k_new.to(dtype), v_new.to(dtype), 0, fb, D**-0.5)
-    tol = 1e-5 if dtype == torch.float32 else 3e-2
-    for i, ((k, v), (p, n)) in enumerate(zip(seqs, specs)):
-        want = naive(q[qo[i]: qo[i] + n], k.to(dtype).float(), v.to(dtype).float(), p, D**-0.5)
-        torch.testing.assert_close(out[qo[i]: qo[i] + n].float(), want, atol=tol, rtol=0)
+    check_against_naive(fb, seqs, specs, dtype, gen)
