@@ -57,7 +57,7 @@ class Engine:
     def __init__(self, model_path: str | None = None, *, in_process: bool = False,
                  **kwargs: Any) -> None:
         from radixrt.loader.default_model import default_model_path
-        from radixrt.loader.tokenizer import load_tokenizer
+        from radixrt.loader.tokenizer import hand_over_tokenizer, load_tokenizer
         from radixrt.scheduler.launcher import start_process, start_thread
 
         self.server_args = args = ServerArgs.from_kwargs(model_path=model_path, **kwargs)
@@ -66,11 +66,13 @@ class Engine:
         if not os.path.exists(path):
             raise FileNotFoundError(f"model_path {path!r} does not exist")
         # The child process loads the model while this one loads the tokenizer.
-        wait_ready = None if in_process else start_process(args)
+        wait_ready, tokenizer_dir = (None, None) if in_process else start_process(args)
         self.tokenizer = None
         try:
             if not args.skip_tokenizer_init:
                 self.tokenizer = load_tokenizer(path, args.tokenizer_path)
+                if tokenizer_dir is not None:
+                    hand_over_tokenizer(self.tokenizer, tokenizer_dir)
         except BaseException:
             if wait_ready is not None:
                 _abandon(wait_ready)

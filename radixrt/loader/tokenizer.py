@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
@@ -29,3 +30,29 @@ def load_tokenizer(model_path: str, tokenizer_path: str | None = None) -> PreTra
     except (OSError, ValueError, TypeError) as e:
         raise ValueError(f"no tokenizer could be loaded from {path} ({e}); give "
                          "tokenizer_path, or skip_tokenizer_init=True to serve token ids") from e
+
+
+class LazyTokenizer:
+    """Loads the tokenizer on first use. The scheduler needs one only to match stop strings,
+    and building it from a GGUF file takes seconds that startup need not wait for; by first
+    use the frontend has usually saved its copy to `prepared_dir` (fast to load)."""
+
+    def __init__(self, model_path: str, tokenizer_path: str | None = None,
+                 prepared_dir: str | None = None) -> None:
+        self._args = (model_path, tokenizer_path)
+        self._prepared_dir = prepared_dir
+        self._tokenizer: PreTrainedTokenizerBase | None = None
+
+    def decode(self, *args, **kwargs) -> str:
+        if self._tokenizer is None:
+            ready = self._prepared_dir and Path(self._prepared_dir).is_dir()
+            self._tokenizer = (AutoTokenizer.from_pretrained(self._prepared_dir) if ready
+                               else load_tokenizer(*self._args))
+        return self._tokenizer.decode(*args, **kwargs)
+
+
+def hand_over_tokenizer(tokenizer: PreTrainedTokenizerBase, folder: str) -> None:
+    """Save a loaded tokenizer for another process; the folder appears whole or not at all."""
+    tmp = folder + ".partial"
+    tokenizer.save_pretrained(tmp)
+    os.rename(tmp, folder)

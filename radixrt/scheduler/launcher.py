@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -58,16 +59,18 @@ class SchedulerHandle:
             self._close()
 
 
-def start_process(args: ServerArgs) -> Callable[[], SchedulerHandle]:
-    """Spawn the scheduler process now; the returned function waits until it is ready (so the
-    caller can load its tokenizer meanwhile) and returns the handle, or raises why not."""
+def start_process(args: ServerArgs) -> tuple[Callable[[], SchedulerHandle], str]:
+    """Spawn the scheduler process now. Returns a function that waits until it is ready (so
+    the caller can load its tokenizer meanwhile) and returns the handle, or raises why not;
+    and a folder where the caller may save its loaded tokenizer for the scheduler to use."""
     from radixrt.scheduler.transport import ZmqTransport
 
     ipc_dir = tempfile.mkdtemp(prefix="radixrt-")
     to_sched, from_sched = f"ipc://{ipc_dir}/in", f"ipc://{ipc_dir}/out"
     transport = ZmqTransport(from_sched, to_sched, bind=True)
+    tokenizer_dir = os.path.join(ipc_dir, "tokenizer")
     config = {"server_args": dataclasses.asdict(args), "recv_addr": to_sched,
-              "send_addr": from_sched}
+              "send_addr": from_sched, "tokenizer_dir": tokenizer_dir}
     proc = subprocess.Popen([sys.executable, "-m", "radixrt.scheduler.process"],
                             stdin=subprocess.PIPE, text=True)
     proc.stdin.write(json.dumps(config))
@@ -82,9 +85,7 @@ def start_process(args: ServerArgs) -> Callable[[], SchedulerHandle]:
 
     def close() -> None:
         transport.close()
-        for name in ("in", "out"):
-            _remove(os.path.join(ipc_dir, name))
-        os.rmdir(ipc_dir)
+        shutil.rmtree(ipc_dir, ignore_errors=True)
 
     def wait_ready() -> SchedulerHandle:
         try:
@@ -96,7 +97,7 @@ def start_process(args: ServerArgs) -> Callable[[], SchedulerHandle]:
             raise
         return SchedulerHandle(transport, info, lambda: proc.poll() is None, stop, close)
 
-    return wait_ready
+    return wait_ready, tokenizer_dir
 
 
 def start_thread(args: ServerArgs, tokenizer: Any) -> SchedulerHandle:
@@ -129,10 +130,3 @@ def _wait_ready(transport: Any, alive) -> SchedulerReady:
             raise SchedulerStartError("the scheduler process exited during startup "
                                       "(see its log above)")
     raise SchedulerStartError(f"the scheduler did not start within {STARTUP_TIMEOUT_S} s")
-
-
-def _remove(path: str) -> None:
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass

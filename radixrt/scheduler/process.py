@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import sys
 import traceback
 
@@ -29,18 +30,21 @@ def run(config: dict) -> int:
     transport = ZmqTransport(config["recv_addr"], config["send_addr"], bind=False)
     try:
         from radixrt.loader.default_model import default_model_path
-        from radixrt.loader.tokenizer import load_tokenizer
+        from radixrt.loader.tokenizer import LazyTokenizer
         from radixrt.scheduler.components import build_components
         from radixrt.scheduler.scheduler import Scheduler
 
         tokenizer = None
         if not args.skip_tokenizer_init:  # the scheduler matches stop strings
-            tokenizer = load_tokenizer(args.model_path or default_model_path(),
-                                       args.tokenizer_path)
+            tokenizer = LazyTokenizer(args.model_path or default_model_path(),
+                                      args.tokenizer_path, config.get("tokenizer_dir"))
         scheduler = Scheduler(args, build_components(args, tokenizer), transport)
         transport.send(encode(scheduler.ready_message()))
         parent = os.getppid()
         scheduler.run_forever(orphaned=lambda: os.getppid() != parent)
+        if os.getppid() != parent and config.get("tokenizer_dir"):
+            # The frontend died without cleaning up the folder of our sockets: do it here.
+            shutil.rmtree(os.path.dirname(config["tokenizer_dir"]), ignore_errors=True)
         return 0
     except BaseException as e:  # tell the frontend why, then die
         logger.error("scheduler failed:\n%s", traceback.format_exc())
