@@ -20,20 +20,23 @@ class Reference:
 
 @torch.inference_mode()
 def hf_greedy(model, prompt: list[int], max_new: int) -> Reference:
-    ids = torch.tensor([prompt])
-    out = model(ids, use_cache=True)
+    """Greedy decoding by full recomputation at every step: no KV cache API involved, so the
+    reference does not depend on transformers' cache classes."""
+    ids = list(prompt)
+    out = model(torch.tensor([ids]))
     prompt_lp = torch.log_softmax(out.logits[0, :-1].float(), -1)
-    prompt_logprobs = prompt_lp.gather(1, ids[0, 1:, None])[:, 0].tolist()
-    past, logits = out.past_key_values, out.logits[0, -1].float()
+    prompt_logprobs = prompt_lp.gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
     tokens, gaps, out_lps = [], [], []
-    for _ in range(max_new):
+    for step in range(max_new):
+        if step:
+            out = model(torch.tensor([ids]))
+        logits = out.logits[0, -1].float()
         top2 = torch.topk(logits, 2).values
         tok = int(torch.argmax(logits))
         tokens.append(tok)
         gaps.append(float(top2[0] - top2[1]))
         out_lps.append(float(torch.log_softmax(logits, -1)[tok]))
-        out = model(torch.tensor([[tok]]), past_key_values=past, use_cache=True)
-        past, logits = out.past_key_values, out.logits[0, -1].float()
+        ids.append(tok)
     return Reference(tokens, gaps, prompt_logprobs, out_lps)
 
 
