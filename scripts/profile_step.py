@@ -38,7 +38,7 @@ def main() -> None:
     pool = KVPool(4096, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype, "cpu")
     runner = ModelRunner(model, pool, TorchAttentionBackend(), "cpu")
     cases = {
-        "decode, batch 1, context 60": ([SeqWork([5] * 60, torch.arange(60), 59, 1)], 20),
+        "decode, batch 1, context 60": ([SeqWork([5], torch.arange(60), 59, 1)], 20),
         "prefill, 2000 tokens": ([SeqWork([5] * 2000, torch.arange(2000), 0, 2000)], 3),
     }
     for name, (work, repeats) in cases.items():

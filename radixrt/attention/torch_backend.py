@@ -32,7 +32,7 @@ class DecodeMetadata:
 
     token_idx: torch.Tensor | None  # [Bd] rows of the batch's tokens; None: all rows, in order
     slots: torch.Tensor  # [Bd * Lmax] pool slots, row-major; padding repeats a real slot
-    mask: torch.Tensor | None  # [Bd, 1, 1, Lmax] bool, True = attend; None when no padding
+    mask: torch.Tensor | None  # [Bd, 1, 1, Lmax] additive (0 / -inf); None when no padding
     batch: int
     max_len: int
     prefix_slots: torch.Tensor | None = None  # [P] slots every sequence starts with
@@ -46,7 +46,7 @@ class ExtendMetadata:
     end: int
     prefix_len: int
     slots: torch.Tensor | None  # [prefix_len + n] pool slots; None when there is no prefix
-    mask: torch.Tensor | None  # [n, prefix_len + n] bool, True = attend; None: plain causal
+    mask: torch.Tensor | None  # [n, prefix_len + n] additive (0 / -inf); None: plain causal
 
 
 @dataclass(frozen=True)
@@ -140,8 +140,15 @@ def _decode_metadata(fb: ForwardBatch, ids: list[int]) -> DecodeMetadata:
     if shared >= MIN_SHARED_PREFIX:
         prefix_slots, table, valid = table[0, :shared], table[:, shared:], valid[:, shared:]
         max_len -= shared
-    mask = None if bool(valid.all()) else valid[:, None, None, :]
+    mask = None if bool(valid.all()) else _additive(valid, fb.kv_pool.dtype)[:, None, None, :]
     return DecodeMetadata(token_idx, table.reshape(-1), mask, len(ids), max_len, prefix_slots)
+
+
+def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A bool mask (True = attend) as the additive 0 / -inf mask that SDPA and the CPU flash
+    kernel both take, built once per forward rather than in every layer."""
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(
+        ~visible, float("-inf"))
 
 
 def _shared_prefix_len(table: torch.Tensor, min_len: int) -> int:
@@ -167,8 +174,8 @@ def _extend_metadata(fb: ForwardBatch, i: int, start: int, kv_start: int) -> Ext
     device = slots.device
     # A query at position p sees keys at positions <= p: bottom-right aligned causal mask.
     q_pos = torch.arange(prefix, total, device=device)
-    mask = torch.arange(total, device=device)[None, :] <= q_pos[:, None]  # [n, total]
-    return ExtendMetadata(start, end, prefix, slots, mask)
+    visible = torch.arange(total, device=device)[None, :] <= q_pos[:, None]  # [n, total]
+    return ExtendMetadata(start, end, prefix, slots, _additive(visible, fb.kv_pool.dtype))
 
 
 def _shared_extend_metadata(extends: list[ExtendMetadata]) -> SharedExtendMetadata | None:
@@ -288,20 +295,17 @@ def _attention_with_lse(
     q: torch.Tensor,  # [B, H, Lq, D]
     k: torch.Tensor,  # [B, H, Lk, D]
     v: torch.Tensor,
-    mask: torch.Tensor | None,  # [B, 1, 1, Lk] bool, True = attend
+    mask: torch.Tensor | None,  # additive, broadcastable to [B, H, Lq, Lk]
     scaling: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # [B, H, Lq, D], [B, H, Lq] float32
     """Attention that also returns the log-sum-exp of each row's scores, for merging."""
     if q.device.type == "cpu":
-        add = None
-        if mask is not None:  # the CPU flash kernel takes an additive mask in q's dtype
-            add = torch.zeros(mask.shape, dtype=q.dtype).masked_fill_(~mask, float("-inf"))
         flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-        o, lse = flash(q, k, v, 0.0, False, attn_mask=add, scale=scaling)
+        o, lse = flash(q, k, v, 0.0, False, attn_mask=mask, scale=scaling)
         return o, lse
     s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scaling
     if mask is not None:
-        s = s.masked_fill(~mask, float("-inf"))
+        s = s + mask
     lse = torch.logsumexp(s, dim=-1)
     return torch.matmul(torch.exp(s - lse.unsqueeze(-1)), v.float()).to(q.dtype), lse
 

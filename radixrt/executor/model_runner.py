@@ -13,9 +13,10 @@ from radixrt.executor.forward_batch import ForwardBatch
 
 @dataclass(frozen=True)
 class SeqWork:
-    """One sequence's share of a step: compute tokens[start:start+n] into `slots[start:start+n]`."""
+    """One sequence's share of a step: compute its positions start..start+n-1 (`new_ids`) into
+    `slots[start:start+n]`."""
 
-    token_ids: list[int]  # the sequence's tokens, at least start + n of them
+    new_ids: list[int]  # the n tokens at positions start..start+n-1
     slots: torch.Tensor  # [>= start + n] int64 pool slots of positions 0..
     start: int
     n: int
@@ -34,7 +35,7 @@ class ModelRunner:
         ids: list[int] = []
         positions: list[int] = []
         for w in work:
-            ids.extend(w.token_ids[w.start:w.start + w.n])
+            ids.extend(w.new_ids)
             positions.extend(range(w.start, w.start + w.n))
         seq_lens = [w.start + w.n for w in work]
         extend_lens = [w.n for w in work]

@@ -28,7 +28,7 @@ def load_model(
     """
     path = Path(model_path)
     hf_config, weights, model_dir = _open_checkpoint(path)
-    resolved = resolve_dtype(dtype, hf_config)
+    resolved = resolve_dtype(dtype, device)
     model_cls = get_model_class(architecture_of(hf_config))
     # Build on the meta device, so that no memory is spent on (or time on initializing) weights
     # that load_weights overwrites anyway; it raises for any parameter left unset.

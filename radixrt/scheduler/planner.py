@@ -3,8 +3,6 @@ requests admitted within the token budget and the KV that is left (continuous ba
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from radixrt.scheduler.kv_manager import KVManager
 from radixrt.scheduler.policy import SchedulePolicy
 from radixrt.scheduler.req import Req
@@ -17,13 +15,6 @@ IN_BATCH_SHARE_THRESHOLD = 32
 # max_new_tokens; it rises after a preemption and decays while things go well.
 INIT_NEW_TOKEN_RATIO, MIN_NEW_TOKEN_RATIO, NEW_TOKEN_RATIO_DECAY = 0.7, 0.1, 0.001
 MAX_RESERVED_PER_REQ = 4096
-
-
-@dataclass
-class StepPlan:
-    work: list[tuple[Req, int]]  # (request, tokens it computes this step)
-    admitted: list[Req]
-    retracted: list[Req]
 
 
 class Planner:
@@ -45,11 +36,11 @@ class Planner:
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.num_preemptions = 0
 
-    def plan(self, running: list[Req], waiting: list[Req]) -> StepPlan:
-        """Mutates `running` and `waiting`: admitted requests move to running, retracted ones
-        back to the front of waiting."""
-        retracted = self._grow_decodes(running, waiting)
-        work = [(r, 1) for r in running if _is_decode(r)]
+    def plan(self, running: list[Req], waiting: list[Req]) -> list[tuple[Req, int]]:
+        """What this step computes: (request, new tokens) pairs. Mutates `running` and
+        `waiting`: admitted requests move to running, retracted ones to the front of waiting."""
+        decodes, retracted = self._grow_decodes(running, waiting)
+        work = [(r, 1) for r in decodes]
         budget = self.max_prefill_tokens
         for req in [r for r in running if not _is_decode(r)]:
             n = min(req.seq_len - req.kv_len, self.chunk, budget)
@@ -57,32 +48,32 @@ class Planner:
                 continue
             work.append((req, n))
             budget -= n
-        admitted = self._admit(running, waiting, budget, work)
+        self._admit(running, waiting, budget, work)
         if not work and running:
             # Every running request is a prefill stuck for KV held by the others: retract the
             # newest so the oldest can go on.
-            victim = max(running, key=lambda r: r.arrival_order)
-            self._retract(victim, running, waiting)
-            retracted.append(victim)
+            self._retract(max(running, key=lambda r: r.arrival_order), running, waiting)
+            retracted = True
         if not retracted:
             self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY,
                                        MIN_NEW_TOKEN_RATIO)
-        return StepPlan(work, admitted, retracted)
+        return work
 
-    def _grow_decodes(self, running: list[Req], waiting: list[Req]) -> list[Req]:
-        """Give each decoding request one more slot; preempt when the pool cannot."""
-        retracted: list[Req] = []
-        while True:
-            decodes = [r for r in running if _is_decode(r)]
-            need = sum(self.kv.tokens_needed(r, 1) for r in decodes)
-            if self.kv.ensure_free(need) or not decodes:
-                break
+    def _grow_decodes(self, running: list[Req], waiting: list[Req]) -> tuple[list[Req], bool]:
+        """Give each decoding request one more slot, preempting while the pool cannot.
+        Returns the decoding requests left and whether any was retracted."""
+        retracted = False
+        decodes = [r for r in running if _is_decode(r)]
+        while decodes and not self.kv.ensure_free(
+                sum(self.kv.tokens_needed(r, 1) for r in decodes)):
             victim = min(decodes, key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)))
             self._retract(victim, running, waiting)
-            retracted.append(victim)
-        for req in [r for r in running if _is_decode(r)]:
-            assert self.kv.alloc(req, 1)
-        return retracted
+            decodes.remove(victim)
+            retracted = True
+        for req in decodes:
+            allocated = self.kv.alloc(req, 1)
+            assert allocated, "the pool was checked to hold every decode's next slot"
+        return decodes, retracted
 
     def _retract(self, req: Req, running: list[Req], waiting: list[Req]) -> None:
         self.kv.release(req)
@@ -97,19 +88,22 @@ class Planner:
         return int(sum(min(r.remaining_new_tokens, MAX_RESERVED_PER_REQ) for r in reqs) * ratio)
 
     def _admit(self, running: list[Req], waiting: list[Req], budget: int,
-               work: list[tuple[Req, int]]) -> list[Req]:
-        admitted: list[Req] = []
+               work: list[tuple[Req, int]]) -> None:
+        """Move waiting requests, in the policy's order, to running while budget and KV last."""
         inflight = [r.fill_ids for r in running if r.kv_len < r.seq_len - 1]
         reserved = self._reserved_tokens(running)
         for req in self.policy.order(waiting):
             if budget <= 0 or len(running) >= self.max_running:
                 break
+            # Match again even if the policy just did: admitting an earlier request may have
+            # evicted part of what that match returned.
             match = self.kv.match(req)
             if _should_wait_for_sibling(req, inflight, self.kv.page_size):
                 continue
             n = min(req.seq_len - req.prefix_match_len, self.chunk, budget)
-            need = n + reserved + self._reserved_tokens([req]) + self.kv.page_size
-            if self.kv.available_tokens() < need and (running or admitted):
+            own_reserve = self._reserved_tokens([req])
+            if self.kv.available_tokens() < n + reserved + own_reserve + self.kv.page_size \
+                    and running:
                 break
             self.kv.admit(req, match)
             if not self.kv.alloc(req, n):
@@ -117,12 +111,10 @@ class Planner:
                 break
             waiting.remove(req)
             running.append(req)
-            admitted.append(req)
             inflight.append(req.fill_ids)
             work.append((req, n))
             budget -= n
-            reserved += self._reserved_tokens([req])
-        return admitted
+            reserved += own_reserve
 
 
 def _is_decode(req: Req) -> bool:

@@ -46,6 +46,14 @@ class Req:
         """Every token whose K/V the request needs before it can sample its next token."""
         return self.origin_input_ids + self.output_ids
 
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """fill_ids[start:end] without building fill_ids (the step loop calls this for every
+        running request, mostly for one decode token)."""
+        n_in = len(self.origin_input_ids)
+        if start >= n_in:
+            return self.output_ids[start - n_in:end - n_in]
+        return self.origin_input_ids[start:end] + self.output_ids[:max(end - n_in, 0)]
+
     @property
     def seq_len(self) -> int:
         return len(self.origin_input_ids) + len(self.output_ids)

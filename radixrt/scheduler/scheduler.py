@@ -81,16 +81,17 @@ class Scheduler:
 
     def step(self) -> None:
         plan = self.planner.plan(self.running, self.waiting)
-        for req, n in plan.work:
+        for req, n in plan:
             req.kv_len += n
-        if plan.work:
-            rows = plan_rows(plan.work)
-            work = [SeqWork(r.fill_ids, r.kv_slots, r.kv_len - n, n) for r, n in plan.work]
+        if plan:
+            rows = plan_rows(plan)
+            work = [SeqWork(r.token_slice(r.kv_len - n, r.kv_len), r.kv_slots, r.kv_len - n, n)
+                    for r, n in plan]
             logits = self.parts.runner.forward(work, rows.rows)
             self.outputs.process(rows, logits)
-        self._settle([r for r, _ in plan.work], {id(r): n for r, n in plan.work})
+        self._settle(plan)
         self.stats["steps"] += 1
-        self._decode_tokens += sum(1 for _, n in plan.work if n == 1)
+        self._decode_tokens += sum(1 for _, n in plan if n == 1)
         if self.args.enable_kv_checks:
             self.check_kv()
         self._maybe_log_stats()
@@ -109,15 +110,16 @@ class Scheduler:
                     "%.1f%%, generation %.1f tok/s", len(self.running), len(self.waiting),
                     100 * used / pool, pool, 100 * self.cache_hit_rate, throughput)
 
-    def _settle(self, reqs: list[Req], computed: dict[int, int]) -> None:
+    def _settle(self, work: list[tuple[Req, int]]) -> None:
+        """Release finished requests, publish prefilled chunks to the cache, emit outputs."""
         outs: list[ReqOutput] = []
-        for req in reqs:
+        for req, n in work:
             if req.finished:
                 self.kv.release(req)
                 self.running.remove(req)
                 self.stats["generated_tokens"] += len(req.output_ids)
                 self.stats["cached_tokens"] += req.cached_tokens
-            elif computed[id(req)] > 1:
+            elif n > 1:
                 self.kv.cache_unfinished(req)
             if req.finished or (req.stream and len(req.output_ids) > req.num_sent_ids):
                 outs.append(make_output(req))
@@ -178,6 +180,8 @@ class Scheduler:
         self.stats["requests"] = self.stats.get("requests", 0) + 1
 
     def _make_req(self, msg: GenerateReq) -> Req:
+        # The engine validated this already, but the scheduler's socket will also take requests
+        # from other frontends (the server, the DSL): a bad one must not reach the pool.
         params = SamplingParams.from_dict(msg.sampling_params)
         params.verify(self.parts.model_config.vocab_size)
         validate_request_size(len(msg.input_ids), params.max_new_tokens,

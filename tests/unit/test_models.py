@@ -16,7 +16,7 @@ from radixrt.attention.torch_backend import TorchAttentionBackend
 from radixrt.cache.kv_pool import KVPool
 from radixrt.executor.forward_batch import ForwardBatch
 from radixrt.loader.load import load_model
-from radixrt.loader.model_config import ModelConfig, resolve_dtype
+from radixrt.loader.model_config import ModelConfig, cpu_has_bf16, resolve_dtype
 from radixrt.models.registry import SUPPORTED_ARCHITECTURES, get_model_class
 
 SLOTS_PER_SEQ = 64  # sequence i owns pool slots i*64 .. i*64+63
@@ -175,7 +175,9 @@ def test_model_config_fields(tiny_model_dir, tmp_path):
     assert cfg.eos_token_ids == [258, 7]
     assert cfg.dtype == torch.bfloat16
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
-    assert resolve_dtype("auto", cfg.hf_config) == torch.float32
+    assert resolve_dtype("auto", "cpu") == (torch.bfloat16 if cpu_has_bf16() else torch.float32)
+    with pytest.raises(ValueError, match="dtype"):
+        resolve_dtype("float64")
 
 
 def test_unknown_architecture(tiny_model_dir, tmp_path):

@@ -33,13 +33,13 @@ def req(ids: list[int], order: int, max_new: int = 4) -> Req:
 
 def run_step(planner: Planner, running: list[Req], waiting: list[Req]):
     plan = planner.plan(running, waiting)
-    for r, n in plan.work:
+    for r, n in plan:
         r.kv_len += n
         if r.kv_len == r.seq_len:
             r.output_ids.append(7)
         elif n > 1:
             planner.kv.cache_unfinished(r)
-    for r, n in plan.work:
+    for r, n in plan:
         if n > 1 and r.kv_len == r.seq_len - 1:
             planner.kv.cache_unfinished(r)
     for r in [r for r in running if len(r.output_ids) >= r.sampling_params.max_new_tokens]:
@@ -57,9 +57,9 @@ def test_siblings_wait_for_shared_prefix_then_hit_cache():
     waiting = [req(prefix + [i], i) for i in range(3)]
     running: list[Req] = []
     first = run_step(planner, running, waiting)
-    assert [r.rid for r, _ in first.work] == ["r0"], "siblings must wait one step"
+    assert [r.rid for r, _ in first] == ["r0"], "siblings must wait one step"
     second = run_step(planner, running, waiting)
-    admitted = {r.rid: n for r, n in second.work if r.rid != "r0"}
+    admitted = {r.rid: n for r, n in second if r.rid != "r0"}
     assert admitted == {"r1": 1, "r2": 1}, "siblings compute only their own last token"
     assert all(r.cached_tokens == 60 for r in running if r.rid != "r0")
 
@@ -73,7 +73,7 @@ def test_chunked_prefill_interleaves_with_decode():
     waiting.append(req(list(range(10, 60)), 1))
     steps = [run_step(planner, running, waiting) for _ in range(4)]
     for plan in steps[:3]:
-        kinds = sorted(n for _, n in plan.work)
+        kinds = sorted(n for _, n in plan)
         assert kinds[0] == 1 and kinds[-1] <= 16 and len(kinds) == 2
 
 
@@ -106,3 +106,11 @@ def test_dfs_weight_groups_requests_by_cached_prefix():
     assert [r.rid for r in SchedulePolicy("lof", kv).order(
         [req([1], 0, 4), req([1], 1, 9)])] == ["r1", "r0"]
     assert torch.equal(kv.match(reqs[0]).indices, kv.cache.match_prefix([1] * 10).indices)
+
+
+def test_token_slice_spans_prompt_and_output():
+    r = req([1, 2, 3], 0)
+    r.output_ids = [4, 5]
+    for start in range(6):
+        for end in range(start, 6):
+            assert r.token_slice(start, end) == r.fill_ids[start:end]
