@@ -12,7 +12,11 @@ from radixrt.messages import ReqOutput
 
 
 class SchedulerDied(RuntimeError):
-    pass
+    """The scheduler process is gone; requests waiting on it fail with this."""
+
+
+class ServerOverloaded(RuntimeError):
+    """More requests are waiting than max_queued_requests allows (HTTP 503)."""
 
 
 class ReqState:

@@ -53,6 +53,17 @@ class ServerArgs:
     attention_backend: str | None = _f(None, "torch or triton; default: triton on CUDA, torch "
                                        "on CPU", ("torch", "triton"))
     num_threads: int | None = _f(None, "torch CPU threads; default: torch's choice")
+    disable_cuda_graph: bool = _f(False, "run CUDA decode steps without CUDA graphs")
+    cuda_graph_max_bs: int = _f(64, "largest decode batch captured in a CUDA graph")
+    # Server (`radixrt launch`)
+    host: str = _f("127.0.0.1", "address the HTTP server binds; 0.0.0.0 exposes it")
+    port: int = _f(30000, "HTTP port")
+    api_key: str | None = _f(None, "when set, every endpoint but /health needs "
+                             "'Authorization: Bearer KEY'")
+    served_model_name: str | None = _f(None, "model name of the OpenAI API; default: the "
+                                       "model path, or SmolLM2-135M-Instruct")
+    max_queued_requests: int | None = _f(None, "requests waiting beyond max_running_requests "
+                                         "before new ones get 503; default: no limit")
     # Debugging and logging
     enable_kv_checks: bool = _f(False, "check KV accounting after every scheduler step")
     log_level: str = _f("info", "logging level", ("debug", "info", "warning", "error"))
@@ -76,6 +87,10 @@ class ServerArgs:
                              f"got {self.chunked_prefill_size}")
         if self.max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
+        if self.max_queued_requests is not None and self.max_queued_requests < 0:
+            raise ValueError(f"max_queued_requests must be >= 0, got {self.max_queued_requests}")
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port must be in 1..65535, got {self.port}")
         if not 0 < self.mem_fraction_static <= 1:
             raise ValueError("mem_fraction_static must be in (0, 1], "
                              f"got {self.mem_fraction_static}")
