@@ -14,7 +14,7 @@ import os
 import queue
 import threading
 import weakref
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from radixrt.detokenizer import IncrementalDetokenizer
@@ -30,7 +30,7 @@ from radixrt.messages import (
     decode_from_scheduler,
     encode,
 )
-from radixrt.request_state import ReqState, SchedulerDied, new_queues
+from radixrt.request_state import ReqState, SchedulerDied, ServerOverloaded, new_queues
 from radixrt.sampling_params import SamplingParams
 from radixrt.server_args import ServerArgs
 
@@ -84,6 +84,11 @@ class Engine:
         self._control_replies: queue.Queue = queue.Queue()
         self._error: BaseException | None = None
         self._closed = False
+        self._detok_here = in_process  # else the detokenizer process fills in the text
+        # Hooks for the server: observer(state, output) sees every output (metrics), on_death
+        # (error) runs once if the scheduler side dies. Both run on the dispatcher thread.
+        self.observer: Callable[[ReqState, Any], None] | None = None
+        self.on_death: Callable[[SchedulerDied], None] | None = None
         if in_process:
             self._handle = start_thread(args, self.tokenizer)
         else:
@@ -128,7 +133,13 @@ class Engine:
                                      loop=asyncio.get_running_loop())
         if stream:
             return self._stream_async(states)
-        results = [await self._wait_async(s) for s in states]
+        try:
+            results = [await self._wait_async(s) for s in states]
+        except asyncio.CancelledError:  # the caller gave up (an HTTP client went away)
+            for state in states:
+                if not state.finished:
+                    self.abort_request(state.rid)
+            raise
         return results if batch or len(results) > 1 else results[0]
 
     def flush_cache(self) -> bool:
@@ -186,6 +197,7 @@ class Engine:
         reqs, is_batch = build_requests(
             self, prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
             top_logprobs_num, rid, stream)
+        self._check_queue(len(reqs))
         shared = new_queues(loop) if stream else None  # one iterator streams them all
         states: list[ReqState] = []
         try:
@@ -203,10 +215,23 @@ class Engine:
             self._send(msg)
         return states, is_batch
 
+    def _check_queue(self, count: int) -> None:
+        """503 territory: refuse work beyond max_running_requests + max_queued_requests."""
+        args = self.server_args
+        if args.max_queued_requests is None:
+            return
+        limit = args.max_running_requests + args.max_queued_requests
+        with self._lock:
+            outstanding = len(self._states)
+        if outstanding + count > limit:
+            raise ServerOverloaded(
+                f"the server is at capacity ({outstanding} requests running or queued; "
+                f"max_running_requests + max_queued_requests = {limit}): retry later")
+
     def _register(self, msg: GenerateReq, params: SamplingParams, loop, index: int,
                   queues) -> ReqState:
         detok = None
-        if self.tokenizer is not None:
+        if self.tokenizer is not None and self._detok_here:
             detok = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens,
                                            params.spaces_between_special_tokens, params.stop,
                                            params.no_stop_trim)
@@ -268,7 +293,8 @@ class Engine:
             items = transport.recv(timeout=0.5)
             if not items and not self._handle.alive():
                 if not self._closed:
-                    self._fail_all(SchedulerDied("the scheduler stopped unexpectedly"))
+                    self._fail_all(SchedulerDied("the scheduler stopped unexpectedly: "
+                                                 + self._handle.death_reason()))
                 return
             for item in items:
                 self._route(decode_from_scheduler(item))
@@ -286,10 +312,13 @@ class Engine:
                     if out.finished:
                         self._states.pop(out.rid, None)
                 if state is not None:
+                    if self.observer is not None:
+                        self.observer(state, out)
                     state.push(out)
 
     def _fail_all(self, error: SchedulerDied) -> None:
         logger.error("%s", error)
+        first = self._error is None
         self._error = error
         with self._lock:
             states = list(self._states.values())
@@ -297,6 +326,8 @@ class Engine:
         for s in states:
             s.push(error)
         self._control_replies.put(error)
+        if first and self.on_death is not None:
+            self.on_death(error)
 
 
 def _chunk(state: ReqState, out, count: int) -> dict[str, Any]:

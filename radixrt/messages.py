@@ -41,6 +41,15 @@ class GetStatsReq(msgspec.Struct, tag="get_stats"):
     check_kv: bool = False
 
 
+class DetokParams(msgspec.Struct):
+    """How a request's ids become text; sent with its first output for the detokenizer."""
+
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    stop: list[str] = []
+    no_stop_trim: bool = False
+
+
 class ReqOutput(msgspec.Struct):
     """What one request produced since the last ReqOutput for it (the ids are a delta)."""
 
@@ -57,6 +66,11 @@ class ReqOutput(msgspec.Struct):
     output_top_logprobs: list[list[tuple[float, int]]] | None = None
     input_token_logprobs: list[tuple[float | None, int]] | None = None
     input_top_logprobs: list[list[tuple[float, int]] | None] | None = None
+    detok: DetokParams | None = None  # with the first output of a request only
+    text: str | None = None  # the text delta, filled in by the detokenizer process
+    # Wall-clock times (time.time()) the scheduler stamped: admission to a batch, first token.
+    admitted_at: float | None = None
+    first_token_at: float | None = None
 
 
 class BatchOutput(msgspec.Struct, tag="batch_output"):

@@ -27,6 +27,8 @@ class ReqState:
         self.detok = detok
         self.return_logprob = return_logprob
         self.created = time.perf_counter()
+        self.created_wall = time.time()  # compared with the scheduler's wall-clock stamps
+        self.last_output_wall: float | None = None  # when the last delta arrived (metrics)
         self.output_ids: list[int] = []
         self.text = ""
         self.finished = False
@@ -54,7 +56,10 @@ class ReqState:
         for key in self.logprobs:
             self.logprobs[key].extend(getattr(out, key) or [])
         delta = ""
-        if self.detok is not None:
+        if out.text is not None:  # detokenized by the detokenizer process
+            delta = out.text
+            self.text += delta
+        elif self.detok is not None:
             delta = self.detok.add(out.new_output_ids)
             if out.finished:
                 delta += self.detok.finish(out.finish_reason)

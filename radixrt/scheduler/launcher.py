@@ -38,8 +38,9 @@ class SchedulerHandle:
     """What a frontend holds: the transport to the scheduler, its ready info, and liveness."""
 
     def __init__(self, transport: Any, info: SchedulerReady, alive, stop, close=None,
-                 local=None) -> None:
+                 local=None, death=None) -> None:
         self.transport = transport
+        self._death = death
         self.info = info
         self._alive = alive
         self._stop = stop
@@ -48,6 +49,10 @@ class SchedulerHandle:
 
     def alive(self) -> bool:
         return self._alive()
+
+    def death_reason(self) -> str:
+        """Why the scheduler side is not alive (which process ended, and how)."""
+        return self._death() if self._death else "the scheduler thread has ended"
 
     def stop(self, timeout: float = 30) -> None:
         """Wait for the scheduler (told to shut down) to end; kill it past the timeout."""
@@ -60,28 +65,33 @@ class SchedulerHandle:
 
 
 def start_process(args: ServerArgs) -> tuple[Callable[[], SchedulerHandle], str]:
-    """Spawn the scheduler process now. Returns a function that waits until it is ready (so
-    the caller can load its tokenizer meanwhile) and returns the handle, or raises why not;
-    and a folder where the caller may save its loaded tokenizer for the scheduler to use."""
+    """Spawn the scheduler and detokenizer processes now. The scheduler's outputs pass through
+    the detokenizer, which adds their text. Returns a function that waits until the scheduler is
+    ready (so the caller can load its tokenizer meanwhile) and returns the handle, or raises why
+    not; and a folder where the caller may save its loaded tokenizer for the children to use."""
     from radixrt.scheduler.transport import ZmqTransport
 
     ipc_dir = tempfile.mkdtemp(prefix="radixrt-")
-    to_sched, from_sched = f"ipc://{ipc_dir}/in", f"ipc://{ipc_dir}/out"
-    transport = ZmqTransport(from_sched, to_sched, bind=True)
+    to_sched, to_detok, from_detok = (f"ipc://{ipc_dir}/{name}"
+                                      for name in ("scheduler", "detokenizer", "frontend"))
+    transport = ZmqTransport(from_detok, to_sched, bind=True)
     tokenizer_dir = os.path.join(ipc_dir, "tokenizer")
-    config = {"server_args": dataclasses.asdict(args), "recv_addr": to_sched,
-              "send_addr": from_sched, "tokenizer_dir": tokenizer_dir}
-    proc = subprocess.Popen([sys.executable, "-m", "radixrt.scheduler.process"],
-                            stdin=subprocess.PIPE, text=True)
-    proc.stdin.write(json.dumps(config))
-    proc.stdin.close()
+    common = {"server_args": dataclasses.asdict(args), "tokenizer_dir": tokenizer_dir}
+    procs = {
+        "scheduler": _spawn("radixrt.scheduler.process",
+                            {**common, "recv_addr": to_sched, "send_addr": to_detok}),
+        "detokenizer": _spawn("radixrt.server.detokenizer_process",
+                              {**common, "recv_addr": to_detok, "send_addr": from_detok}),
+    }
+
+    def alive() -> bool:
+        return all(p.poll() is None for p in procs.values())
 
     def stop(timeout: float) -> None:
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        # The scheduler was told to shut down; the detokenizer has no work left after it.
+        _wait_or_kill(procs["scheduler"], timeout)
+        procs["detokenizer"].terminate()
+        _wait_or_kill(procs["detokenizer"], 5)
 
     def close() -> None:
         transport.close()
@@ -89,15 +99,45 @@ def start_process(args: ServerArgs) -> tuple[Callable[[], SchedulerHandle], str]
 
     def wait_ready() -> SchedulerHandle:
         try:
-            info = _wait_ready(transport, lambda: proc.poll() is None)
+            info = _wait_ready(transport, alive)
         except BaseException:
-            proc.kill()
-            stop(5)
+            for p in procs.values():
+                p.kill()
+                p.wait()
             close()
             raise
-        return SchedulerHandle(transport, info, lambda: proc.poll() is None, stop, close)
+        return SchedulerHandle(transport, info, alive, stop, close,
+                               death=lambda: _death_reason(procs))
 
     return wait_ready, tokenizer_dir
+
+
+def _spawn(module: str, config: dict) -> subprocess.Popen:
+    """A child running `python -m module`, its config as JSON on stdin (no pickling, and no
+    __main__ guard needed in the user's script, unlike multiprocessing's spawn)."""
+    proc = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE, text=True)
+    proc.stdin.write(json.dumps(config))
+    proc.stdin.close()
+    return proc
+
+
+def _wait_or_kill(proc: subprocess.Popen, timeout: float) -> None:
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _death_reason(procs: dict[str, subprocess.Popen]) -> str:
+    """Which child has exited, and how (for the error that stops the frontend)."""
+    dead = []
+    for name, proc in procs.items():
+        code = proc.poll()
+        if code is not None:
+            how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+            dead.append(f"the {name} process (pid {proc.pid}) {how}")
+    return "; ".join(dead) or "all processes are running"
 
 
 def start_thread(args: ServerArgs, tokenizer: Any) -> SchedulerHandle:
@@ -127,6 +167,6 @@ def _wait_ready(transport: Any, alive) -> SchedulerReady:
                 raise cls(msg.error if cls is not SchedulerStartError else
                           f"the scheduler failed to start: {msg.error_type}: {msg.error}")
         if not alive():
-            raise SchedulerStartError("the scheduler process exited during startup "
+            raise SchedulerStartError("a child process exited during startup "
                                       "(see its log above)")
     raise SchedulerStartError(f"the scheduler did not start within {STARTUP_TIMEOUT_S} s")

@@ -8,7 +8,7 @@ import torch
 
 from radixrt.executor.logprobs import compute_logprobs
 from radixrt.executor.sampler import SamplingBatch, sample
-from radixrt.messages import ReqOutput
+from radixrt.messages import DetokParams, ReqOutput
 from radixrt.scheduler.req import Req
 
 
@@ -148,8 +148,16 @@ def make_output(req: Req) -> ReqOutput:
         output_top_logprobs=req.output_top_logprobs if want else None,
         input_token_logprobs=req.input_token_logprobs if want else None,
         input_top_logprobs=req.input_top_logprobs if want else None,
+        detok=None if req.detok_sent else _detok_params(req.sampling_params),
+        admitted_at=req.admitted_at, first_token_at=req.first_token_at,
     )
+    req.detok_sent = True
     if want:
         req.output_token_logprobs, req.output_top_logprobs = [], []
         req.input_token_logprobs, req.input_top_logprobs = [], []
     return out
+
+
+def _detok_params(params) -> DetokParams:
+    return DetokParams(params.skip_special_tokens, params.spaces_between_special_tokens,
+                       list(params.stop or []), params.no_stop_trim)

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sys
 import traceback
 
@@ -28,6 +29,7 @@ def run(config: dict) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="[%(asctime)s scheduler] %(message)s")
     transport = ZmqTransport(config["recv_addr"], config["send_addr"], bind=False)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the frontend stops us in order
     try:
         from radixrt.loader.default_model import default_model_path
         from radixrt.loader.tokenizer import LazyTokenizer

@@ -40,6 +40,10 @@ class Req:
     input_logprobs_count: int = 0  # prompt logprobs computed so far (emitted or not)
     num_retractions: int = 0
     arrival_order: int = 0
+    # Wall-clock stamps for the frontend's metrics (queue time, time to first token).
+    admitted_at: float | None = None
+    first_token_at: float | None = None
+    detok_sent: bool = False  # whether an output carried this request's DetokParams yet
 
     @property
     def fill_ids(self) -> list[int]:

@@ -81,14 +81,21 @@ class Scheduler:
 
     def step(self) -> None:
         plan = self.planner.plan(self.running, self.waiting)
+        now = time.time()
         for req, n in plan:
             req.kv_len += n
+            if req.admitted_at is None:
+                req.admitted_at = now
         if plan:
             rows = plan_rows(plan)
             work = [SeqWork(r.token_slice(r.kv_len - n, r.kv_len), r.kv_slots, r.kv_len - n, n)
                     for r, n in plan]
             logits = self.parts.runner.forward(work, rows.rows)
             self.outputs.process(rows, logits)
+            now = time.time()
+            for req in rows.sample_reqs:
+                if req.first_token_at is None:
+                    req.first_token_at = now
         self._settle(plan)
         self.stats["steps"] += 1
         self._decode_tokens += sum(1 for _, n in plan if n == 1)

@@ -53,13 +53,17 @@ def queue_pair() -> tuple[QueueTransport, QueueTransport]:
 class ZmqTransport:
     """PUSH/PULL ZeroMQ sockets carrying the same msgspec bytes between processes."""
 
-    def __init__(self, recv_addr: str, send_addr: str, bind: bool) -> None:
+    def __init__(self, recv_addr: str, send_addr: str, bind: bool,
+                 bind_send: bool | None = None) -> None:
+        """`bind` says whether this end binds (else connects) its sockets; `bind_send`, when
+        given, overrides it for the sending socket (a process in the middle of a pipeline)."""
         self.ctx = zmq.Context()
         self.pull = self.ctx.socket(zmq.PULL)
         self.push = self.ctx.socket(zmq.PUSH)
-        for sock, addr in ((self.pull, recv_addr), (self.push, send_addr)):
+        bind_send = bind if bind_send is None else bind_send
+        for sock, addr, b in ((self.pull, recv_addr, bind), (self.push, send_addr, bind_send)):
             sock.setsockopt(zmq.LINGER, 1000)  # let a last message (an error) out
-            sock.bind(addr) if bind else sock.connect(addr)
+            sock.bind(addr) if b else sock.connect(addr)
 
     def recv(self, timeout: float | None) -> list[bytes]:
         ms = -1 if timeout is None else int(timeout * 1000)

@@ -1,0 +1,103 @@
+"""The detokenizer as its own process: `python -m radixrt.server.detokenizer_process`.
+
+It sits between the scheduler and the frontend: it turns each request's new token ids into a
+text delta (IncrementalDetokenizer: no split UTF-8 character, no stop string, not even part of
+one), fills `ReqOutput.text`, and forwards every message on. Its config (JSON on stdin): the
+ServerArgs fields, the address it binds to receive from the scheduler, the frontend's address,
+and the folder where the frontend saves its tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import traceback
+from typing import Any
+
+from radixrt.detokenizer import IncrementalDetokenizer
+from radixrt.messages import (
+    BatchOutput,
+    DetokParams,
+    ReqOutput,
+    SchedulerFailed,
+    decode_from_scheduler,
+    encode,
+)
+from radixrt.scheduler.transport import ZmqTransport
+
+logger = logging.getLogger("radixrt.detokenizer")
+
+
+class Detokenizer:
+    """Per-request incremental state, created at a request's first output, dropped at its last."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.states: dict[str, IncrementalDetokenizer] = {}
+
+    def fill(self, out: ReqOutput) -> None:
+        state = self.states.get(out.rid)
+        if state is None:
+            p = out.detok or DetokParams()
+            state = IncrementalDetokenizer(self.tokenizer, p.skip_special_tokens,
+                                           p.spaces_between_special_tokens, p.stop,
+                                           p.no_stop_trim)
+            self.states[out.rid] = state
+        text = state.add(out.new_output_ids)
+        if out.finished:
+            text += state.finish(out.finish_reason)
+            del self.states[out.rid]
+        out.text = text
+
+    def process(self, data: bytes) -> bytes:
+        """One message from the scheduler → the message for the frontend."""
+        if self.tokenizer is None:
+            return data  # token ids only: nothing to do
+        msg = decode_from_scheduler(data)
+        if not isinstance(msg, BatchOutput):
+            return data
+        for out in msg.outputs:
+            self.fill(out)
+        return encode(msg)
+
+
+def run(config: dict) -> int:
+    args = config["server_args"]
+    logging.basicConfig(level=args["log_level"].upper(),
+                        format="[%(asctime)s detokenizer] %(message)s")
+    transport = ZmqTransport(config["recv_addr"], config["send_addr"], bind=True,
+                             bind_send=False)
+    parent = os.getppid()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the frontend stops us in order
+    try:
+        detok = Detokenizer(_tokenizer(args, config.get("tokenizer_dir")))
+        while True:
+            items = transport.recv(timeout=1.0)
+            if not items and os.getppid() != parent:
+                return 0  # the frontend is gone
+            for data in items:
+                transport.send(detok.process(data))
+    except BaseException as e:  # tell the frontend why, then die
+        logger.error("detokenizer failed:\n%s", traceback.format_exc())
+        transport.send(encode(SchedulerFailed(f"the detokenizer failed: {e}",
+                                              type(e).__name__)))
+        return 1
+    finally:
+        transport.close()
+
+
+def _tokenizer(args: dict, tokenizer_dir: str | None):
+    if args["skip_tokenizer_init"]:
+        return None
+    from radixrt.loader.default_model import default_model_path
+    from radixrt.loader.tokenizer import LazyTokenizer
+
+    return LazyTokenizer(args["model_path"] or default_model_path(), args["tokenizer_path"],
+                         tokenizer_dir)
+
+
+if __name__ == "__main__":
+    sys.exit(run(json.loads(sys.stdin.read())))
