@@ -113,13 +113,24 @@ def parse_request(model: type[R], body: dict[str, Any]) -> R:
 def _validation_error(e: ValidationError) -> APIError:
     errors = e.errors(include_url=False)
     param = _param(errors[0]["loc"])
-    msgs = [err["msg"] for err in errors if _param(err["loc"]) == param]
+    msgs = [_plain(err["msg"]) for err in errors if _param(err["loc"]) == param]
     value = errors[0].get("input")
     if errors[0]["type"] == "missing":
         return APIError(f"'{param}' is required", param)
     got = f"{type(value).__name__} {_short(value)}"
     return APIError(f"invalid value for '{param}': {' or '.join(dict.fromkeys(msgs))} "
                     f"(got {got})", param)
+
+
+def _plain(msg: str) -> str:
+    """pydantic's wording, shortened: "must be >= 1" for "Input should be greater than or
+    equal to 1"."""
+    for long, short in (("Input should be", "must be"), ("greater than or equal to", ">="),
+                        ("less than or equal to", "<="), ("greater than", ">"),
+                        ("less than", "<"), ("List should have", "must have"),
+                        (" after validation", "")):
+        msg = msg.replace(long, short)
+    return msg
 
 
 def _param(loc: tuple) -> str:
@@ -215,7 +226,7 @@ def field_names(req: _SamplingFields) -> dict[str, str]:
 def rename_engine_error(exc: ValueError, names: dict[str, str]) -> APIError:
     """The engine's ValueError, its SGLang field names replaced by the OpenAI ones; `param`
     is the first field the message names."""
-    message = str(exc)
+    message = str(exc).replace("sampling param ", "")
     for sgl, oai in names.items():
         message = re.sub(rf"\b{sgl}\b", oai, message)
     param = None

@@ -1,0 +1,264 @@
+"""The OpenAI-compatible API: POST /v1/completions, POST /v1/chat/completions, GET /v1/models.
+
+Prompts are tokenized here (chat through the tokenizer's chat template) and sent to the engine
+as token ids, so that the context-length checks can name the OpenAI field at fault and echo can
+return the prompt. Streams are server-sent events in the OpenAI chunk format.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from radixrt.server import openai_protocol as proto
+from radixrt.server.http_utils import (
+    APIError,
+    await_or_disconnect,
+    exception_response,
+    read_json,
+    sse_stream,
+)
+from radixrt.server.openai_protocol import ChatCompletionRequest, CompletionRequest
+from radixrt.server.openai_stream import (
+    TokenTexts,
+    chat_events,
+    chat_logprobs,
+    completion_events,
+    completion_logprobs,
+)
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # the OpenAI API's default for /v1/completions
+
+
+def add_openai_routes(app: FastAPI, manager: Any, served_model_name: str) -> None:
+    """Register the OpenAI routes on `app`, serving `manager` (a radixrt Engine) under the
+    model name `served_model_name` (requests may also say "default" or leave model out)."""
+    api = OpenAIServing(manager, served_model_name)
+    app.add_api_route("/v1/models", api.models, methods=["GET"])
+    app.add_api_route("/v1/completions", api.completions, methods=["POST"])
+    app.add_api_route("/v1/chat/completions", api.chat_completions, methods=["POST"])
+
+
+@dataclass
+class Job:
+    """One validated request, ready for the engine."""
+
+    req: ChatCompletionRequest | CompletionRequest
+    ids: list[list[int]]  # token ids per prompt
+    batch: bool  # several prompts (a list), as opposed to one
+    max_new_tokens: int
+    names: dict[str, str]  # engine field name → OpenAI field name, for errors
+    prompt_texts: list[str] = field(default_factory=list)  # for echo
+    id: str = ""
+    created: int = 0
+    model: str = ""
+
+    @property
+    def chat(self) -> bool:
+        return isinstance(self.req, ChatCompletionRequest)
+
+
+class OpenAIServing:
+    def __init__(self, manager: Any, served_model_name: str) -> None:
+        self.manager = manager
+        self.model_name = served_model_name
+        self.created = int(time.time())
+        self.texts = TokenTexts(manager.tokenizer) if manager.tokenizer is not None else None
+
+    # -- routes -------------------------------------------------------------------------------
+    async def models(self) -> JSONResponse:
+        card = {"id": self.model_name, "object": "model", "created": self.created,
+                "owned_by": "radixrt", "root": self.model_name,
+                "max_model_len": self.manager.info.context_length}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._serve(request, self._prepare_chat)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._serve(request, self._prepare_completion)
+
+    async def _serve(self, request: Request, prepare: Callable[[dict], Job]) -> Response:
+        names: dict[str, str] = {}
+        try:
+            if self.texts is None:
+                raise APIError("this server runs without a tokenizer (skip_tokenizer_init): "
+                               "use /generate with input_ids", None)
+            job = prepare(await read_json(request))
+            names = job.names
+            return await self._run(request, job)
+        except APIError as exc:
+            return exception_response(exc)
+        except ValueError as exc:
+            return exception_response(proto.rename_engine_error(exc, names))
+        except Exception as exc:  # noqa: BLE001 - overload, dead scheduler: mapped to 503/500
+            return exception_response(exc)
+
+    async def _run(self, request: Request, job: Job) -> Response:
+        kwargs = self._engine_kwargs(job)
+        if job.req.stream:
+            chunks = await self.manager.async_generate(**kwargs, stream=True)
+            make = chat_events if job.chat else completion_events
+            events = make(job, chunks, self.texts)
+            return StreamingResponse(sse_stream(events), media_type="text/event-stream")
+        outs = await await_or_disconnect(request, self.manager.async_generate(**kwargs))
+        outs = outs if isinstance(outs, list) else [outs]
+        build = self._chat_response if job.chat else self._completion_response
+        return JSONResponse(build(job, outs))
+
+    def _engine_kwargs(self, job: Job) -> dict[str, Any]:
+        req = job.req
+        want_logprobs = bool(req.logprobs) or (not job.chat and req.logprobs is not None)
+        top = (req.top_logprobs if job.chat else req.logprobs) or 0
+        echo_logprobs = not job.chat and req.echo and want_logprobs
+        rid = [f"{job.id}-{i}" for i in range(len(job.ids))] if job.batch else job.id
+        return {"input_ids": job.ids if job.batch else job.ids[0],
+                "sampling_params": proto.sampling_params(req, job.max_new_tokens),
+                "return_logprob": want_logprobs, "top_logprobs_num": top,
+                "logprob_start_len": 0 if echo_logprobs else None, "rid": rid}
+
+    # -- preparing requests -------------------------------------------------------------------
+    def _prepare_chat(self, body: dict[str, Any]) -> Job:
+        req = proto.parse_request(ChatCompletionRequest, body)
+        self._check_model(req.model)
+        names = proto.field_names(req)
+        ids = self._chat_ids(req)
+        requested = req.max_completion_tokens
+        requested = req.max_tokens if requested is None else requested
+        default = self.manager.info.pool_tokens - len(ids)  # the rest of the context
+        max_new = self._max_new_tokens(len(ids), requested, default, names)
+        return Job(req, [ids], False, max_new, names, id=f"chatcmpl-{uuid.uuid4().hex}",
+                   created=int(time.time()), model=self.model_name)
+
+    def _prepare_completion(self, body: dict[str, Any]) -> Job:
+        req = proto.parse_request(CompletionRequest, body)
+        self._check_model(req.model)
+        names = proto.field_names(req)
+        ids, texts, batch = self._prompt_ids(req)
+        max_new = min(self._max_new_tokens(len(p), req.max_tokens,
+                                           COMPLETIONS_DEFAULT_MAX_TOKENS, names) for p in ids)
+        return Job(req, ids, batch, max_new, names, texts, id=f"cmpl-{uuid.uuid4().hex}",
+                   created=int(time.time()), model=self.model_name)
+
+    def _check_model(self, model: str | None) -> None:
+        allowed = [self.model_name, "default"]
+        if model is not None and model not in allowed:
+            raise APIError(f"model {model!r} not found; available: {allowed}", "model")
+
+    def _chat_ids(self, req: ChatCompletionRequest) -> list[int]:
+        """Token ids of the rendered chat template. The template's text is tokenized without
+        adding special tokens: a BOS, where the model wants one, is in the template."""
+        tokenizer = self.manager.tokenizer
+        messages = [_template_message(m, i) for i, m in enumerate(req.messages)]
+        kwargs = dict(req.chat_template_kwargs or {})
+        if req.tools:
+            kwargs["tools"] = req.tools
+        try:
+            text = tokenizer.apply_chat_template(messages, tokenize=False,
+                                                 add_generation_prompt=True, **kwargs)
+        except Exception as e:  # noqa: BLE001 - no template, or the template's own raise
+            raise APIError(f"the chat template cannot render these messages: {e}",
+                           "messages") from None
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    def _prompt_ids(self, req: CompletionRequest) -> tuple[list[list[int]], list[str], bool]:
+        """(ids per prompt, prompt texts for echo, batch?) for the four shapes of prompt."""
+        tokenizer = self.manager.tokenizer
+        prompt = req.prompt
+        batch = isinstance(prompt, list) and not isinstance(prompt[0], int)
+        prompts = prompt if batch else [prompt]
+        ids, texts = [], []
+        for i, p in enumerate(prompts):
+            p_ids = tokenizer.encode(p) if isinstance(p, str) else list(p)
+            if not p_ids:
+                raise APIError(f"prompt{f'[{i}]' if batch else ''} is empty: give at least "
+                               "one token", "prompt")
+            ids.append(p_ids)
+            if isinstance(p, str):
+                texts.append(p)
+            else:
+                texts.append(tokenizer.decode(p) if req.echo else "")
+        return ids, texts, batch
+
+    def _max_new_tokens(self, prompt_len: int, requested: int | None, default: int,
+                        names: dict[str, str]) -> int:
+        """max_new_tokens for one prompt; APIError when the prompt, or the prompt plus the
+        requested tokens, does not fit in the model's context."""
+        context = self.manager.info.context_length
+        if prompt_len >= context:
+            raise APIError(f"the prompt has {prompt_len} tokens, but the model's context "
+                           f"length is {context} (and one token at least must be generated)",
+                           names["input_ids"])
+        room = context - prompt_len
+        if requested is None:
+            return max(1, min(default, room))
+        param = names["max_new_tokens"]
+        if requested > room:
+            raise APIError(f"{param} ({requested}) + the prompt's {prompt_len} tokens = "
+                           f"{requested + prompt_len} exceeds the model's context length "
+                           f"{context}: lower {param} to at most {room}", param)
+        return requested
+
+    # -- responses ----------------------------------------------------------------------------
+    def _chat_response(self, job: Job, outs: list[dict[str, Any]]) -> dict[str, Any]:
+        choices = []
+        for i, out in enumerate(outs):
+            meta = out["meta_info"]
+            logprobs = None
+            if job.req.logprobs:
+                logprobs = chat_logprobs(self.texts, meta["output_token_logprobs"],
+                                         meta["output_top_logprobs"])
+            choices.append({"index": i, "message": {"role": "assistant", "content": out["text"]},
+                            "logprobs": logprobs, "finish_reason": proto.finish_reason(meta),
+                            "matched_stop": proto.matched_stop(meta)})
+        return {"id": job.id, "object": "chat.completion", "created": job.created,
+                "model": self.model_name, "choices": choices,
+                "usage": proto.usage([o["meta_info"] for o in outs], job.req.n)}
+
+    def _completion_response(self, job: Job, outs: list[dict[str, Any]]) -> dict[str, Any]:
+        choices = []
+        req = job.req
+        for i, out in enumerate(outs):
+            meta = out["meta_info"]
+            prefix = job.prompt_texts[i // req.n] if req.echo else ""
+            logprobs = None
+            if req.logprobs is not None:
+                entries = _completion_entries(meta, bool(req.echo))
+                logprobs, _ = completion_logprobs(self.texts, *entries, offset=0)
+            choices.append({"index": i, "text": prefix + out["text"], "logprobs": logprobs,
+                            "finish_reason": proto.finish_reason(meta),
+                            "matched_stop": proto.matched_stop(meta)})
+        return {"id": job.id, "object": "text_completion", "created": job.created,
+                "model": self.model_name, "choices": choices,
+                "usage": proto.usage([o["meta_info"] for o in outs], req.n)}
+
+
+def _template_message(msg: proto.ChatMessage, i: int) -> dict[str, Any]:
+    """A message as chat templates expect it: content a string (text parts joined by
+    newlines); "developer" (OpenAI's newer name for system) as "system"."""
+    out = msg.model_dump(exclude_none=True)
+    if msg.role == "developer":
+        out["role"] = "system"
+    content = msg.content
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            if part.type != "text" or part.text is None:
+                raise APIError(f"only text content parts are supported, got {part.type!r}",
+                               f"messages[{i}].content[{j}].type")
+        content = "\n".join(part.text for part in content)
+    out["content"] = content or ""
+    return out
+
+
+def _completion_entries(meta: dict[str, Any], echo: bool) -> tuple[list, list]:
+    """(token logprobs, top logprobs) of a completion: the prompt's first with echo."""
+    tokens, tops = meta["output_token_logprobs"], meta["output_top_logprobs"]
+    if echo:
+        tokens = meta["input_token_logprobs"] + tokens
+        tops = meta["input_top_logprobs"] + tops
+    return tokens, tops

@@ -1,0 +1,198 @@
+"""OpenAI response pieces that need the tokenizer or a stream's state: token strings and bytes
+for logprobs, and the chunk sequences of streamed chat and text completions."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from functools import lru_cache
+from typing import Any
+
+from radixrt.server import openai_protocol as proto
+
+
+@lru_cache(maxsize=1)
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE maps each byte to a printable character; this is its inverse."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+class TokenTexts:
+    """The text and UTF-8 bytes of single tokens. A byte-level BPE token may hold part of a
+    character: its bytes are exact, its text has U+FFFD for the missing part."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.byte_level = _is_byte_level(tokenizer)
+        self._cache: dict[int, tuple[str, bytes]] = {}
+
+    def get(self, token_id: int) -> tuple[str, bytes]:
+        if token_id not in self._cache:
+            data = self._bytes(token_id)
+            self._cache[token_id] = (data.decode("utf-8", errors="replace"), data)
+        return self._cache[token_id]
+
+    def _bytes(self, token_id: int) -> bytes:
+        if self.byte_level:
+            piece = self.tokenizer.convert_ids_to_tokens(token_id)
+            alphabet = _byte_level_alphabet()
+            if isinstance(piece, str) and piece and all(c in alphabet for c in piece):
+                return bytes(alphabet[c] for c in piece)
+        return self.tokenizer.decode([token_id]).encode()
+
+
+def _is_byte_level(tokenizer: Any) -> bool:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return False
+    return "ByteLevel" in json.dumps(json.loads(backend.to_str()).get("decoder"))
+
+
+# -- logprobs -----------------------------------------------------------------------------
+def chat_logprobs(texts: TokenTexts, token_lps: list, top_lps: list) -> dict[str, Any]:
+    """{"content": [{token, logprob, bytes, top_logprobs}]} from the engine's
+    (logprob, id, _) entries."""
+    content = []
+    for (lp, tid, _), tops in zip(token_lps, top_lps):
+        entry = _chat_entry(texts, lp, tid)
+        entry["top_logprobs"] = [_chat_entry(texts, t_lp, t_id) for t_lp, t_id, _ in tops or []]
+        content.append(entry)
+    return {"content": content}
+
+
+def _chat_entry(texts: TokenTexts, lp: float, tid: int) -> dict[str, Any]:
+    text, data = texts.get(tid)
+    return {"token": text, "logprob": proto.clamp_logprob(lp), "bytes": list(data)}
+
+
+def completion_logprobs(texts: TokenTexts, token_lps: list, top_lps: list,
+                        offset: int) -> tuple[dict[str, Any], int]:
+    """The legacy {tokens, token_logprobs, top_logprobs, text_offset} shape, with offsets
+    counted from `offset` (characters of the choice's text before these tokens); returns it
+    and the offset after them."""
+    out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
+                            "text_offset": []}
+    for (lp, tid, _), tops in zip(token_lps, top_lps):
+        text = texts.get(tid)[0]
+        out["tokens"].append(text)
+        out["token_logprobs"].append(proto.clamp_logprob(lp))
+        out["top_logprobs"].append(None if tops is None else {
+            texts.get(t_id)[0]: proto.clamp_logprob(t_lp) for t_lp, t_id, _ in tops})
+        out["text_offset"].append(offset)
+        offset += len(text)
+    return out, offset
+
+
+# -- streams ------------------------------------------------------------------------------
+class _Progress:
+    """Per output: how many logprob entries were sent, the text offset, the last meta_info."""
+
+    def __init__(self, count: int) -> None:
+        self.sent_in = [0] * count
+        self.sent_out = [0] * count
+        self.offset = [0] * count
+        self.metas: list[dict[str, Any]] = [{} for _ in range(count)]
+
+    def new_entries(self, i: int, meta: dict[str, Any], prompt: bool) -> tuple[list, list]:
+        """The logprob entries of output i not sent yet (the prompt's first, if asked)."""
+        tokens, tops = [], []
+        if prompt:
+            tokens += meta["input_token_logprobs"][self.sent_in[i]:]
+            tops += meta["input_top_logprobs"][self.sent_in[i]:]
+            self.sent_in[i] = len(meta["input_token_logprobs"])
+        tokens += meta["output_token_logprobs"][self.sent_out[i]:]
+        tops += meta["output_top_logprobs"][self.sent_out[i]:]
+        self.sent_out[i] = len(meta["output_token_logprobs"])
+        return tokens, tops
+
+
+def _chunk_maker(job: Any, obj: str):
+    base = {"id": job.id, "object": obj, "created": job.created, "model": job.model}
+    with_usage = bool(job.req.stream_options and job.req.stream_options.include_usage)
+
+    def make(choices: list[dict[str, Any]], usage: dict | None = None) -> dict[str, Any]:
+        chunk = {**base, "choices": choices}
+        if with_usage:  # OpenAI: null on every chunk but the last one
+            chunk["usage"] = usage
+        return chunk
+
+    return make, with_usage
+
+
+async def chat_events(job: Any, chunks: AsyncIterator[dict], texts: TokenTexts,
+                      ) -> AsyncIterator[dict[str, Any]]:
+    """chat.completion.chunk events: a role delta per choice, content deltas, a final delta
+    with finish_reason per choice, then (include_usage) one chunk with usage and no choices."""
+    make, with_usage = _chunk_maker(job, "chat.completion.chunk")
+    count = job.req.n
+    progress = _Progress(count)
+    for i in range(count):
+        yield make([_chat_choice(i, {"role": "assistant", "content": ""})])
+    async for chunk in chunks:
+        i, meta = chunk.get("index", 0), chunk["meta_info"]
+        logprobs = None
+        if job.req.logprobs:
+            entries = progress.new_entries(i, meta, prompt=False)
+            logprobs = chat_logprobs(texts, *entries) if entries[0] else None
+        if chunk["text"] or logprobs:
+            yield make([_chat_choice(i, {"content": chunk["text"]}, logprobs)])
+        if meta["finish_reason"] is not None:
+            yield make([_chat_choice(i, {}, None, meta)])
+        progress.metas[i] = meta
+    if with_usage:
+        yield make([], proto.usage(progress.metas, job.req.n))
+
+
+def _chat_choice(i: int, delta: dict[str, Any], logprobs: dict | None = None,
+                 meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": None}
+    if meta is not None:
+        choice["finish_reason"] = proto.finish_reason(meta)
+        choice["matched_stop"] = proto.matched_stop(meta)
+    return choice
+
+
+async def completion_events(job: Any, chunks: AsyncIterator[dict], texts: TokenTexts,
+                            ) -> AsyncIterator[dict[str, Any]]:
+    """text_completion chunks: the prompt first per choice (echo), text deltas with their
+    logprobs, a final chunk with finish_reason per choice, then usage (include_usage)."""
+    make, with_usage = _chunk_maker(job, "text_completion")
+    req = job.req
+    count = req.n * len(job.ids)
+    progress = _Progress(count)
+    if req.echo:
+        for i in range(count):
+            prompt = job.prompt_texts[i // req.n]
+            yield make([_text_choice(i, prompt)])
+    async for chunk in chunks:
+        i, meta = chunk.get("index", 0), chunk["meta_info"]
+        logprobs = None
+        if req.logprobs is not None:
+            entries = progress.new_entries(i, meta, prompt=bool(req.echo))
+            if entries[0]:
+                logprobs, progress.offset[i] = completion_logprobs(texts, *entries,
+                                                                   progress.offset[i])
+        if chunk["text"] or logprobs:
+            yield make([_text_choice(i, chunk["text"], logprobs)])
+        if meta["finish_reason"] is not None:
+            yield make([_text_choice(i, "", None, meta)])
+        progress.metas[i] = meta
+    if with_usage:
+        yield make([], proto.usage(progress.metas, req.n))
+
+
+def _text_choice(i: int, text: str, logprobs: dict | None = None,
+                 meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    choice = {"index": i, "text": text, "logprobs": logprobs, "finish_reason": None}
+    if meta is not None:
+        choice["finish_reason"] = proto.finish_reason(meta)
+        choice["matched_stop"] = proto.matched_stop(meta)
+    return choice

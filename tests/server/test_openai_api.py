@@ -1,0 +1,276 @@
+"""The OpenAI-compatible routes on a real uvicorn server (loopback, tiny random model): the
+`openai` client for the happy paths, httpx for each kind of bad input."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from radixrt import Engine
+from radixrt.server.openai_api import add_openai_routes
+
+MODEL = "tiny"
+MESSAGES = [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Name three colors."}]
+GREEDY = {"temperature": 0, "max_tokens": 12}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    engine = Engine(tiny_model_dir("llama"), in_process=True, dtype="float32",
+                    max_total_tokens=4096, log_level="warning")
+    app = FastAPI()
+    add_openai_routes(app, engine, MODEL)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    uv = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not uv.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.05)
+    try:
+        yield engine, f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+        engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server[1]}/v1", api_key="x", max_retries=0)
+
+
+def template_ids(engine, messages) -> list[int]:
+    text = engine.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                add_generation_prompt=True)
+    return engine.tokenizer.encode(text, add_special_tokens=False)
+
+
+def test_models_lists_the_served_name(client, server):
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+
+
+def test_greedy_chat_matches_the_engine(client, server):
+    engine = server[0]
+    resp = client.chat.completions.create(model=MODEL, messages=MESSAGES, **GREEDY)
+    ids = template_ids(engine, MESSAGES)
+    assert engine.tokenizer.decode(ids[:1]) == "<|im_start|>"  # no BOS before the template
+    want = engine.generate(input_ids=ids, sampling_params={"temperature": 0,
+                                                           "max_new_tokens": 12})
+    choice = resp.choices[0]
+    assert resp.id.startswith("chatcmpl-") and resp.model == MODEL and resp.object == \
+        "chat.completion"
+    assert choice.message.role == "assistant" and choice.message.content == want["text"]
+    assert choice.finish_reason == want["meta_info"]["finish_reason"]["type"]
+    assert resp.usage.prompt_tokens == len(ids)
+    assert resp.usage.completion_tokens == len(want["output_ids"])
+    assert resp.usage.total_tokens == len(ids) + len(want["output_ids"])
+    # The same prompt again: its prefix is in the radix cache.
+    again = client.chat.completions.create(model="default", messages=MESSAGES, **GREEDY)
+    assert again.choices[0].message.content == want["text"]
+    assert again.usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_content_parts_equal_plain_content(client):
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Name three colors."}]}]
+    plain = [{"role": "user", "content": "Name three colors."}]
+    a = client.chat.completions.create(model=MODEL, messages=parts, **GREEDY)
+    b = client.chat.completions.create(model=MODEL, messages=plain, **GREEDY)
+    assert a.choices[0].message.content == b.choices[0].message.content
+    assert a.usage.prompt_tokens == b.usage.prompt_tokens
+
+
+def test_streaming_chat_with_usage(client):
+    full = client.chat.completions.create(model=MODEL, messages=MESSAGES, **GREEDY)
+    stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, stream=True,
+                                            stream_options={"include_usage": True}, **GREEDY)
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finals[-1] == full.choices[0].finish_reason and not any(finals[:-1])
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_n_and_seed(client):
+    resp = client.chat.completions.create(model=MODEL, messages=MESSAGES, n=2, seed=7,
+                                          temperature=1.0, max_completion_tokens=8)
+    assert [c.index for c in resp.choices] == [0, 1]
+    assert resp.usage.completion_tokens <= 16
+    again = client.chat.completions.create(model=MODEL, messages=MESSAGES, n=2, seed=7,
+                                           temperature=1.0, max_completion_tokens=8)
+    assert [c.message.content for c in again.choices] == [c.message.content
+                                                          for c in resp.choices]
+    stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, n=2, seed=7,
+                                            temperature=1.0, max_completion_tokens=8,
+                                            stream=True)
+    texts = ["", ""]
+    for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+    assert texts == [c.message.content for c in resp.choices]
+
+
+def test_stop_string(client):
+    params = {"temperature": 0, "max_tokens": 30, "extra_body": {"ignore_eos": True}}
+    full = client.completions.create(model=MODEL, prompt="Hello there", **params)
+    text = full.choices[0].text
+    # The tiny model says random bytes: stop at the first plain-ASCII pair after the start.
+    stop = next((text[k:k + 2] for k in range(1, len(text) - 1)
+                 if text[k:k + 2].isascii() and text[k:k + 2].isprintable()
+                 and text.index(text[k:k + 2]) == k), None)
+    assert stop, f"no ASCII stop string to pick in {text!r}"
+    cut = client.completions.create(model=MODEL, prompt="Hello there", stop=[stop], **params)
+    assert cut.choices[0].text == text[: text.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+    assert full.choices[0].finish_reason == "length"
+
+
+def test_chat_logprobs(client):
+    resp = client.chat.completions.create(model=MODEL, messages=MESSAGES, logprobs=True,
+                                          top_logprobs=3, **GREEDY)
+    content = resp.choices[0].logprobs.content
+    assert len(content) == resp.usage.completion_tokens
+    for entry in content:
+        assert len(entry.top_logprobs) == 3
+        # Greedy: the chosen token is the most likely one.
+        assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob, abs=1e-4)
+        assert entry.token == entry.top_logprobs[0].token
+        assert bytes(entry.bytes).decode(errors="replace") == entry.token
+
+
+def test_token_bytes_are_exact(server):
+    from radixrt.server.openai_stream import TokenTexts
+
+    tok = server[0].tokenizer
+    texts = TokenTexts(tok)
+    text = "naïve € <|im_end|>"
+    ids = tok.encode(text, add_special_tokens=False)
+    assert b"".join(texts.get(i)[1] for i in ids) == text.encode()
+    assert texts.get(ids[-1])[0] == "<|im_end|>"
+
+
+def test_completion_logprobs_and_echo(client, server):
+    engine = server[0]
+    prompt = "The sky is"
+    resp = client.completions.create(model=MODEL, prompt=prompt, echo=True, logprobs=2,
+                                      temperature=0, max_tokens=5)
+    choice = resp.choices[0]
+    assert resp.id.startswith("cmpl-") and choice.text.startswith(prompt)
+    n_prompt = len(engine.tokenizer.encode(prompt))
+    lp = choice.logprobs
+    assert len(lp.tokens) == n_prompt + 5 == len(lp.token_logprobs) == len(lp.text_offset)
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(len(t) <= 2 for t in lp.top_logprobs[1:])
+    assert lp.text_offset[0] == 0 and lp.text_offset[n_prompt] == len(prompt)
+    plain = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=5)
+    assert choice.text == prompt + plain.choices[0].text
+
+
+def test_completion_prompt_shapes(client, server):
+    tok = server[0].tokenizer
+    a, b = "One two", "Three four five"
+    by_text = client.completions.create(model=MODEL, prompt=[a, b], **GREEDY)
+    by_ids = client.completions.create(model=MODEL, prompt=[tok.encode(a), tok.encode(b)],
+                                       **GREEDY)
+    single = client.completions.create(model=MODEL, prompt=tok.encode(b), **GREEDY)
+    texts = [c.text for c in by_text.choices]
+    assert texts == [c.text for c in by_ids.choices] and texts[1] == single.choices[0].text
+    assert by_text.usage.prompt_tokens == len(tok.encode(a)) + len(tok.encode(b))
+    stream = client.completions.create(model=MODEL, prompt=[a, b], stream=True, **GREEDY)
+    streamed = ["", ""]
+    for chunk in stream:
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.text
+    assert streamed == texts
+
+
+def test_default_max_tokens_and_extra_fields(client):
+    resp = client.completions.create(model=MODEL, prompt="Hi", temperature=0,
+                                     extra_body={"ignore_eos": True, "top_k": 5,
+                                                 "some_future_field": 1})
+    assert resp.usage.completion_tokens == 16  # the OpenAI default for completions
+    resp = client.completions.create(model=MODEL, prompt="Hi", temperature=0, max_tokens=6,
+                                     extra_body={"ignore_eos": True, "min_tokens": 6})
+    assert resp.usage.completion_tokens == 6
+
+
+BAD_INPUTS = [
+    ("completions", "{not json", None, "JSON"),
+    ("completions", [1, 2], None, "object"),
+    ("completions", {"model": MODEL, "prompt": "x", "max_tokens": "ten"}, "max_tokens", "int"),
+    ("completions", {"model": MODEL, "prompt": "x", "max_tokens": -1}, "max_tokens", ">= 0"),
+    ("completions", {"model": MODEL, "prompt": "x", "max_tokens": 100000}, "max_tokens",
+     "context length"),
+    ("completions", {"model": MODEL, "prompt": "x" * 600}, "prompt", "context length"),
+    ("completions", {"model": MODEL}, "prompt", "required"),
+    ("completions", {"model": MODEL, "prompt": []}, "prompt", "empty"),
+    ("completions", {"model": MODEL, "prompt": [5, 99999]}, "prompt", "token id"),
+    ("completions", {"model": "gpt-4", "prompt": "x"}, "model", "'gpt-4' not found"),
+    ("completions", {"model": MODEL, "prompt": "x", "n": 0}, "n", ">= 1"),
+    ("completions", {"model": MODEL, "prompt": "x", "temperature": -1}, "temperature", ">= 0"),
+    ("completions", {"model": MODEL, "prompt": "x", "top_p": 2}, "top_p", "(0, 1]"),
+    ("completions", {"model": MODEL, "prompt": "x", "logprobs": 21}, "logprobs", "20"),
+    ("completions", {"model": MODEL, "prompt": "x", "stop": 3}, "stop", "string"),
+    ("completions", {"model": MODEL, "prompt": "x", "min_tokens": 9, "max_tokens": 2},
+     "min_tokens", "max_tokens"),
+    ("completions", {"model": MODEL, "prompt": "x", "regex": "a+"}, "regex", "not supported"),
+    ("chat/completions", {"model": MODEL}, "messages", "required"),
+    ("chat/completions", {"model": MODEL, "messages": []}, "messages", "at least 1"),
+    ("chat/completions", {"model": MODEL, "messages": [{"role": "robot", "content": "x"}]},
+     "messages[0].role", "'user'"),
+    ("chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": 5}]},
+     "messages[0].content", "string"),
+    ("chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages[0].content[0].type",
+     "text"),
+    ("chat/completions", {"model": MODEL, "messages": MESSAGES, "top_logprobs": 30,
+                          "logprobs": True}, "top_logprobs", "20"),
+    ("chat/completions", {"model": MODEL, "messages": MESSAGES, "top_logprobs": 2},
+     "top_logprobs", "logprobs"),
+    ("chat/completions", {"model": MODEL, "messages": MESSAGES,
+                          "max_completion_tokens": 1000}, "max_completion_tokens",
+     "context length"),
+    ("chat/completions", {"model": MODEL, "messages": MESSAGES, "presence_penalty": 3},
+     "presence_penalty", "[-2.0, 2.0]"),
+    ("chat/completions", {"model": MODEL, "messages": MESSAGES,
+                          "response_format": {"type": "json_object"}}, "response_format",
+     "not supported"),
+]
+
+
+@pytest.mark.parametrize("path,body,param,words", BAD_INPUTS,
+                         ids=[f"{i}-{b[2]}" for i, b in enumerate(BAD_INPUTS)])
+def test_bad_input_is_a_400_naming_the_field(server, path, body, param, words):
+    url = f"{server[1]}/v1/{path}"
+    kwargs = {"content": body} if isinstance(body, str) else {"json": body}
+    resp = httpx.post(url, timeout=30, **kwargs)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == param, error
+    assert words in error["message"], error
+    assert error["type"] == "invalid_request_error"
+
+
+def test_still_serving_after_bad_input(server, client):
+    for body in ({"prompt": "x", "max_tokens": "ten"}, {"prompt": [99999]}):
+        assert httpx.post(f"{server[1]}/v1/completions", json=body).status_code == 400
+    resp = client.completions.create(model=MODEL, prompt="Still there?", max_tokens=3)
+    assert resp.usage.completion_tokens >= 1
+    stats = server[0].get_stats(check_kv=True)
+    assert stats["protected_tokens"] == 0
