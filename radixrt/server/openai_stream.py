@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from functools import lru_cache
 from typing import Any
 
@@ -134,19 +135,20 @@ async def chat_events(job: Any, chunks: AsyncIterator[dict], texts: TokenTexts,
     make, with_usage = _chunk_maker(job, "chat.completion.chunk")
     count = job.req.n
     progress = _Progress(count)
-    for i in range(count):
-        yield make([_chat_choice(i, {"role": "assistant", "content": ""})])
-    async for chunk in chunks:
-        i, meta = chunk.get("index", 0), chunk["meta_info"]
-        logprobs = None
-        if job.req.logprobs:
-            entries = progress.new_entries(i, meta, prompt=False)
-            logprobs = chat_logprobs(texts, *entries) if entries[0] else None
-        if chunk["text"] or logprobs:
-            yield make([_chat_choice(i, {"content": chunk["text"]}, logprobs)])
-        if meta["finish_reason"] is not None:
-            yield make([_chat_choice(i, {}, None, meta)])
-        progress.metas[i] = meta
+    async with aclosing(chunks):  # closing it aborts a request the client left
+        for i in range(count):
+            yield make([_chat_choice(i, {"role": "assistant", "content": ""})])
+        async for chunk in chunks:
+            i, meta = chunk.get("index", 0), chunk["meta_info"]
+            logprobs = None
+            if job.req.logprobs:
+                entries = progress.new_entries(i, meta, prompt=False)
+                logprobs = chat_logprobs(texts, *entries) if entries[0] else None
+            if chunk["text"] or logprobs:
+                yield make([_chat_choice(i, {"content": chunk["text"]}, logprobs)])
+            if meta["finish_reason"] is not None:
+                yield make([_chat_choice(i, {}, None, meta)])
+            progress.metas[i] = meta
     if with_usage:
         yield make([], proto.usage(progress.metas, job.req.n))
 
@@ -168,23 +170,22 @@ async def completion_events(job: Any, chunks: AsyncIterator[dict], texts: TokenT
     req = job.req
     count = req.n * len(job.ids)
     progress = _Progress(count)
-    if req.echo:
-        for i in range(count):
-            prompt = job.prompt_texts[i // req.n]
-            yield make([_text_choice(i, prompt)])
-    async for chunk in chunks:
-        i, meta = chunk.get("index", 0), chunk["meta_info"]
-        logprobs = None
-        if req.logprobs is not None:
-            entries = progress.new_entries(i, meta, prompt=bool(req.echo))
-            if entries[0]:
-                logprobs, progress.offset[i] = completion_logprobs(texts, *entries,
-                                                                   progress.offset[i])
-        if chunk["text"] or logprobs:
-            yield make([_text_choice(i, chunk["text"], logprobs)])
-        if meta["finish_reason"] is not None:
-            yield make([_text_choice(i, "", None, meta)])
-        progress.metas[i] = meta
+    async with aclosing(chunks):  # closing it aborts a request the client left
+        for i in range(count if req.echo else 0):
+            yield make([_text_choice(i, job.prompt_texts[i // req.n])])
+        async for chunk in chunks:
+            i, meta = chunk.get("index", 0), chunk["meta_info"]
+            logprobs = None
+            if req.logprobs is not None:
+                entries = progress.new_entries(i, meta, prompt=bool(req.echo))
+                if entries[0]:
+                    logprobs, progress.offset[i] = completion_logprobs(texts, *entries,
+                                                                       progress.offset[i])
+            if chunk["text"] or logprobs:
+                yield make([_text_choice(i, chunk["text"], logprobs)])
+            if meta["finish_reason"] is not None:
+                yield make([_text_choice(i, "", None, meta)])
+            progress.metas[i] = meta
     if with_usage:
         yield make([], proto.usage(progress.metas, req.n))
 

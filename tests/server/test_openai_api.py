@@ -274,3 +274,19 @@ def test_still_serving_after_bad_input(server, client):
     assert resp.usage.completion_tokens >= 1
     stats = server[0].get_stats(check_kv=True)
     assert stats["protected_tokens"] == 0
+
+
+def test_client_leaving_a_stream_aborts_it(server):
+    engine, base = server
+    before = engine.get_stats()["generated_tokens"]
+    body = {"prompt": "Tell a long story", "max_tokens": 480, "stream": True,
+            "ignore_eos": True}
+    with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=30) as resp:
+        events = (line for line in resp.iter_lines() if line.startswith("data:"))
+        next(events), next(events)
+    deadline = time.monotonic() + 10
+    while engine.get_stats()["running"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stats = engine.get_stats(check_kv=True)
+    assert stats["running"] == 0 and stats["protected_tokens"] == 0
+    assert stats["generated_tokens"] - before < 480, "the request ran to its end"
