@@ -5,8 +5,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from radixrt.layers.fused import use_triton
+
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """SwiGLU on a fused projection: [T, 2*I] (gate then up) -> silu(gate) * up, [T, I]."""
+    if use_triton(gate_up):
+        from radixrt.kernels.fused_layers import silu_and_mul as fused
+
+        return fused(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from radixrt.layers.fused import use_triton
+
 
 class RMSNorm(nn.Module):
     """y = weight * (x / sqrt(mean(x^2) + eps)).
@@ -20,6 +22,24 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
+        if use_triton(x):
+            from radixrt.kernels.fused_layers import rmsnorm
+
+            return rmsnorm(x, self.weight, self.eps)[0]
+        return self._norm(x)
+
+    def add_and_norm(
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # ([T, hidden] normalized, [T, hidden] x + residual)
+        """Add the residual stream, then normalize; one fused kernel on CUDA."""
+        if use_triton(x):
+            from radixrt.kernels.fused_layers import rmsnorm
+
+            return rmsnorm(x, self.weight, self.eps, residual)
+        h = x + residual
+        return self._norm(h), h
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x32 = x.float()
         variance = x32.pow(2).mean(-1, keepdim=True)

@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from radixrt.layers.fused import use_triton
+
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -94,3 +96,13 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     x1, x2 = x.chunk(2, dim=-1)
     # Same products and sums as transformers' q*cos + rotate_half(q)*sin, hence the same rounding.
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def rotate_qk(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """apply_rotary for the model: on CUDA the fused kernel rotates qk [T, H, D] in place (a view
+    into the qkv projection: no copy) and returns it; elsewhere a new tensor."""
+    if use_triton(qk):
+        from radixrt.kernels.fused_layers import rotary_inplace
+
+        return rotary_inplace(qk, cos, sin)
+    return apply_rotary(qk, cos, sin)

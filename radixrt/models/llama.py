@@ -16,7 +16,7 @@ from transformers import PretrainedConfig
 from radixrt.executor.forward_batch import ForwardBatch
 from radixrt.layers.activation import silu_and_mul
 from radixrt.layers.norm import RMSNorm
-from radixrt.layers.rotary import RotaryEmbedding, apply_rotary, rope_parameters
+from radixrt.layers.rotary import RotaryEmbedding, rope_parameters, rotate_qk
 
 # Hugging Face projection name -> (fused projection, shard index within it).
 _FUSED = {
@@ -68,9 +68,9 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
         t = hidden.shape[0]
         qkv = self.qkv_proj(hidden)  # [T, (Hq + 2 Hkv) * D]
-        # q and k heads side by side get one rotary call: [T, Hq + Hkv, D].
+        # q and k heads side by side get one rotary call: [T, Hq + Hkv, D] (in place on CUDA).
         qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim)
-        qk = apply_rotary(qk, cos, sin)
+        qk = rotate_qk(qk, cos, sin)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
         out = fb.attn_backend.forward(q, k, v, self.layer_id, fb, self.scaling)  # [T, Hq, D]
@@ -98,10 +98,22 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
-        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fb: ForwardBatch
-    ) -> torch.Tensor:
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, fb)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        self,
+        hidden: torch.Tensor,  # [T, hidden]: the previous layer's MLP output (or the embeddings)
+        residual: torch.Tensor | None,  # [T, hidden]: the residual stream before that output
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        fb: ForwardBatch,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # (MLP output, residual stream), [T, hidden] each
+        # The residual add is deferred into the next norm, where CUDA fuses the two; the sums
+        # are the same as hidden + attn(norm(hidden)), then + mlp(norm(.)).
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm.add_and_norm(hidden, residual)
+        hidden = self.self_attn(hidden, cos, sin, fb)
+        hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual)
+        return self.mlp(hidden), residual
 
 
 class LlamaModel(nn.Module):
@@ -124,9 +136,12 @@ class LlamaModel(nn.Module):
             fb.attn_backend.init_forward_metadata(fb)
         hidden = self.embed_tokens(input_ids)  # [T, hidden]
         cos, sin = self.rotary.cos_sin(positions, hidden.dtype)  # [T, 1, D/2] each
+        residual = None
         for layer in self.layers:
-            hidden = layer(hidden, cos, sin, fb)
-        return self.norm(hidden)
+            hidden, residual = layer(hidden, residual, cos, sin, fb)
+        if residual is None:  # a model without layers
+            return self.norm(hidden)
+        return self.norm.add_and_norm(hidden, residual)[0]
 
 
 class LlamaForCausalLM(nn.Module):

@@ -1,0 +1,118 @@
+"""Fused RMSNorm(+residual), rotary in place, SiLU-and-mul and KV store against the torch
+references, under the interpreter; and the model's layers wired to them.
+
+Tolerances: float32 and float16 to 1 unit in the last place of the output (the kernels round
+where torch rounds; only the sum of squares may add in another order); bfloat16 to 1/64
+relative plus 1/32 absolute (a step or two of the intermediates near 4): the interpreter
+truncates float32 -> bfloat16 where the GPU and torch round to nearest, and a difference of two
+truncated products can cancel down to a small result.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="Triton is not installed (the `test` extra installs it)")
+
+from radixrt.kernels import fused_layers as fused  # noqa: E402
+from radixrt.kernels import reference as ref  # noqa: E402
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+RTOL = {torch.float32: 2.4e-7, torch.float16: 9.8e-4, torch.bfloat16: 1 / 64}
+ATOL = {torch.float32: 1e-6, torch.float16: 1e-6, torch.bfloat16: 1 / 32}
+
+
+def close(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert got.dtype == want.dtype and got.shape == want.shape
+    dtype = got.dtype
+    torch.testing.assert_close(got.float(), want.float(), rtol=RTOL[dtype], atol=ATOL[dtype])
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    return torch.Generator().manual_seed(0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rmsnorm(gen, dtype, with_residual):
+    x = torch.randn(5, 96, generator=gen).to(dtype)  # 96: not a power of two
+    residual = torch.randn(5, 96, generator=gen).to(dtype) if with_residual else None
+    weight = (1 + 0.1 * torch.randn(96, generator=gen)).to(dtype)
+    y, h = fused.rmsnorm(x, weight, 1e-6, residual)
+    y_ref, h_ref = ref.rmsnorm_ref(x, weight, 1e-6, residual)
+    close(y, y_ref)
+    close(h, h_ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rotary_in_place_on_a_qkv_view(gen, dtype):
+    t, hq, hkv, d = 7, 6, 2, 64
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen).to(dtype)
+    before = qkv.clone()
+    qk = qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d)  # strided, as in the model
+    freqs = torch.arange(t).float()[:, None] * 0.1 ** torch.arange(d // 2).float()
+    cos, sin = freqs.cos().to(dtype)[:, None, :], freqs.sin().to(dtype)[:, None, :]
+    want = ref.rotary_ref(qk.clone(), cos, sin)
+    assert fused.rotary_inplace(qk, cos, sin).data_ptr() == qk.data_ptr()
+    close(qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d), want)
+    assert torch.equal(qkv[:, (hq + hkv) * d :], before[:, (hq + hkv) * d :])  # v untouched
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul(gen, dtype):
+    gate_up = (3 * torch.randn(4, 2 * 40, generator=gen)).to(dtype)
+    close(fused.silu_and_mul(gate_up), ref.silu_and_mul_ref(gate_up))
+
+
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
+def test_store_kv_skips_padding(gen, pool_dtype):
+    t, hkv, d = 4, 2, 64
+    qkv = torch.randn(t, 4 * hkv * d, generator=gen)
+    k = qkv[:, 2 * hkv * d : 3 * hkv * d].view(t, hkv, d)  # strided views, as in the model
+    v = qkv[:, 3 * hkv * d :].view(t, hkv, d)
+    loc = torch.tensor([3, -1, 17, 0])  # -1: a CUDA-graph padding row, written nowhere
+    bufs = [torch.full((20, hkv, d), 7.0, dtype=pool_dtype) for _ in range(4)]
+    fused.store_kv(bufs[0], bufs[1], loc, k, v)
+    ref.store_kv_ref(bufs[2], bufs[3], loc, k, v)
+    if pool_dtype == torch.float32:
+        assert torch.equal(bufs[0], bufs[2]) and torch.equal(bufs[1], bufs[3])
+    else:
+        close(bufs[0], bufs[2])
+        close(bufs[1], bufs[3])
+    assert bool((bufs[0][[1, 2, 4, 19]] == 7.0).all())  # other slots untouched
+
+
+def test_model_layers_use_the_fused_kernels(tiny_model_dir, monkeypatch):
+    """With the fused path forced on (on CUDA it is the default), a tiny model's forward gives
+    the torch path's logits: the in-place rotary on the qkv view, the deferred residual adds."""
+    from radixrt.attention.torch_backend import TorchAttentionBackend
+    from radixrt.cache.kv_pool import KVPool
+    from radixrt.executor.forward_batch import ForwardBatch
+    from radixrt.layers import activation, norm, rotary
+    from radixrt.loader.load import load_model
+
+    model, cfg = load_model(tiny_model_dir("qwen2"), torch.float32, "cpu")
+    n = 9
+
+    def forward() -> torch.Tensor:
+        pool = KVPool(64, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, torch.float32, "cpu")
+        ar = torch.arange(n)
+        fb = ForwardBatch(
+            input_ids=torch.arange(3, 3 + n), positions=ar, out_cache_loc=ar,
+            qo_indptr=torch.tensor([0, n]), kv_indices=ar, kv_indptr=torch.tensor([0, n]),
+            seq_lens=torch.tensor([n]), extend_lens=torch.tensor([n]), seq_lens_cpu=[n],
+            extend_lens_cpu=[n], prefix_lens_cpu=[0], kv_pool=pool,
+            attn_backend=TorchAttentionBackend(),
+        )  # fmt: skip
+        with torch.no_grad():
+            return model.compute_logits(model(fb.input_ids, fb.positions, fb))
+
+    want = forward()
+    calls = []
+    for module in (norm, activation, rotary):
+        monkeypatch.setattr(module, "use_triton", lambda x: calls.append(1) or True)
+    got = forward()
+    assert len(calls) >= 3 * cfg.num_layers  # norms, rotary and MLP all went through Triton
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
