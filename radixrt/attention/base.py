@@ -18,7 +18,12 @@ class AttentionBackend(ABC):
     it first writes the new tokens' K/V into the pool at `fb.out_cache_loc` (layer `layer_id`),
     then returns, for every new token, causal attention over its own sequence: the cached prefix
     plus the new tokens up to and including itself.
+
+    A backend that can run decode steps under CUDA graphs sets `supports_cuda_graph` and
+    implements `init_graph_metadata`.
     """
+
+    supports_cuda_graph: bool = False
 
     @abstractmethod
     def init_forward_metadata(self, fb: ForwardBatch) -> None: ...
@@ -34,6 +39,12 @@ class AttentionBackend(ABC):
         scaling: float,
     ) -> torch.Tensor:  # [T, num_q_heads, head_dim]
         ...
+
+    def init_graph_metadata(self, fb: ForwardBatch) -> None:
+        """Like init_forward_metadata, for a decode-only batch captured once in a CUDA graph and
+        replayed with other lengths: the metadata may depend on the batch size only, and must
+        keep reading fb's (static) index tensors."""
+        raise NotImplementedError(f"{type(self).__name__} does not run under CUDA graphs")
 
 
 # name -> "module:Class", imported lazily so that a backend's dependencies load only when used.

@@ -1,0 +1,104 @@
+"""Paged attention with the Triton kernels of `radixrt.kernels`: the default on CUDA.
+
+A decode-only batch (one new token per sequence) runs the split-KV decode kernel; any other
+batch (prefill chunks, possibly mixed with decode steps) runs the extend kernel once for all
+sequences. Both read K/V in place in the pool through `kv_indices`, and the new tokens' K/V go
+into their slots through one fused store kernel.
+
+On the CPU the kernels run only under Triton's interpreter (TRITON_INTERPRET=1): slow, meant for
+tests, and asked for explicitly with attention_backend="triton".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from radixrt.attention.base import AttentionBackend
+from radixrt.executor.forward_batch import ForwardBatch
+from radixrt.kernels.common import interpreting
+from radixrt.kernels.decode_attention import choose_num_splits, decode_attention
+from radixrt.kernels.extend_attention import extend_attention
+from radixrt.kernels.fused_layers import store_kv
+
+# Stands in for the SM count on the CPU: there every program is interpreted Python, so a few
+# programs in all are quickest.
+CPU_NUM_SMS = 2
+
+
+@dataclass(frozen=True)
+class TritonAttentionMetadata:
+    decode: bool  # every sequence has exactly one new token: the split-KV decode kernel
+    qo_indptr: torch.Tensor  # [B+1]
+    kv_indptr: torch.Tensor  # [B+1]
+    kv_indices: torch.Tensor  # [sum(seq_lens)]
+    max_new_tokens: int  # the longest sequence's new tokens (sets the extend grid)
+    num_splits: int  # KV splits per sequence for the decode kernel
+
+
+class TritonAttentionBackend(AttentionBackend):
+    """Paged attention with Triton kernels; runs under CUDA graphs (see init_graph_metadata).
+
+    `device`: where the model runs, if the caller knows it; on "cpu" (or with no CUDA at all)
+    the backend refuses to start unless Triton's interpreter is on."""
+
+    supports_cuda_graph = True
+
+    def __init__(self, device: str | None = None, **kwargs: object) -> None:
+        del kwargs  # options of other backends
+        on_cpu = (device == "cpu") if device is not None else not torch.cuda.is_available()
+        if on_cpu and not interpreting():
+            raise ValueError(
+                "attention_backend='triton' needs CUDA, or on the CPU Triton's interpreter "
+                "(set TRITON_INTERPRET=1 in the environment; slow, for tests); "
+                "use attention_backend='torch' on the CPU")
+        self._num_sms: dict[torch.device, int] = {}
+
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        """Sets `fb.attn_metadata`; the decode split count comes from the batch and the
+        longest sequence."""
+        fb.attn_metadata = self._metadata(fb, max(fb.seq_lens_cpu, default=0))
+
+    def init_graph_metadata(self, fb: ForwardBatch) -> None:
+        """Metadata for a decode batch captured in a CUDA graph: fb's index tensors are the
+        graph's static buffers, and the split count depends on the batch size alone, so one
+        captured graph serves every sequence length."""
+        assert fb.is_decode_only
+        fb.attn_metadata = self._metadata(fb, None)
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, Hq, D]
+        k: torch.Tensor,  # [T, Hkv, D]
+        v: torch.Tensor,  # [T, Hkv, D]
+        layer_id: int,
+        fb: ForwardBatch,
+        scaling: float,
+    ) -> torch.Tensor:  # [T, Hq, D]
+        """Store k/v at fb.out_cache_loc (negative slots: padding, skipped), then attend."""
+        k_buffer, v_buffer = fb.kv_pool.get_kv(layer_id)
+        store_kv(k_buffer, v_buffer, fb.out_cache_loc, k, v)
+        meta: TritonAttentionMetadata = fb.attn_metadata
+        if meta.decode:
+            return decode_attention(q, k_buffer, v_buffer, meta.kv_indptr, meta.kv_indices,
+                                    scaling, meta.num_splits)
+        return extend_attention(q, k_buffer, v_buffer, meta.qo_indptr, meta.kv_indptr,
+                                meta.kv_indices, meta.max_new_tokens, scaling)
+
+    def _metadata(self, fb: ForwardBatch, max_seq_len: int | None) -> TritonAttentionMetadata:
+        decode = fb.is_decode_only
+        num_splits = 1
+        if decode:
+            num_splits = choose_num_splits(fb.batch_size, fb.kv_pool.num_kv_heads, max_seq_len,
+                                           self._sm_count(fb.kv_indices.device))
+        return TritonAttentionMetadata(decode, fb.qo_indptr, fb.kv_indptr, fb.kv_indices,
+                                       max(fb.extend_lens_cpu, default=0), num_splits)
+
+    def _sm_count(self, device: torch.device) -> int:
+        if device.type != "cuda":
+            return CPU_NUM_SMS
+        if device not in self._num_sms:
+            props = torch.cuda.get_device_properties(device)
+            self._num_sms[device] = props.multi_processor_count
+        return self._num_sms[device]

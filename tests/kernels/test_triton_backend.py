@@ -1,0 +1,122 @@
+"""The `triton` attention backend on CPU tensors under the interpreter: against the torch
+backend on mixed batches, and end to end in the engine (same greedy tokens as `torch`)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="Triton is not installed (the `test` extra installs it)")
+
+import radixrt  # noqa: E402
+from radixrt.attention.base import create_backend  # noqa: E402
+from radixrt.attention.torch_backend import TorchAttentionBackend  # noqa: E402
+from radixrt.attention.triton_backend import TritonAttentionBackend  # noqa: E402
+from radixrt.cache.kv_pool import KVPool  # noqa: E402
+from radixrt.executor.forward_batch import ForwardBatch  # noqa: E402
+
+HQ, HKV, D = 6, 2, 64
+
+
+def batch_on_pages(pool: KVPool, specs: list[tuple[int, int]], page_size: int,
+                   gen: torch.Generator) -> ForwardBatch:
+    """specs: (prefix, new) per sequence, each on its own shuffled pages; the prefixes' K/V are
+    written into the pool here."""
+    pages = torch.randperm(pool.size // page_size, generator=gen).tolist()
+    kv, loc, used = [], [], 0
+    for prefix, n in specs:
+        count = -(-(prefix + n) // page_size)
+        mine = pages[used : used + count]
+        used += count
+        slots = [p * page_size + j for p in mine for j in range(page_size)][: prefix + n]
+        for layer in range(pool.num_layers):
+            pool.set_kv(layer, torch.tensor(slots[:prefix], dtype=torch.int64),
+                        torch.randn(prefix, HKV, D, generator=gen),
+                        torch.randn(prefix, HKV, D, generator=gen))
+        kv += slots
+        loc += slots[prefix:]
+    news, lens = [n for _, n in specs], [p + n for p, n in specs]
+
+    def t(x: list[int]) -> torch.Tensor:
+        return torch.tensor(x, dtype=torch.int64)
+
+    def indptr(x: list[int]) -> torch.Tensor:
+        return t([0] + x).cumsum(0)
+
+    return ForwardBatch(
+        input_ids=t([0] * sum(news)), positions=t(sum((list(range(p, p + n)) for p, n in specs),
+                                                      [])),
+        out_cache_loc=t(loc), qo_indptr=indptr(news), kv_indices=t(kv), kv_indptr=indptr(lens),
+        seq_lens=t(lens), extend_lens=t(news), seq_lens_cpu=lens, extend_lens_cpu=news,
+        prefix_lens_cpu=[p for p, _ in specs], kv_pool=pool, attn_backend=None,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("specs", [
+    [(0, 1), (20, 1), (37, 1)],  # decode only, ragged: the split-KV kernel
+    [(21, 5), (0, 7), (9, 1), (0, 1)],  # prefill after a mid-page prefix, plain prefill, decode
+])  # fmt: skip
+def test_matches_torch_backend(specs, page_size):
+    gen = torch.Generator().manual_seed(0)
+    pools = [KVPool(256, 2, HKV, D, torch.float32, "cpu") for _ in range(2)]
+    batches = [batch_on_pages(pool, specs, page_size, torch.Generator().manual_seed(1))
+               for pool in pools]
+    backends = [TorchAttentionBackend(), TritonAttentionBackend(device="cpu")]
+    n = batches[0].qo_indptr[-1].item()
+    q, k, v = (torch.randn(n, h, D, generator=gen) for h in (HQ, HKV, HKV))
+    for fb, backend in zip(batches, backends):
+        fb.attn_backend = backend
+        backend.init_forward_metadata(fb)
+    for layer in range(2):
+        want, got = (be.forward(q, k, v, layer, fb, D**-0.5) for be, fb in zip(backends, batches))
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(pools[1].get_kv(layer), pools[0].get_kv(layer))
+
+
+def test_refuses_the_cpu_without_the_interpreter(monkeypatch):
+    assert isinstance(create_backend("triton", device="cpu"), TritonAttentionBackend)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        create_backend("triton", device="cpu")
+
+
+MAX_NEW = 8
+
+
+def prompts(vocab: int) -> list[list[int]]:
+    """A ragged batch (3 to 40 tokens) and two prompts sharing a 45-token prefix."""
+    rng = random.Random(0)
+
+    def rand(n: int) -> list[int]:
+        return [rng.randrange(3, vocab) for _ in range(n)]
+
+    prefix = rand(45)
+    return [rand(n) for n in (3, 17, 40)] + [prefix + rand(4), prefix + rand(9)]
+
+
+def greedy(path: str, backend: str, **settings) -> list[list[int]]:
+    params = {"temperature": 0, "max_new_tokens": MAX_NEW, "ignore_eos": True}
+    with radixrt.Engine(model_path=path, dtype="float32", device="cpu", in_process=True,
+                        skip_tokenizer_init=True, attention_backend=backend,
+                        enable_kv_checks=True, max_total_tokens=1024, **settings) as engine:
+        batch = prompts(engine.info.vocab_size)
+        outs = [o["output_ids"] for o in engine.generate(input_ids=batch, sampling_params=params)]
+        # The shared-prefix prompt again: now a radix-cache hit, its prefix read from the pool.
+        again = engine.generate(input_ids=batch[-1], sampling_params=params)
+        ps = engine.server_args.page_size
+        assert again["meta_info"]["cached_tokens"] == (len(batch[-1]) - 1) // ps * ps
+        engine.get_stats(check_kv=True)
+    return outs + [again["output_ids"]]
+
+
+@pytest.mark.parametrize("settings", [
+    dict(page_size=1),
+    # Chunks of 7: prefill chunks and decode steps share batches (the extend kernel's mix).
+    dict(page_size=16, chunked_prefill_size=7),
+], ids=["page1", "page16-chunked"])  # fmt: skip
+def test_engine_greedy_equals_torch_backend(tiny_model_dir, settings):
+    path = tiny_model_dir("llama", num_attention_heads=6, num_key_value_heads=2, hidden_size=96)
+    assert greedy(path, "triton", **settings) == greedy(path, "torch", **settings)
