@@ -1,4 +1,4 @@
-"""`radixrt generate` (one prompt through the offline engine); the server lands as `launch`."""
+"""`radixrt launch` (the server) and `radixrt generate` (one prompt through the offline engine)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from radixrt.server_args import ServerArgs
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="radixrt")
     sub = parser.add_subparsers(dest="command", required=True)
+    launch = sub.add_parser("launch", help="serve the model over HTTP (native and OpenAI APIs)")
+    ServerArgs.add_cli_args(launch)
     gen = sub.add_parser("generate", help="generate text for one prompt with the offline engine")
     gen.add_argument("--prompt", required=True, help="the prompt text")
     gen.add_argument("--sampling-params", default="{}",
@@ -23,6 +25,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
+    if ns.command == "launch":
+        from radixrt.server.launch import launch_server
+
+        try:
+            args = ServerArgs.from_cli_args(ns)
+        except ValueError as e:
+            print(f"radixrt launch: {e}", file=sys.stderr)
+            return 2
+        return launch_server(args)
     try:
         params = json.loads(ns.sampling_params)
     except json.JSONDecodeError as e:

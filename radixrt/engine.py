@@ -100,6 +100,11 @@ class Engine:
         _LIVE_ENGINES.add(self)
 
     @property
+    def error(self) -> BaseException | None:
+        """Why the engine stopped working (its scheduler side died), or None."""
+        return self._error
+
+    @property
     def scheduler(self):
         """The Scheduler object, when it runs in this process (in_process=True); else None."""
         return self._handle.local_scheduler

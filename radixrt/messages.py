@@ -125,3 +125,56 @@ def decode_to_scheduler(data: bytes) -> ToScheduler:
 
 def decode_from_scheduler(data: bytes) -> FromScheduler:
     return _from_scheduler.decode(data)
+
+
+# -- the server's ZeroMQ frontend socket (the DSL's runtime backend talks to it) ---------------
+class ClientGenerate(msgspec.Struct, tag="client_generate"):
+    """Engine.generate's arguments; replies carry the same request_id (chosen by the client)."""
+
+    request_id: str
+    text: str | list[str] | None = None
+    input_ids: list[Any] | None = None  # ids, or a list of id lists (a batch)
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    return_logprob: bool = False
+    logprob_start_len: int | None = None
+    top_logprobs_num: int | None = None
+    stream: bool = False
+    api_key: str | None = None
+
+
+class ClientAbort(msgspec.Struct, tag="client_abort"):
+    request_id: str
+    api_key: str | None = None
+
+
+class ClientControl(msgspec.Struct, tag="client_control"):
+    """kind: "flush_cache" or "get_server_info"."""
+
+    request_id: str
+    kind: str
+    api_key: str | None = None
+
+
+class ClientReply(msgspec.Struct, tag="client_reply"):
+    """kind: "chunk" (a stream delta, more follow), "result" (the last message: the output, or
+    the control request's answer) or "error" (the last message: `error`, with an HTTP-like
+    `status`: 400 bad request, 401 bad API key, 503 overloaded or stopped, 500 otherwise)."""
+
+    request_id: str
+    kind: str
+    data: Any = None
+    error: str = ""
+    status: int = 200
+
+
+FromClient = Union[ClientGenerate, ClientAbort, ClientControl]
+_from_client = msgspec.msgpack.Decoder(FromClient)
+_client_reply = msgspec.msgpack.Decoder(ClientReply)
+
+
+def decode_from_client(data: bytes) -> FromClient:
+    return _from_client.decode(data)
+
+
+def decode_client_reply(data: bytes) -> ClientReply:
+    return _client_reply.decode(data)

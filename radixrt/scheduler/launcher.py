@@ -88,10 +88,11 @@ def start_process(args: ServerArgs) -> tuple[Callable[[], SchedulerHandle], str]
         return all(p.poll() is None for p in procs.values())
 
     def stop(timeout: float) -> None:
-        # The scheduler was told to shut down; the detokenizer has no work left after it.
+        # The scheduler was told to shut down; the detokenizer has no work or state left
+        # after it (and ignores SIGTERM, like the scheduler: the frontend orders the stop).
         _wait_or_kill(procs["scheduler"], timeout)
-        procs["detokenizer"].terminate()
-        _wait_or_kill(procs["detokenizer"], 5)
+        procs["detokenizer"].kill()
+        procs["detokenizer"].wait()
 
     def close() -> None:
         transport.close()

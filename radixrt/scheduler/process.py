@@ -29,7 +29,9 @@ def run(config: dict) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="[%(asctime)s scheduler] %(message)s")
     transport = ZmqTransport(config["recv_addr"], config["send_addr"], bind=False)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the frontend stops us in order
+    # Ctrl-C or a SIGTERM sent to the whole process group: the frontend stops us in order.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     try:
         from radixrt.loader.default_model import default_model_path
         from radixrt.loader.tokenizer import LazyTokenizer

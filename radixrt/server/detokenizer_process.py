@@ -71,7 +71,9 @@ def run(config: dict) -> int:
     transport = ZmqTransport(config["recv_addr"], config["send_addr"], bind=True,
                              bind_send=False)
     parent = os.getppid()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the frontend stops us in order
+    # Ctrl-C or a SIGTERM sent to the whole process group: the frontend stops us in order.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     try:
         detok = Detokenizer(_tokenizer(args, config.get("tokenizer_dir")))
         while True:

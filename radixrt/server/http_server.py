@@ -1,0 +1,159 @@
+"""The HTTP server's app: the native API (SGLang's endpoints), health, metrics, the API-key
+check, and the OpenAI-compatible routes (openai_api.py). Every generation goes through the
+engine (the tokenizer manager of this process), which talks to the scheduler over ZeroMQ."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hmac
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+import radixrt
+from radixrt.engine import Engine
+from radixrt.server.http_utils import (
+    APIError,
+    await_or_disconnect,
+    exception_response,
+    read_json,
+    sse_stream,
+)
+from radixrt.server.metrics import ServerMetrics
+from radixrt.server.openai_api import add_openai_routes
+from radixrt.server_args import ServerArgs
+
+_GENERATE_FIELDS = {"text", "input_ids", "sampling_params", "stream", "return_logprob",
+                    "logprob_start_len", "top_logprobs_num", "rid"}
+_OPEN_PATHS = {"/health"}  # reachable without the API key (load balancers probe it)
+
+
+@dataclasses.dataclass
+class ServerState:
+    """What the endpoints share; `zmq_address` is set once the ZeroMQ frontend is bound."""
+
+    engine: Engine
+    args: ServerArgs
+    served_model_name: str
+    metrics: ServerMetrics
+    healthy: bool = False
+    zmq_address: str | None = None
+
+
+def build_app(state: ServerState, lifespan=None) -> FastAPI:
+    app = FastAPI(title="radixrt", version=radixrt.__version__, lifespan=lifespan)
+    app.state.server = state
+    if state.args.api_key:
+        _add_api_key_check(app, state.args.api_key)
+    _add_native_routes(app, state)
+    add_openai_routes(app, state.engine, state.served_model_name)
+    return app
+
+
+def _add_api_key_check(app: FastAPI, api_key: str) -> None:
+    expected = f"Bearer {api_key}".encode()
+
+    @app.middleware("http")
+    async def check_api_key(request: Request, call_next):
+        if request.url.path not in _OPEN_PATHS:
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                return JSONResponse({"error": {
+                    "message": "missing or wrong API key: send 'Authorization: Bearer KEY'",
+                    "type": "invalid_api_key", "param": None, "code": 401}}, status_code=401)
+        return await call_next(request)
+
+
+def _add_native_routes(app: FastAPI, state: ServerState) -> None:
+    engine = state.engine
+
+    @app.get("/health")
+    async def health() -> Response:
+        if state.healthy and engine.error is None:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "starting" if engine.error is None else "failed"},
+                            status_code=503)
+
+    @app.post("/generate")
+    async def generate(request: Request) -> Response:
+        try:
+            kwargs, stream = _generate_kwargs(await read_json(request))
+            if stream:
+                chunks = await engine.async_generate(**kwargs, stream=True)
+                return StreamingResponse(sse_stream(_cumulative(chunks)),
+                                         media_type="text/event-stream")
+            return JSONResponse(await await_or_disconnect(
+                request, engine.async_generate(**kwargs)))
+        except asyncio.CancelledError:
+            return Response(status_code=499)  # the client is gone; nobody reads this
+        except Exception as exc:  # noqa: BLE001 - every error becomes an HTTP error
+            return exception_response(exc)
+
+    @app.get("/get_model_info")
+    async def get_model_info() -> dict[str, Any]:
+        return {"model_path": engine.info.model_path or state.served_model_name,
+                "tokenizer_path": state.args.tokenizer_path,
+                "served_model_name": state.served_model_name, "is_generation": True,
+                "context_length": engine.info.context_length,
+                "vocab_size": engine.info.vocab_size}
+
+    @app.get("/get_server_info")
+    async def get_server_info() -> dict[str, Any]:
+        args = dataclasses.asdict(state.args)
+        args.pop("api_key")
+        info = await asyncio.to_thread(engine.get_server_info)
+        return {**args, **info, "version": radixrt.__version__,
+                "served_model_name": state.served_model_name,
+                "zmq_frontend_address": state.zmq_address}
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache() -> Response:
+        if await asyncio.to_thread(engine.flush_cache):
+            return JSONResponse({"success": True, "message": "Cache flushed."})
+        return JSONResponse({"success": False, "message": "Cache not flushed: requests are "
+                             "running; retry when the server is idle."}, status_code=400)
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request) -> Response:
+        try:
+            body = await read_json(request)
+            rid = body.get("rid")
+            if not isinstance(rid, str) or not rid:
+                raise APIError("rid must be a non-empty string (the request's id)", "rid")
+        except APIError as exc:
+            return exception_response(exc)
+        engine.abort_request(rid)
+        return JSONResponse({"success": True})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        body = await asyncio.to_thread(state.metrics.render)
+        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def _generate_kwargs(body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """The body of /generate as Engine.async_generate's arguments (SGLang's field names)."""
+    unknown = sorted(set(body) - _GENERATE_FIELDS)
+    if unknown:
+        raise APIError(f"unknown field(s) {unknown}; allowed: {sorted(_GENERATE_FIELDS)}",
+                       unknown[0])
+    for name in ("stream", "return_logprob"):
+        if not isinstance(body.get(name, False), bool):
+            raise APIError(f"{name} must be true or false, got {body[name]!r}", name)
+    kwargs = {k: v for k, v in body.items() if k not in ("text", "stream")}
+    kwargs["prompt"] = body.get("text")
+    return kwargs, body.get("stream", False)
+
+
+async def _cumulative(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    """SGLang's /generate streams carry the text and ids so far, not just the new part."""
+    text: dict[int, str] = {}
+    ids: dict[int, list[int]] = {}
+    async for chunk in chunks:
+        i = chunk.get("index", 0)
+        text[i] = text.get(i, "") + chunk["text"]
+        ids.setdefault(i, []).extend(chunk["output_ids"])
+        yield {**chunk, "text": text[i], "output_ids": list(ids[i])}

@@ -1,0 +1,144 @@
+"""A client of the server's ZeroMQ frontend (used by the DSL's RuntimeEndpoint and tests).
+
+Light on purpose: zmq and msgspec only, no torch. Thread-safe: any thread may call generate.
+ZeroMQ sockets are not thread-safe, so one I/O thread owns the socket: callers queue their
+messages and wake it through a pipe; it routes replies to their callers by request id.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import zmq
+
+from radixrt.messages import (
+    ClientAbort,
+    ClientControl,
+    ClientGenerate,
+    ClientReply,
+    decode_client_reply,
+    encode,
+)
+
+
+class FrontendError(RuntimeError):
+    """The server refused or failed a request; `status` is HTTP-like (400, 401, 503, ...)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ZmqClient:
+    def __init__(self, address: str, api_key: str | None = None, timeout_s: float = 600) -> None:
+        self.address = address
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(address)
+        self._outbox: queue.Queue = queue.Queue()
+        self._wake_r, self._wake_w = os.pipe()
+        self._waiting: dict[str, queue.Queue] = {}
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._receive, daemon=True,
+                                        name="radixrt-zmq-client")
+        self._thread.start()
+
+    def generate(self, text: str | list[str] | None = None,
+                 sampling_params: dict | list[dict] | None = None,
+                 input_ids: list[int] | list[list[int]] | None = None,
+                 return_logprob: bool = False, logprob_start_len: int | None = None,
+                 top_logprobs_num: int | None = None) -> Any:
+        """Engine.generate's result (a dict, or a list for a batch or n > 1)."""
+        msg = ClientGenerate(_new_id(), text, input_ids, sampling_params, return_logprob,
+                             logprob_start_len, top_logprobs_num, False, self.api_key)
+        return next(self._exchange(msg))
+
+    def generate_stream(self, text: str | None = None, sampling_params: dict | None = None,
+                        input_ids: list[int] | None = None,
+                        **kwargs: Any) -> Iterator[dict[str, Any]]:
+        """Chunks with the new text of each step, as Engine.generate(stream=True) yields them.
+        Closing the iterator early aborts the request."""
+        msg = ClientGenerate(_new_id(), text, input_ids, sampling_params, stream=True,
+                             api_key=self.api_key, **kwargs)
+        return self._exchange(msg)
+
+    def flush_cache(self) -> bool:
+        return next(self._exchange(ClientControl(_new_id(), "flush_cache", self.api_key)))
+
+    def get_server_info(self) -> dict[str, Any]:
+        return next(self._exchange(ClientControl(_new_id(), "get_server_info", self.api_key)))
+
+    def close(self) -> None:
+        self._closed.set()
+        os.write(self._wake_w, b"x")
+        self._thread.join(timeout=2)
+        self._sock.close()
+        self._ctx.term()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def __enter__(self) -> "ZmqClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _exchange(self, msg) -> Iterator[Any]:
+        """Send msg; yield each chunk's data, then the result's data (None after a stream)."""
+        inbox: queue.Queue = queue.Queue()
+        self._waiting[msg.request_id] = inbox
+        self._send(msg)
+        done = False
+        try:
+            while True:
+                try:
+                    reply: ClientReply = inbox.get(timeout=self.timeout_s)
+                except queue.Empty:
+                    raise TimeoutError(f"no reply from {self.address} within "
+                                       f"{self.timeout_s} s") from None
+                if reply.kind == "error":
+                    done = True
+                    raise FrontendError(reply.error, reply.status)
+                if reply.kind == "result":
+                    done = True
+                    if reply.data is not None or not isinstance(msg, ClientGenerate) \
+                            or not msg.stream:
+                        yield reply.data
+                    return
+                yield reply.data
+        finally:
+            self._waiting.pop(msg.request_id, None)
+            if not done and not self._closed.is_set():
+                self._send(ClientAbort(msg.request_id, self.api_key))
+
+    def _send(self, msg) -> None:
+        self._outbox.put(encode(msg))
+        os.write(self._wake_w, b"x")
+
+    def _receive(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        while not self._closed.is_set():
+            events = dict(poller.poll(1000))
+            if self._wake_r in events:
+                os.read(self._wake_r, 4096)
+                while not self._outbox.empty():
+                    self._sock.send(self._outbox.get())
+            while self._sock.poll(0):
+                reply = decode_client_reply(self._sock.recv())
+                inbox = self._waiting.get(reply.request_id)
+                if inbox is not None:
+                    inbox.put(reply)
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
