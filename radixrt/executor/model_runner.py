@@ -8,6 +8,7 @@ import torch
 
 from radixrt.attention.base import AttentionBackend
 from radixrt.cache.kv_pool import KVPool
+from radixrt.executor.cuda_graph import CudaGraphRunner
 from radixrt.executor.forward_batch import ForwardBatch
 
 
@@ -23,13 +24,28 @@ class SeqWork:
 
 
 class ModelRunner:
+    """Decode steps run from CUDA graphs when the model is on CUDA, the backend supports them,
+    and `disable_cuda_graph` is off (graphs for batches of up to `cuda_graph_max_bs`, captured
+    here); everything else runs eagerly."""
+
     def __init__(
-        self, model: torch.nn.Module, kv_pool: KVPool, attn_backend: AttentionBackend, device: str
+        self,
+        model: torch.nn.Module,
+        kv_pool: KVPool,
+        attn_backend: AttentionBackend,
+        device: str,
+        disable_cuda_graph: bool = False,
+        cuda_graph_max_bs: int = 64,
     ) -> None:
         self.model = model
         self.kv_pool = kv_pool
         self.attn_backend = attn_backend
         self.device = torch.device(device)
+        self.graph_runner: CudaGraphRunner | None = None
+        if (self.device.type == "cuda" and not disable_cuda_graph
+                and attn_backend.supports_cuda_graph):
+            self.graph_runner = CudaGraphRunner(model, kv_pool, attn_backend, cuda_graph_max_bs,
+                                                self.device)
 
     def build_batch(self, work: list[SeqWork]) -> ForwardBatch:
         ids: list[int] = []
@@ -63,8 +79,11 @@ class ModelRunner:
         """Forward the step and return float32 logits [len(logit_rows), vocab] for the given
         rows (indices into the step's flattened new tokens)."""
         fb = self.build_batch(work)
-        self.attn_backend.init_forward_metadata(fb)
-        hidden = self.model(fb.input_ids, fb.positions, fb)
+        if self.graph_runner is not None and self.graph_runner.can_run(fb):
+            hidden = self.graph_runner.replay(fb)
+        else:
+            self.attn_backend.init_forward_metadata(fb)
+            hidden = self.model(fb.input_ids, fb.positions, fb)
         rows = torch.tensor(logit_rows, dtype=torch.int64, device=hidden.device)
         return self.model.compute_logits(hidden.index_select(0, rows))
 
