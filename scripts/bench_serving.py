@@ -38,7 +38,7 @@ import bench_serving_launch as launch
 import httpx
 
 WORKLOADS = ("shared-prefix", "multi-turn", "skewed")
-DEFAULT_REQUESTS = {"shared-prefix": 32, "multi-turn": 32, "skewed": 64}
+DEFAULT_REQUESTS = {"shared-prefix": 64, "multi-turn": 48, "skewed": 64}
 
 NAMES = ["Ada", "Bo", "Cyd", "Dee", "Eli", "Fay", "Gil", "Hal", "Ivy", "Jan", "Kit", "Lou"]
 ITEMS = ["apples", "pears", "plums", "limes", "figs", "dates", "kiwis", "melons", "grapes",

@@ -43,7 +43,8 @@ class _SamplingFields(_Strict):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    max_tokens: int | None = Field(None, ge=0)
+    # >= 1 as vLLM asks: the engine makes one token even for max_new_tokens=0.
+    max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = None
     seed: int | None = None
@@ -78,7 +79,7 @@ class ChatMessage(_Strict):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=0)
+    max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     chat_template_kwargs: dict[str, Any] | None = None

@@ -214,7 +214,7 @@ BAD_INPUTS = [
     ("completions", "{not json", None, "JSON"),
     ("completions", [1, 2], None, "object"),
     ("completions", {"model": MODEL, "prompt": "x", "max_tokens": "ten"}, "max_tokens", "int"),
-    ("completions", {"model": MODEL, "prompt": "x", "max_tokens": -1}, "max_tokens", ">= 0"),
+    ("completions", {"model": MODEL, "prompt": "x", "max_tokens": 0}, "max_tokens", ">= 1"),
     ("completions", {"model": MODEL, "prompt": "x", "max_tokens": 100000}, "max_tokens",
      "context length"),
     ("completions", {"model": MODEL, "prompt": "x" * 600}, "prompt", "context length"),
