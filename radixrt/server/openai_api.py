@@ -130,7 +130,8 @@ class OpenAIServing:
         ids = self._chat_ids(req)
         requested = req.max_completion_tokens
         requested = req.max_tokens if requested is None else requested
-        default = self.manager.info.pool_tokens - len(ids)  # the rest of the context
+        # OpenAI's default: up to the end of the context (which the KV pool may cut shorter).
+        default = self.manager.info.pool_tokens - len(ids)
         max_new = self._max_new_tokens(len(ids), requested, default, names)
         return Job(req, [ids], False, max_new, names, id=f"chatcmpl-{uuid.uuid4().hex}",
                    created=int(time.time()), model=self.model_name)
@@ -174,16 +175,23 @@ class OpenAIServing:
         prompts = prompt if batch else [prompt]
         ids, texts = [], []
         for i, p in enumerate(prompts):
-            p_ids = tokenizer.encode(p) if isinstance(p, str) else list(p)
+            where = f"prompt[{i}]" if batch else "prompt"
+            p_ids = tokenizer.encode(p) if isinstance(p, str) else self._checked_ids(p, where)
             if not p_ids:
-                raise APIError(f"prompt{f'[{i}]' if batch else ''} is empty: give at least "
-                               "one token", "prompt")
+                raise APIError(f"{where} is empty: give at least one token", "prompt")
             ids.append(p_ids)
             if isinstance(p, str):
                 texts.append(p)
             else:
                 texts.append(tokenizer.decode(p) if req.echo else "")
         return ids, texts, batch
+
+    def _checked_ids(self, ids: list[int], where: str) -> list[int]:
+        vocab = self.manager.info.vocab_size
+        for j, t in enumerate(ids):
+            if not 0 <= t < vocab:
+                raise APIError(f"{where}[{j}] = {t} is not a token id in [0, {vocab})", "prompt")
+        return list(ids)
 
     def _max_new_tokens(self, prompt_len: int, requested: int | None, default: int,
                         names: dict[str, str]) -> int:

@@ -239,7 +239,7 @@ def rename_engine_error(exc: ValueError, names: dict[str, str]) -> APIError:
         hits = [(message.find(n), n) for n in known if re.search(rf"\b{n}\b", message)]
         param = min(hits)[1] if hits else None
     if param is None and "prompt" in message:
-        param = names["input_ids"]
+        param = names.get("input_ids", "prompt")
     return APIError(message, param)
 
 

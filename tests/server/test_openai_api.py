@@ -221,6 +221,8 @@ BAD_INPUTS = [
     ("completions", {"model": MODEL}, "prompt", "required"),
     ("completions", {"model": MODEL, "prompt": []}, "prompt", "empty"),
     ("completions", {"model": MODEL, "prompt": [5, 99999]}, "prompt", "token id"),
+    ("completions", {"model": MODEL, "prompt": [[5], [-1]], "echo": True}, "prompt",
+     "prompt[1][0] = -1 is not a token id"),
     ("completions", {"model": "gpt-4", "prompt": "x"}, "model", "'gpt-4' not found"),
     ("completions", {"model": MODEL, "prompt": "x", "n": 0}, "n", ">= 1"),
     ("completions", {"model": MODEL, "prompt": "x", "temperature": -1}, "temperature", ">= 0"),
