@@ -3,6 +3,18 @@
 Prompts are tokenized here (chat through the tokenizer's chat template) and sent to the engine
 as token ids, so that the context-length checks can name the OpenAI field at fault and echo can
 return the prompt. Streams are server-sent events in the OpenAI chunk format.
+
+Choices, where the OpenAI API leaves room:
+- `model` may be the served name, "default", or left out; any other name is a 400.
+- Unknown fields are accepted and ignored (forward compatibility); the engine's extra sampling
+  fields (top_k, min_p, ignore_eos, regex, ...) are accepted under SGLang's names, with
+  min_tokens for min_new_tokens.
+- max_tokens defaults to 16 for completions (OpenAI's default) and to the rest of the context
+  for chat; prompt + max_tokens beyond the context length is a 400, never a silent cut.
+- finish_reason is "stop", "length", or "abort" (the request was aborted); choices also carry
+  SGLang's `matched_stop` (the stop string or token id that ended them).
+- With n > 1, usage counts each prompt (and its cached tokens) once, from its first output.
+- Text content parts are joined with newlines; "developer" messages render as "system".
 """
 
 from __future__ import annotations
