@@ -236,6 +236,8 @@ async def send(client: httpx.AsyncClient, req: Request, model: str) -> Result:
         res.error = f"{type(e).__name__}: {e}"
         return res
     res.latency, res.text = time.perf_counter() - start, "".join(parts)
+    if not parts:  # no visible text at all: the first "token" is the end
+        res.ttft = res.latency
     return _with_usage(res, usage, len(parts))
 
 
