@@ -21,6 +21,9 @@ class RowPlan:
     sample_rows: list[int] = field(default_factory=list)  # positions within `rows`
     # (req, first prompt token index t, positions within `rows` of rows t-1 ...)
     prompt_lp: list[tuple[Req, int, list[int]]] = field(default_factory=list)
+    # Requests with max_new_tokens == 0 whose prompt is now prefilled: they end without a
+    # sample (SGLang's prefill-only requests: cache a prefix, or score it with logprobs).
+    prefill_only: list[Req] = field(default_factory=list)
 
 
 def plan_rows(work: list[tuple[Req, int]]) -> RowPlan:
@@ -33,7 +36,9 @@ def plan_rows(work: list[tuple[Req, int]]) -> RowPlan:
             idx = list(range(len(plan.rows), len(plan.rows) + last_t - first_t + 1))
             plan.rows.extend(offset + (t - 1 - start) for t in range(first_t, last_t + 1))
             plan.prompt_lp.append((req, first_t, idx))
-        if req.kv_len == req.seq_len:
+        if req.kv_len == req.seq_len and req.sampling_params.max_new_tokens == 0:
+            plan.prefill_only.append(req)
+        elif req.kv_len == req.seq_len:
             plan.sample_rows.append(len(plan.rows))
             plan.rows.append(offset + n - 1)
             plan.sample_reqs.append(req)
@@ -63,6 +68,8 @@ class OutputProcessor:
     def process(self, plan: RowPlan, logits: torch.Tensor) -> None:
         for req, first_t, idx in plan.prompt_lp:
             self._record_prompt_logprobs(req, first_t, logits[idx])
+        for req in plan.prefill_only:
+            req.finish_reason = {"type": "length", "length": 0}
         if not plan.sample_reqs:
             return
         reqs = plan.sample_reqs
