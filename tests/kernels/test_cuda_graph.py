@@ -78,7 +78,7 @@ def test_padded_inputs_match_eager_decode(tiny_model_dir):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or interpreting(),
-                    reason="needs a CUDA device, with TRITON_INTERPRET unset")
+                    reason="needs a CUDA device; run with TRITON_INTERPRET=0")
 def test_graph_replay_matches_eager_on_gpu(tiny_model_dir):
     model, cfg = load_model(tiny_model_dir("llama"), torch.float16, "cuda")
     logits = {}
