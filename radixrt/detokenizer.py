@@ -1,5 +1,10 @@
 """Incremental detokenization: turn a growing list of token ids into text deltas that are safe
-to show: no split UTF-8 character, no stop string, not even the start of one."""
+to show: no split UTF-8 character, no stop string, not even the start of one.
+
+Each step decodes only a short window of ids, so a long output costs O(length) in all, not
+O(length^2): the text of the newest ids is decode(ids[surr:]) minus decode(ids[surr:read]),
+where the few ids before `read` give the tokenizer the context it needs to place spaces.
+"""
 
 from __future__ import annotations
 
@@ -14,38 +19,51 @@ class IncrementalDetokenizer:
         self.decode_kwargs = {"skip_special_tokens": skip_special_tokens,
                               "spaces_between_special_tokens": spaces_between_special_tokens}
         self.stop = stop or []
+        self.max_stop = max((len(s) for s in self.stop), default=0)
         self.no_stop_trim = no_stop_trim
         self.ids: list[int] = []
+        self.surr = 0  # start of the context window
+        self.read = 0  # ids[:read] are in self.text
+        self.text = ""  # text of ids[:read], whole characters only
         self.sent = 0  # characters of text already handed out
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, **self.decode_kwargs)
 
+    def _advance(self, allow_partial: bool = False) -> None:
+        """Move the ids after `read` into `text`, unless they end inside a UTF-8 character."""
+        if self.read == len(self.ids):
+            return
+        before = self._decode(self.ids[self.surr:self.read])
+        full = self._decode(self.ids[self.surr:])
+        if full.endswith("\ufffd") and not allow_partial:
+            return  # a multi-byte character is not complete yet
+        self.text += full[len(before):]
+        self.surr, self.read = self.read, len(self.ids)
+
     def add(self, new_ids: list[int]) -> str:
         """Take new ids; return the text delta that can be shown now."""
         self.ids.extend(new_ids)
-        text = self._decode(self.ids)
-        if text.endswith("\ufffd"):  # a multi-byte character is not complete yet
-            text = text.rstrip("\ufffd")
-        text = self._cut_at_stop(text)
-        text = text[: len(text) - self._partial_stop_len(text)]
-        return self._delta(text)
+        self._advance()
+        text = self._cut_at_stop(self.text)
+        return self._delta(text[: len(text) - self._partial_stop_len(text)])
 
-    def finish(self, finish_reason: dict | None) -> str:
-        """The final text delta once the request has ended."""
-        ids = self.ids
+    def finish(self, new_ids: list[int], finish_reason: dict | None) -> str:
+        """Take the request's last ids (instead of `add`); return the final text delta."""
         matched = (finish_reason or {}).get("matched")
-        if isinstance(matched, int) and not self.no_stop_trim and ids and ids[-1] == matched:
-            ids = ids[:-1]
-        text = self._decode(ids)
-        if isinstance(matched, str):
-            text = self._cut_at_stop(text, keep_stop=self.no_stop_trim)
-        return self._delta(text)
+        if isinstance(matched, int) and not self.no_stop_trim and new_ids and \
+                new_ids[-1] == matched:
+            new_ids = new_ids[:-1]  # the stop token's own text is not part of the output
+        self.ids.extend(new_ids)
+        self._advance(allow_partial=True)
+        return self._delta(self._cut_at_stop(self.text, keep_stop=self.no_stop_trim))
 
     def _cut_at_stop(self, text: str, keep_stop: bool = False) -> str:
+        # A stop string cannot start in text sent already (it would have been held back).
+        start = max(self.sent - self.max_stop, 0)
         cut = len(text)
         for s in self.stop:
-            i = text.find(s)
+            i = text.find(s, start)
             if i != -1:
                 cut = min(cut, i + (len(s) if keep_stop else 0))
         return text[:cut]

@@ -168,7 +168,7 @@ class Engine:
     def get_server_info(self) -> dict[str, Any]:
         info = self.info
         return {"model_path": info.model_path, "dtype": info.dtype, "device": info.device,
-                "attention_backend": info.attention_backend,
+                "attention_backend": info.attention_backend, "scheduler_pid": info.pid,
                 "max_total_num_tokens": info.pool_tokens, "context_length": info.context_length,
                 **self.get_stats()}
 

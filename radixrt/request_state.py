@@ -60,9 +60,8 @@ class ReqState:
             delta = out.text
             self.text += delta
         elif self.detok is not None:
-            delta = self.detok.add(out.new_output_ids)
-            if out.finished:
-                delta += self.detok.finish(out.finish_reason)
+            delta = (self.detok.finish(out.new_output_ids, out.finish_reason) if out.finished
+                     else self.detok.add(out.new_output_ids))
             self.text += delta
         self.finished = out.finished
         return {"text": delta, "output_ids": list(out.new_output_ids),

@@ -46,11 +46,11 @@ class Detokenizer:
                                            p.spaces_between_special_tokens, p.stop,
                                            p.no_stop_trim)
             self.states[out.rid] = state
-        text = state.add(out.new_output_ids)
         if out.finished:
-            text += state.finish(out.finish_reason)
+            out.text = state.finish(out.new_output_ids, out.finish_reason)
             del self.states[out.rid]
-        out.text = text
+        else:
+            out.text = state.add(out.new_output_ids)
 
     def process(self, data: bytes) -> bytes:
         """One message from the scheduler → the message for the frontend."""
