@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from radixrt.kernels.common import dot_dtype, dot_precision
 
 # A split must hold at least this many keys: shorter chunks cost more in the merge than they

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from radixrt.kernels.common import dot_dtype, dot_precision, interpreting
 
 

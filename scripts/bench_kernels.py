@@ -25,6 +25,7 @@ if "--cpu-smoke" in sys.argv:
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
 from radixrt.kernels import fused_layers, reference  # noqa: E402
 from radixrt.kernels.decode_attention import choose_num_splits, decode_attention  # noqa: E402
 from radixrt.kernels.extend_attention import extend_attention  # noqa: E402

@@ -78,8 +78,9 @@ def build_components(args: ServerArgs, tokenizer: Any = None) -> Components:
     allocator = PageAllocator(tokens // args.page_size, args.page_size)
     cache = RadixCache(allocator, args.page_size, disable=args.disable_radix_cache)
     backend_name = args.attention_backend or ("triton" if device.startswith("cuda") else "torch")
-    backend = create_backend(backend_name)
-    runner = ModelRunner(model, pool, backend, device)
+    backend = create_backend(backend_name, device=device)
+    runner = ModelRunner(model, pool, backend, device, disable_cuda_graph=args.disable_cuda_graph,
+                         cuda_graph_max_bs=args.cuda_graph_max_bs)
     logger.info("model %s, %s on %s, KV pool %d tokens, attention %s", model_path, dtype,
                 device, tokens, backend_name)
     return Components(cfg, runner, allocator, cache, tokens, dtype, device, backend_name,

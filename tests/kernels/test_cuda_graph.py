@@ -9,8 +9,6 @@ import torch
 
 pytest.importorskip("triton", reason="Triton is not installed (the `test` extra installs it)")
 
-from radixrt.kernels.common import interpreting  # noqa: E402
-
 from radixrt.attention.triton_backend import TritonAttentionBackend  # noqa: E402
 from radixrt.cache.kv_pool import KVPool  # noqa: E402
 from radixrt.executor.cuda_graph import (  # noqa: E402
@@ -19,6 +17,7 @@ from radixrt.executor.cuda_graph import (  # noqa: E402
     padded_batch_size,
 )
 from radixrt.executor.model_runner import ModelRunner, SeqWork  # noqa: E402
+from radixrt.kernels.common import interpreting  # noqa: E402
 from radixrt.loader.load import load_model  # noqa: E402
 
 SLOTS_PER_SEQ = 64
