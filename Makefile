@@ -1,5 +1,5 @@
-# Two commands on a fresh machine: `make serve` (set up, then run the main job on the default
-# model) and `make test` (set up, then run the test suite). Both build .venv in the checkout.
+# Two commands on a fresh machine: `make serve` (set up, then serve the default model on
+# http://127.0.0.1:30000) and `make test` (set up, then run the test suite). Both build .venv in the checkout.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 serve: setup
-	$(BIN)/python examples/generate_demo.py
+	$(BIN)/radixrt launch
 
 test: setup
 	$(BIN)/pytest -q
