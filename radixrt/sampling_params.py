@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -49,7 +50,7 @@ class SamplingParams:
     logit_bias: dict[str, float] | None = None
     # Structured generation: accepted names, not implemented yet (verify rejects them).
     regex: str | None = None
-    json_schema: str | None = None
+    json_schema: str | None = None  # a JSON schema as text (a dict is turned into text)
     ebnf: str | None = None
 
     @classmethod
@@ -87,6 +88,8 @@ class SamplingParams:
             setattr(self, name, float(getattr(self, name)))
         if isinstance(self.stop_token_ids, tuple):
             self.stop_token_ids = list(self.stop_token_ids)
+        if isinstance(self.json_schema, dict):  # a schema object travels as its JSON text
+            self.json_schema = json.dumps(self.json_schema)
 
     def verify(self, vocab_size: int, max_context: int | None = None) -> None:
         """Check every range; raise ValueError naming the field and its allowed range.
@@ -174,7 +177,8 @@ _FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
     "seed": (_optional(_is_int), "an int or None"),
     "logit_bias": (_optional(_is_bias), "a dict of str token id -> number, or None"),
     "regex": _OPT_STR,
-    "json_schema": _OPT_STR,
+    "json_schema": (_optional(lambda v: isinstance(v, (str, dict))),
+                    "a JSON schema (a str, or a dict) or None"),
     "ebnf": _OPT_STR,
 }
 _FLOAT_FIELDS = [name for name, spec in _FIELD_TYPES.items() if spec is _FLOAT]
@@ -251,6 +255,13 @@ def _check_misc(p: SamplingParams, vocab_size: int) -> None:
         ok = _parse_int(key) is not None and 0 <= _parse_int(key) < vocab_size
         _require(ok, "logit_bias", f"keyed by token ids in [0, {vocab_size})", key)
         _require(lo <= bias <= hi, "logit_bias", f"values in [{lo}, {hi}]", bias)
-    for name in ("regex", "json_schema", "ebnf"):
-        if getattr(p, name) is not None:
-            raise ValueError(f"sampling param {name!r}: structured generation is not supported yet")
+    _check_constraint(p)
+
+
+def _check_constraint(p: SamplingParams) -> None:
+    """At most one of regex / json_schema / ebnf, and a valid one (xgrammar parses it)."""
+    from radixrt.grammar.constraint import check_constraint, constraint_of
+
+    found = constraint_of(p)
+    if found is not None:
+        check_constraint(*found)

@@ -49,6 +49,9 @@ class ServerArgs:
     max_prefill_tokens: int = _f(8192, "token budget of new prefill tokens per step")
     max_running_requests: int = _f(128, "max requests decoding at once")
     schedule_conservativeness: float = _f(1.0, "KV headroom reserved for running decodes")
+    # Structured generation
+    disable_jump_forward: bool = _f(False, "decode constrained text token by token, even where "
+                                    "the grammar fixes it (for comparison)")
     # Execution
     attention_backend: str | None = _f(None, "torch or triton; default: triton on CUDA, torch "
                                        "on CPU", ("torch", "triton"))

@@ -43,12 +43,19 @@ class LazyTokenizer:
         self._prepared_dir = prepared_dir
         self._tokenizer: PreTrainedTokenizerBase | None = None
 
-    def decode(self, *args, **kwargs) -> str:
+    def get(self) -> PreTrainedTokenizerBase:
+        """The tokenizer itself, loaded now if it was not yet."""
         if self._tokenizer is None:
             ready = self._prepared_dir and Path(self._prepared_dir).is_dir()
             self._tokenizer = (AutoTokenizer.from_pretrained(self._prepared_dir) if ready
                                else load_tokenizer(*self._args))
-        return self._tokenizer.decode(*args, **kwargs)
+        return self._tokenizer
+
+    def decode(self, *args, **kwargs) -> str:
+        return self.get().decode(*args, **kwargs)
+
+    def encode(self, *args, **kwargs) -> list[int]:
+        return self.get().encode(*args, **kwargs)
 
 
 def hand_over_tokenizer(tokenizer: PreTrainedTokenizerBase, folder: str) -> None:

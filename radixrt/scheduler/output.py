@@ -8,6 +8,7 @@ import torch
 
 from radixrt.executor.logprobs import compute_logprobs
 from radixrt.executor.sampler import SamplingBatch, sample
+from radixrt.grammar.jump_forward import jump_forward
 from radixrt.messages import DetokParams, ReqOutput
 from radixrt.scheduler.req import Req
 
@@ -58,7 +59,10 @@ def _prompt_logprob_span(req: Req, start: int, n: int) -> tuple[int, int]:
 
 class OutputProcessor:
     def __init__(self, eos_token_ids: list[int], vocab_size: int, context_length: int,
-                 tokenizer=None, device: str = "cpu") -> None:
+                 tokenizer=None, device: str = "cpu", jump_forward: bool = True) -> None:
+        self.grammar = None  # the GrammarBackend, set by the scheduler at the first constraint
+        self.jump_forward = jump_forward
+        self.jump_forward_tokens = 0
         self.eos_token_ids = set(eos_token_ids)
         self.vocab_size = vocab_size
         self.context_length = context_length
@@ -74,6 +78,10 @@ class OutputProcessor:
             return
         reqs = plan.sample_reqs
         sample_logits = logits[plan.sample_rows]
+        constrained = [i for i, r in enumerate(reqs) if r.grammar is not None]
+        if constrained:
+            self.grammar.apply_masks(sample_logits, [reqs[i].grammar for i in constrained],
+                                     constrained)
         batch = SamplingBatch.build(
             [r.sampling_params for r in reqs], [r.generator for r in reqs],
             [r.output_ids for r in reqs], [r.origin_input_ids for r in reqs],
@@ -82,7 +90,27 @@ class OutputProcessor:
         self._record_output_logprobs(reqs, sample_logits, next_ids)
         for req, tok in zip(reqs, next_ids):
             req.output_ids.append(tok)
-            self._check_finished(req, tok)
+            if req.grammar is not None:
+                self._advance_grammar(req, tok)
+            else:
+                self._check_finished(req, tok)
+
+    def _advance_grammar(self, req: Req, tok: int) -> None:
+        """The matcher takes the sampled token; the request ends when its grammar is complete,
+        else the text the grammar now fixes is appended at once (jump-forward)."""
+        accepted = req.grammar.accept_token(tok)
+        assert accepted, f"the grammar refused token {tok} its own mask allowed"
+        if req.grammar.is_terminated():
+            req.finish_reason = {"type": "stop", "matched": tok}
+            return
+        self._check_finished(req, tok)
+        if req.finished or not self.jump_forward or req.return_logprob:
+            return
+        added = jump_forward(req.output_ids, req.grammar, self.tokenizer,
+                             req.remaining_new_tokens)
+        if added:
+            self.jump_forward_tokens += added
+            self._check_finished(req, req.output_ids[-1])
 
     def _record_prompt_logprobs(self, req: Req, first_t: int, logits: torch.Tensor) -> None:
         if req.input_logprobs_count == 0 and req.logprob_start_len == 0:

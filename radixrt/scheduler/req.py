@@ -44,6 +44,7 @@ class Req:
     admitted_at: float | None = None
     first_token_at: float | None = None
     detok_sent: bool = False  # whether an output carried this request's DetokParams yet
+    grammar: Any = None  # the xgrammar matcher of a constrained request (structured output)
 
     @property
     def fill_ids(self) -> list[int]:

@@ -10,11 +10,13 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 
 import torch
 
 from radixrt.cache.invariants import check_kv_accounting
 from radixrt.executor.model_runner import SeqWork
+from radixrt.grammar.constraint import constraint_of
 from radixrt.messages import (
     AbortReq,
     BatchOutput,
@@ -54,9 +56,12 @@ class Scheduler:
                                args.schedule_conservativeness)
         cfg = parts.model_config
         self.outputs = OutputProcessor(cfg.eos_token_ids, cfg.vocab_size, parts.context_length,
-                                       parts.tokenizer, parts.device)
+                                       parts.tokenizer, parts.device,
+                                       jump_forward=not args.disable_jump_forward)
         self.running: list[Req] = []
         self.waiting: list[Req] = []
+        # Constrained requests wait here while their grammar compiles (off the step loop).
+        self.grammar_queue: list[tuple[Req, Future]] = []
         self.arrivals = itertools.count()
         self.stopped = False
         self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0, "steps": 0}
@@ -69,15 +74,20 @@ class Scheduler:
         """Loop until a ShutdownReq arrives, or, while idle, until `orphaned()` says the
         frontend is gone."""
         while not self.stopped:
-            idle = not self.running and not self.waiting
-            timeout = 0 if not idle else (1.0 if orphaned else None)
+            if self.running or self.waiting:
+                timeout = 0
+            else:  # idle: sleep on the socket, briefly while grammars compile
+                timeout = 0.005 if self.grammar_queue else (1.0 if orphaned else None)
             for data in self.transport.recv(timeout=timeout):
                 self.handle(decode_to_scheduler(data))
+            self._admit_compiled()
             if self.running or self.waiting:
                 self.step()
-            elif orphaned is not None and orphaned():
+            elif not self.grammar_queue and orphaned is not None and orphaned():
                 logger.warning("the frontend process is gone: the scheduler stops")
                 return
+        if self.outputs.grammar is not None:
+            self.outputs.grammar.close()
 
     def step(self) -> None:
         plan = self.planner.plan(self.running, self.waiting)
@@ -160,6 +170,8 @@ class Scheduler:
     def get_stats(self) -> dict:
         p = self.parts
         return {**self.stats, "num_preemptions": self.planner.num_preemptions,
+                "jump_forward_tokens": self.outputs.jump_forward_tokens,
+                "grammar_queue": len(self.grammar_queue),
                 "cache_hit_rate": self.cache_hit_rate, "running": len(self.running),
                 "queued": len(self.waiting), "pool_tokens": p.pool_tokens,
                 "free_tokens": p.allocator.available_tokens,
@@ -182,15 +194,43 @@ class Scheduler:
         except ValueError as e:
             self._send_abort(msg.rid, len(msg.input_ids), str(e))
             return
-        self.waiting.append(req)
         self.stats["prompt_tokens"] += len(req.origin_input_ids)
         self.stats["requests"] = self.stats.get("requests", 0) + 1
+        constraint = constraint_of(req.sampling_params)
+        if constraint is None:
+            self.waiting.append(req)
+        else:
+            self.grammar_queue.append((req, self._grammar_backend().compile(*constraint)))
+
+    def _grammar_backend(self):
+        if self.outputs.grammar is None:
+            from radixrt.grammar.backend import GrammarBackend
+
+            tokenizer = self.parts.tokenizer
+            tokenizer = tokenizer.get() if hasattr(tokenizer, "get") else tokenizer
+            self.outputs.grammar = GrammarBackend(tokenizer, self.parts.model_config.vocab_size)
+        return self.outputs.grammar
+
+    def _admit_compiled(self) -> None:
+        """Move requests whose grammar has compiled to the waiting queue (or fail them)."""
+        for item in [x for x in self.grammar_queue if x[1].done()]:
+            self.grammar_queue.remove(item)
+            req, future = item
+            if future.exception() is not None:
+                self._send_abort(req.rid, len(req.origin_input_ids), "the constraint did not "
+                                 f"compile: {future.exception()}")
+                continue
+            req.grammar = self.outputs.grammar.matcher(future.result())
+            self.waiting.append(req)
 
     def _make_req(self, msg: GenerateReq) -> Req:
         # The engine validated this already, but the scheduler's socket will also take requests
         # from other frontends (the server, the DSL): a bad one must not reach the pool.
         params = SamplingParams.from_dict(msg.sampling_params)
         params.verify(self.parts.model_config.vocab_size)
+        if constraint_of(params) is not None and self.parts.tokenizer is None:
+            raise ValueError("structured generation (regex, json_schema, ebnf) needs a "
+                             "tokenizer: this server runs with skip_tokenizer_init")
         validate_request_size(len(msg.input_ids), params.max_new_tokens,
                               self.parts.context_length, self.parts.pool_tokens)
         gen = None
@@ -201,6 +241,10 @@ class Scheduler:
                    arrival_order=next(self.arrivals))
 
     def _abort(self, rid: str) -> None:
+        for item in [x for x in self.grammar_queue if x[0].rid == rid]:
+            self.grammar_queue.remove(item)
+            item[1].cancel()
+            self._send_abort(rid, len(item[0].origin_input_ids), "aborted by the client")
         for queue_ in (self.waiting, self.running):
             for req in [r for r in queue_ if r.rid == rid]:
                 if queue_ is self.running:

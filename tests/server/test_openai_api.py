@@ -231,7 +231,8 @@ BAD_INPUTS = [
     ("completions", {"model": MODEL, "prompt": "x", "stop": 3}, "stop", "string"),
     ("completions", {"model": MODEL, "prompt": "x", "min_tokens": 9, "max_tokens": 2},
      "min_tokens", "max_tokens"),
-    ("completions", {"model": MODEL, "prompt": "x", "regex": "a+"}, "regex", "not supported"),
+    ("completions", {"model": MODEL, "prompt": "x", "regex": "(a+"}, "regex",
+     "not a valid regular expression"),
     ("chat/completions", {"model": MODEL}, "messages", "required"),
     ("chat/completions", {"model": MODEL, "messages": []}, "messages", "at least 1"),
     ("chat/completions", {"model": MODEL, "messages": [{"role": "robot", "content": "x"}]},
@@ -250,9 +251,9 @@ BAD_INPUTS = [
      "context length"),
     ("chat/completions", {"model": MODEL, "messages": MESSAGES, "presence_penalty": 3},
      "presence_penalty", "[-2.0, 2.0]"),
-    ("chat/completions", {"model": MODEL, "messages": MESSAGES,
-                          "response_format": {"type": "json_object"}}, "response_format",
-     "not supported"),
+    ("chat/completions", {"model": MODEL, "messages": MESSAGES, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}},
+     "response_format", "not a valid JSON schema"),
 ]
 
 

@@ -107,11 +107,27 @@ def test_max_new_tokens_bounded_by_context() -> None:
         p.verify(VOCAB, max_context=256)
 
 
-@pytest.mark.parametrize("field", ["regex", "json_schema", "ebnf"])
-def test_structured_generation_not_supported_yet(field: str) -> None:
-    p = SamplingParams.from_dict({field: "x"})
-    with pytest.raises(ValueError, match=f"'{field}'.*structured generation is not supported"):
+@pytest.mark.parametrize("field,bad,why", [
+    ("regex", "([a-", "not a valid regular expression"),
+    ("json_schema", "{bad", "not valid JSON"),
+    ("json_schema", "[1, 2]", "must be a JSON object"),
+    ("json_schema", '{"type": "no-such-type"}', "not a valid JSON schema"),
+    ("ebnf", "root ::= ", "not a valid EBNF"),
+])
+def test_a_bad_constraint_names_its_field(field: str, bad: str, why: str) -> None:
+    p = SamplingParams.from_dict({field: bad})
+    with pytest.raises(ValueError, match=f"'{field}' .*{why}"):
         p.verify(VOCAB)
+
+
+def test_one_constraint_at_most_and_schema_objects_become_text() -> None:
+    with pytest.raises(ValueError, match="at most one of .*got \\['regex', 'ebnf'\\]"):
+        SamplingParams.from_dict({"regex": "a+", "ebnf": 'root ::= "a"'}).verify(VOCAB)
+    p = SamplingParams.from_dict({"json_schema": {"type": "object"}})
+    p.verify(VOCAB)
+    assert p.json_schema == '{"type": "object"}'
+    with pytest.raises(ValueError, match="'json_schema' must be a JSON schema"):
+        SamplingParams.from_dict({"json_schema": 5})
 
 
 def test_verify_checks_types_of_directly_built_params() -> None:

@@ -1,0 +1,61 @@
+"""Compiles constraints for one tokenizer with xgrammar, off the scheduler's step loop.
+
+A compiled grammar depends only on the constraint text (and the tokenizer), so compiled ones
+are cached by text: the 64 requests of a batch with one schema compile it once. Compilation
+runs on a worker thread; the scheduler keeps a request in its grammar queue until its future
+is done, so a slow schema delays only its own request.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+CACHE_SIZE = 256
+
+
+class GrammarBackend:
+    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+        import xgrammar as xgr
+
+        self.xgr = xgr
+        self.vocab_size = vocab_size
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+        self.compiler = xgr.GrammarCompiler(info, cache_enabled=False)  # we cache by text
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="radixrt-grammar")
+        self.cache: OrderedDict[tuple[str, str], Future] = OrderedDict()
+
+    def compile(self, kind: str, text: str) -> Future:
+        """A future of the compiled grammar (from the cache when the text was seen)."""
+        key = (kind, text)
+        future = self.cache.get(key)
+        if future is None or (future.done() and future.exception() is not None):
+            future = self.pool.submit(self._compile, kind, text)
+            self.cache[key] = future
+            if len(self.cache) > CACHE_SIZE:
+                self.cache.popitem(last=False)
+        self.cache.move_to_end(key)
+        return future
+
+    def _compile(self, kind: str, text: str):
+        c = self.compiler
+        build = {"regex": c.compile_regex, "json_schema": c.compile_json_schema,
+                 "ebnf": c.compile_grammar}[kind]
+        return build(text)
+
+    def matcher(self, compiled) -> Any:
+        return self.xgr.GrammarMatcher(compiled)
+
+    def apply_masks(self, logits: torch.Tensor, matchers: list[Any], rows: list[int]) -> None:
+        """Mask, in place, the tokens each matcher forbids next in its row of `logits`
+        ([B, vocab] float32). One bitmask for the batch, filled for the constrained rows."""
+        bitmask = self.xgr.allocate_token_bitmask(logits.shape[0], self.vocab_size)
+        for matcher, row in zip(matchers, rows):
+            matcher.fill_next_token_bitmask(bitmask, row)
+        self.xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=rows)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
