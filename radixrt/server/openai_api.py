@@ -15,13 +15,22 @@ Choices, where the OpenAI API leaves room:
   SGLang's `matched_stop` (the stop string or token id that ended them).
 - With n > 1, usage counts each prompt (and its cached tokens) once, from its first output.
 - Text content parts are joined with newlines; "developer" messages render as "system".
+- response_format "json_object" / "json_schema" and the regex / ebnf / json_schema extras are
+  the engine's constraints (one at a time); the schema is enforced whatever `strict` says.
+- Tools (see tool_calls.py): the tools reach the chat template whatever tool_choice says; a
+  named function or "required" constrains the output and streams argument deltas; "auto"
+  parses the model's own call format (streamed text is held back from the first sign of a
+  call, and the calls come at the end); "auto" with an explicit constraint (response_format,
+  regex, ...) is not parsed for calls. Assistant tool_calls arguments reach the template as
+  objects, as transformers' templates expect.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from fastapi import FastAPI, Request
@@ -43,6 +52,7 @@ from radixrt.server.openai_stream import (
     completion_events,
     completion_logprobs,
 )
+from radixrt.server.tool_calls import MISTRAL_MARK, ToolPlan, plan_tools, read_calls
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # the OpenAI API's default for /v1/completions
 
@@ -69,6 +79,7 @@ class Job:
     id: str = ""
     created: int = 0
     model: str = ""
+    tools: ToolPlan | None = None  # chat requests with tools
 
     @property
     def chat(self) -> bool:
@@ -81,6 +92,8 @@ class OpenAIServing:
         self.model_name = served_model_name
         self.created = int(time.time())
         self.texts = TokenTexts(manager.tokenizer) if manager.tokenizer is not None else None
+        # Mistral's [TOOL_CALLS] is a special token: "auto" must keep it to find the calls.
+        self.special_call_marker = _is_special(manager.tokenizer, MISTRAL_MARK)
 
     # -- routes -------------------------------------------------------------------------------
     async def models(self) -> JSONResponse:
@@ -129,8 +142,13 @@ class OpenAIServing:
         top = (req.top_logprobs if job.chat else req.logprobs) or 0
         echo_logprobs = not job.chat and req.echo and want_logprobs
         rid = [f"{job.id}-{i}" for i in range(len(job.ids))] if job.batch else job.id
+        params = proto.sampling_params(req, job.max_new_tokens)
+        if job.tools is not None and job.tools.forced:
+            params["json_schema"] = json.dumps(job.tools.schema)
+        elif job.tools is not None and job.tools.mode == "auto" and self.special_call_marker:
+            params.setdefault("skip_special_tokens", False)
         return {"input_ids": job.ids if job.batch else job.ids[0],
-                "sampling_params": proto.sampling_params(req, job.max_new_tokens),
+                "sampling_params": params,
                 "return_logprob": want_logprobs, "top_logprobs_num": top,
                 "logprob_start_len": 0 if echo_logprobs else None, "rid": rid}
 
@@ -139,6 +157,9 @@ class OpenAIServing:
         req = proto.parse_request(ChatCompletionRequest, body)
         self._check_model(req.model)
         names = proto.field_names(req)
+        plan = _tool_plan(req)
+        if plan is not None and plan.forced:
+            names["json_schema"] = "tools"
         ids = self._chat_ids(req)
         requested = req.max_completion_tokens
         requested = req.max_tokens if requested is None else requested
@@ -146,7 +167,7 @@ class OpenAIServing:
         default = self.manager.info.pool_tokens - len(ids)
         max_new = self._max_new_tokens(len(ids), requested, default, names)
         return Job(req, [ids], False, max_new, names, id=f"chatcmpl-{uuid.uuid4().hex}",
-                   created=int(time.time()), model=self.model_name)
+                   created=int(time.time()), model=self.model_name, tools=plan)
 
     def _prepare_completion(self, body: dict[str, Any]) -> Job:
         req = proto.parse_request(CompletionRequest, body)
@@ -170,7 +191,7 @@ class OpenAIServing:
         messages = [_template_message(m, i) for i, m in enumerate(req.messages)]
         kwargs = dict(req.chat_template_kwargs or {})
         if req.tools:
-            kwargs["tools"] = req.tools
+            kwargs["tools"] = [tool.model_dump(exclude_none=True) for tool in req.tools]
         try:
             text = tokenizer.apply_chat_template(messages, tokenize=False,
                                                  add_generation_prompt=True, **kwargs)
@@ -233,8 +254,12 @@ class OpenAIServing:
             if job.req.logprobs:
                 logprobs = chat_logprobs(self.texts, meta["output_token_logprobs"],
                                          meta["output_top_logprobs"])
-            choices.append({"index": i, "message": {"role": "assistant", "content": out["text"]},
-                            "logprobs": logprobs, "finish_reason": proto.finish_reason(meta),
+            parsed = read_calls(job.tools, out["text"])
+            message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+            if parsed.calls:
+                message["tool_calls"] = [call.to_openai() for call in parsed.calls]
+            choices.append({"index": i, "message": message, "logprobs": logprobs,
+                            "finish_reason": proto.finish_reason(meta, bool(parsed.calls)),
                             "matched_stop": proto.matched_stop(meta)})
         return {"id": job.id, "object": "chat.completion", "created": job.created,
                 "model": self.model_name, "choices": choices,
@@ -258,12 +283,39 @@ class OpenAIServing:
                 "usage": proto.usage([o["meta_info"] for o in outs], req.n)}
 
 
+def _tool_plan(req: ChatCompletionRequest) -> ToolPlan | None:
+    """The request's tool plan; a forced call cannot share the output with another
+    constraint, and "auto" under one is not parsed for calls."""
+    tools = [tool.model_dump() for tool in req.tools] if req.tools else None
+    plan = plan_tools(tools, req.tool_choice, req.parallel_tool_calls)
+    fmt = req.response_format
+    others = proto.constraint_extras(req) + (
+        ["response_format"] if fmt is not None and fmt.type != "text" else [])
+    if plan is not None and plan.forced and others:
+        raise APIError(f"tool_choice {req.tool_choice!r} constrains the output to a tool call "
+                       f"and cannot be combined with {others}", "tool_choice")
+    if plan is not None and plan.mode == "auto" and others:
+        plan = replace(plan, mode="none")
+    return plan
+
+
+def _is_special(tokenizer: Any, text: str) -> bool:
+    """Whether `text` is one special added token of `tokenizer` (dropped when decoding with
+    skip_special_tokens)."""
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return any(tok.content == text and tok.special for tok in added.values())
+
+
 def _template_message(msg: proto.ChatMessage, i: int) -> dict[str, Any]:
     """A message as chat templates expect it: content a string (text parts joined by
-    newlines); "developer" (OpenAI's newer name for system) as "system"."""
+    newlines); "developer" (OpenAI's newer name for system) as "system"; the arguments of
+    assistant tool_calls as objects (transformers' templates apply `tojson` to them)."""
     out = msg.model_dump(exclude_none=True)
     if msg.role == "developer":
         out["role"] = "system"
+    for j, call in enumerate(out.get("tool_calls", [])):
+        call["function"]["arguments"] = _arguments_object(
+            call["function"]["arguments"], f"messages[{i}].tool_calls[{j}].function.arguments")
     content = msg.content
     if isinstance(content, list):
         for j, part in enumerate(content):
@@ -273,6 +325,19 @@ def _template_message(msg: proto.ChatMessage, i: int) -> dict[str, Any]:
         content = "\n".join(part.text for part in content)
     out["content"] = content or ""
     return out
+
+
+def _arguments_object(arguments: str | dict[str, Any], param: str) -> dict[str, Any]:
+    if isinstance(arguments, dict):
+        return arguments
+    try:
+        value = json.loads(arguments or "{}")
+    except json.JSONDecodeError as e:
+        raise APIError(f"{param} must be JSON text of an object: {e}", param) from None
+    if not isinstance(value, dict):
+        raise APIError(f"{param} must be JSON text of an object, got {arguments[:60]!r}",
+                       param)
+    return value
 
 
 def _completion_entries(meta: dict[str, Any], echo: bool) -> tuple[list, list]:

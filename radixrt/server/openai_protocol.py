@@ -72,9 +72,37 @@ class ContentPart(_Strict):
     text: str | None = None
 
 
+class CalledFunction(_Strict):
+    name: str
+    arguments: str | dict[str, Any]  # JSON text (OpenAI); an object is accepted too
+
+
+class MessageToolCall(_Strict):
+    """A call in an assistant message of the conversation."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(_Strict):
     role: Literal[ROLES]  # type: ignore[valid-type]
     content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None  # assistant messages
+    tool_call_id: str | None = None  # tool messages: the call this answers
+
+
+class FunctionDef(_Strict):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; none = no parameters
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -83,7 +111,11 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     chat_template_kwargs: dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[Tool] | None = None
+    # "none" | "auto" | "required" | {"type": "function", "function": {"name"}}: checked by
+    # tool_calls.plan_tools, whose errors say what is allowed.
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class CompletionRequest(_SamplingFields):
@@ -161,8 +193,38 @@ def _check_common(req: _SamplingFields) -> None:
             raise APIError("suffix is not supported", "suffix")
         if isinstance(req.prompt, list) and not req.prompt:
             raise APIError("'prompt' must not be empty", "prompt")
-    elif req.top_logprobs and not req.logprobs:
-        raise APIError("top_logprobs needs logprobs set to true", "top_logprobs")
+    else:
+        if req.top_logprobs and not req.logprobs:
+            raise APIError("top_logprobs needs logprobs set to true", "top_logprobs")
+        _check_tool_messages(req.messages)
+    _check_response_format(req)
+
+
+def _check_tool_messages(messages: list[ChatMessage]) -> None:
+    for i, msg in enumerate(messages):
+        if msg.role == "tool" and not msg.tool_call_id:
+            raise APIError(f"messages[{i}] has role 'tool' and needs the tool_call_id of the "
+                           "call it answers", f"messages[{i}].tool_call_id")
+
+
+def constraint_extras(req: _SamplingFields) -> list[str]:
+    """The engine constraints given as extra fields (regex, ebnf, json_schema)."""
+    return [name for name in ("regex", "ebnf", "json_schema") if getattr(req, name) is not None]
+
+
+def _check_response_format(req: _SamplingFields) -> None:
+    fmt = req.response_format
+    if fmt is None or fmt.type == "text":
+        return
+    if constraint_extras(req):
+        raise APIError(f"response_format {fmt.type!r} cannot be combined with "
+                       f"{constraint_extras(req)}: give one constraint", "response_format")
+    if fmt.type == "json_schema":
+        spec = fmt.json_schema
+        if spec is None or not isinstance(spec.get("name"), str):
+            raise APIError('response_format of type "json_schema" needs "json_schema": '
+                           '{"name": str, "schema": object, "strict": bool}',
+                           "response_format.json_schema")
 
 
 # -- translation to the engine ------------------------------------------------------------
@@ -191,8 +253,8 @@ def sampling_params(req: _SamplingFields, max_new_tokens: int) -> dict[str, Any]
 
 
 def _response_format_schema(fmt: ResponseFormat | None) -> str | None:
-    """response_format as the engine's json_schema string (structured generation is a later
-    issue: today the engine refuses it with a clear error)."""
+    """response_format as the engine's json_schema text: "json_object" is any JSON object,
+    "json_schema" its `schema` (always enforced, whatever `strict` says), "text" nothing."""
     if fmt is None or fmt.type == "text":
         return None
     if fmt.type == "json_object":
@@ -247,10 +309,13 @@ def rename_engine_error(exc: ValueError, names: dict[str, str]) -> APIError:
 MIN_LOGPROB = -9999.0  # what the OpenAI API reports for -inf; JSON has no infinity
 
 
-def finish_reason(meta: dict[str, Any]) -> str | None:
-    """The engine's {"type": ...} as OpenAI's string: "stop", "length" or "abort"."""
+def finish_reason(meta: dict[str, Any], tool_calls: bool = False) -> str | None:
+    """The engine's {"type": ...} as OpenAI's string: "stop", "length" or "abort"; a choice
+    that stopped with tool calls in it says "tool_calls"."""
     reason = meta.get("finish_reason")
-    return None if reason is None else reason["type"]
+    if reason is None:
+        return None
+    return "tool_calls" if tool_calls and reason["type"] == "stop" else reason["type"]
 
 
 def matched_stop(meta: dict[str, Any]) -> int | str | None:

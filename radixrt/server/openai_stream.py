@@ -10,6 +10,13 @@ from functools import lru_cache
 from typing import Any
 
 from radixrt.server import openai_protocol as proto
+from radixrt.server.tool_calls import (
+    AutoToolStream,
+    ForcedCallScanner,
+    ToolCall,
+    ToolPlan,
+    new_call_id,
+)
 
 
 @lru_cache(maxsize=1)
@@ -135,31 +142,92 @@ async def chat_events(job: Any, chunks: AsyncIterator[dict], texts: TokenTexts,
     make, with_usage = _chunk_maker(job, "chat.completion.chunk")
     count = job.req.n
     progress = _Progress(count)
+    deltas = [ChoiceDeltas(job.tools) for _ in range(count)]
     async with aclosing(chunks):  # closing it aborts a request the client left
         for i in range(count):
-            yield make([_chat_choice(i, {"role": "assistant", "content": ""})])
+            yield make([_chat_choice(i, deltas[i].role_delta())])
         async for chunk in chunks:
             i, meta = chunk.get("index", 0), chunk["meta_info"]
             logprobs = None
             if job.req.logprobs:
                 entries = progress.new_entries(i, meta, prompt=False)
                 logprobs = chat_logprobs(texts, *entries) if entries[0] else None
-            if chunk["text"] or logprobs:
-                yield make([_chat_choice(i, {"content": chunk["text"]}, logprobs)])
+            for delta in deltas[i].feed(chunk["text"], logprobs is not None):
+                yield make([_chat_choice(i, delta, logprobs)])
+                logprobs = None
             if meta["finish_reason"] is not None:
-                yield make([_chat_choice(i, {}, None, meta)])
+                for delta in deltas[i].finish():
+                    yield make([_chat_choice(i, delta)])
+                yield make([_chat_choice(i, {}, None, meta, deltas[i].has_calls)])
             progress.metas[i] = meta
     if with_usage:
         yield make([], proto.usage(progress.metas, job.req.n))
 
 
 def _chat_choice(i: int, delta: dict[str, Any], logprobs: dict | None = None,
-                 meta: dict[str, Any] | None = None) -> dict[str, Any]:
+                 meta: dict[str, Any] | None = None, calls: bool = False) -> dict[str, Any]:
     choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": None}
     if meta is not None:
-        choice["finish_reason"] = proto.finish_reason(meta)
+        choice["finish_reason"] = proto.finish_reason(meta, calls)
         choice["matched_stop"] = proto.matched_stop(meta)
     return choice
+
+
+class ChoiceDeltas:
+    """The chat deltas of one streamed choice, from its text deltas, by the tool plan:
+    content; one call's argument text (named); calls read as they grow (required); or, for
+    "auto", content until a call may have begun, then the parsed rest at the end."""
+
+    def __init__(self, plan: ToolPlan | None) -> None:
+        self.plan = plan
+        self.mode = "plain" if plan is None or plan.mode == "none" else plan.mode
+        self.scanner = ForcedCallScanner() if self.mode == "required" else None
+        self.auto = AutoToolStream(plan.names) if self.mode == "auto" else None
+        self.ids: list[str] = []  # ids of the calls begun
+
+    @property
+    def has_calls(self) -> bool:
+        return bool(self.ids)
+
+    def role_delta(self) -> dict[str, Any]:
+        forced = self.mode in ("named", "required")
+        return {"role": "assistant", "content": None if forced else ""}
+
+    def feed(self, text: str, logprobs: bool = False) -> list[dict[str, Any]]:
+        """The deltas for new text; one empty delta if there are none but logprobs to send."""
+        if self.mode == "plain":
+            return [{"content": text}] if text or logprobs else []
+        out = self._tool_deltas(text)
+        return out or ([{}] if logprobs else [])
+
+    def _tool_deltas(self, text: str) -> list[dict[str, Any]]:
+        if self.mode == "named":
+            out = [] if self.ids else [self._start(self.plan.forced_name)]
+            return out + ([_args_delta(0, text)] if text else [])
+        if self.mode == "required":
+            return [self._start(ev[2]) if ev[0] == "start" else _args_delta(ev[1], ev[2])
+                    for ev in self.scanner.feed(text)]
+        sent = self.auto.feed(text)
+        return [{"content": sent}] if sent else []
+
+    def _start(self, name: str, arguments: str = "") -> dict[str, Any]:
+        self.ids.append(new_call_id())
+        call = ToolCall(name, arguments, self.ids[-1]).to_openai()
+        return {"tool_calls": [{"index": len(self.ids) - 1, **call}]}
+
+    def finish(self) -> list[dict[str, Any]]:
+        """The deltas held back to the end (auto), or the call header of an empty output."""
+        if self.mode == "named" and not self.ids:
+            return [self._start(self.plan.forced_name)]
+        if self.mode != "auto":
+            return []
+        parsed = self.auto.finish()
+        out = [{"content": parsed.content}] if parsed.content else []
+        return out + [self._start(c.name, c.arguments) for c in parsed.calls]
+
+
+def _args_delta(index: int, text: str) -> dict[str, Any]:
+    return {"tool_calls": [{"index": index, "function": {"arguments": text}}]}
 
 
 async def completion_events(job: Any, chunks: AsyncIterator[dict], texts: TokenTexts,

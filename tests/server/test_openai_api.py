@@ -6,6 +6,8 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import openai
@@ -22,10 +24,10 @@ MESSAGES = [{"role": "system", "content": "Be brief."},
 GREEDY = {"temperature": 0, "max_tokens": 12}
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model_dir):
-    engine = Engine(tiny_model_dir("llama"), in_process=True, dtype="float32",
-                    max_total_tokens=4096, log_level="warning")
+@contextmanager
+def serve(engine: Engine) -> Iterator[str]:
+    """The OpenAI routes over `engine` on uvicorn (loopback, a free port): yields the base URL;
+    shuts the engine down at the end."""
     app = FastAPI()
     add_openai_routes(app, engine, MODEL)
     sock = socket.socket()
@@ -38,12 +40,20 @@ def server(tiny_model_dir):
         assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
         time.sleep(0.05)
     try:
-        yield engine, f"http://127.0.0.1:{sock.getsockname()[1]}"
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         uv.should_exit = True
         thread.join(timeout=10)
         sock.close()
         engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    engine = Engine(tiny_model_dir("llama"), in_process=True, dtype="float32",
+                    max_total_tokens=4096, log_level="warning")
+    with serve(engine) as url:
+        yield engine, url
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,355 @@
+"""Structured outputs and tool calls in /v1/chat/completions: the "auto" parsers on hand-written
+model outputs, then a real uvicorn server (loopback, tiny random model) with the `openai`
+client. The tiny model's text is random, but constrained output parses once it stops. The
+requests sample (temperature 1, fixed seeds) with whitespace tokens banned by logit_bias (JSON
+allows whitespace between any two tokens, and a random model may loop on it) and assert that
+they stopped rather than ran out of tokens."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from test_openai_api import MODEL, serve, server, template_ids  # noqa: F401 - the fixture
+
+from radixrt import Engine
+from radixrt.server.openai_api import _template_message
+from radixrt.server.openai_protocol import ChatMessage
+from radixrt.server.tool_calls import (
+    AutoToolStream,
+    ForcedCallScanner,
+    parse_tool_calls,
+)
+
+WEATHER = {"type": "object", "properties": {
+    "city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]},
+    "unit": {"enum": ["c", "f"]},
+    "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city", "unit", "days"], "additionalProperties": False}
+# (Not maxLength: xgrammar 0.2.9 lets such strings hold raw control characters, not JSON.)
+TIME = {"type": "object", "properties": {"zone": {"type": "string", "pattern": "^[A-Z]{2,4}$"},
+                                         "utc": {"type": "boolean"}},
+        "required": ["zone", "utc"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "parameters": TIME}}]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+ASK = [{"role": "user", "content": "Weather in Oslo?"}]
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+
+# -- "auto" parsers on hand-written outputs ------------------------------------------------
+def _calls(parsed) -> list[tuple[str, dict]]:
+    return [(c.name, json.loads(c.arguments)) for c in parsed.calls]
+
+
+def test_hermes_calls_and_text_around_them():
+    text = ('Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+            '\n</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n'
+            "</tool_call>\nDone.")
+    parsed = parse_tool_calls(text)
+    assert _calls(parsed) == [("get_weather", {"city": "Oslo"}), ("get_time", {"zone": "CET"})]
+    assert parsed.content == "Let me look.\n\n\nDone."
+
+
+def test_hermes_unclosed_last_call_and_malformed_json():
+    parsed = parse_tool_calls('<tool_call>\n{"name": "f", "arguments": {"x": 1}}')
+    assert _calls(parsed) == [("f", {"x": 1})] and parsed.content is None
+    bad = 'Hi <tool_call>{"name": "f", "arguments": {"x": 1</tool_call> <tool_call>{"name": "g"}'
+    parsed = parse_tool_calls(bad)
+    assert _calls(parsed) == [("g", {})]
+    assert parsed.content == 'Hi <tool_call>{"name": "f", "arguments": {"x": 1</tool_call>'
+
+
+def test_llama_json_format():
+    names = ("get_weather", "get_time")
+    parsed = parse_tool_calls('{"name": "get_weather", "parameters": {"city": "Lima"}}', names)
+    assert _calls(parsed) == [("get_weather", {"city": "Lima"})] and parsed.content is None
+    tagged = '<|python_tag|>{"name": "get_time", "parameters": {}}; {"name": "get_weather", ' \
+             '"parameters": {"days": 2}}'
+    assert _calls(parse_tool_calls(tagged, names)) == [("get_time", {}),
+                                                       ("get_weather", {"days": 2})]
+    # A JSON answer that is not a call of a known tool, broken JSON, or prose: all content.
+    for text in ('{"name": "Bob", "parameters": {}}', '{"answer": 42}',
+                 '{"name": "get_time", "parameters": {', 'It is sunny.',
+                 '{"name": "get_time", "parameters": {}} and more text'):
+        parsed = parse_tool_calls(text, names)
+        assert parsed.calls == [] and parsed.content == text, text
+
+
+def test_mistral_format_and_string_arguments():
+    text = 'Sure. [TOOL_CALLS] [{"name": "a", "arguments": {"q": "x"}}, ' \
+           '{"name": "b", "arguments": "{\\"n\\": 3}"}]'
+    parsed = parse_tool_calls(text)
+    assert _calls(parsed) == [("a", {"q": "x"}), ("b", {"n": 3})] and parsed.content == "Sure."
+    broken = 'Sure. [TOOL_CALLS] [{"name": "a", "arguments": {"q": '
+    parsed = parse_tool_calls(broken)
+    assert parsed.calls == [] and parsed.content == broken.strip()
+    assert parse_tool_calls('[TOOL_CALLS] [{"arguments": {}}]').calls == []
+
+
+def test_forced_scanner_streams_what_it_reads_whole():
+    text = ('[{"name": "get_time", "arguments": {"zone": "a}\\"]{", "utc": true}},\n'
+            ' {"name":"get_weather","arguments":{"city":"Oslo","days":[1,{"x":2}]}}]')
+    whole = ForcedCallScanner()
+    whole.feed(text)
+    pieces, starts, args = ForcedCallScanner(), [], ["", ""]
+    for ch in text:
+        for event in pieces.feed(ch):
+            if event[0] == "start":
+                starts.append(event[2])
+            else:
+                args[event[1]] += event[2]
+    assert starts == ["get_time", "get_weather"]
+    assert args == [c.arguments for c in whole.result()]
+    assert json.loads(args[0]) == {"zone": 'a}"]{', "utc": True}
+    assert json.loads(args[1]) == {"city": "Oslo", "days": [1, {"x": 2}]}
+
+
+def _stream_auto(text: str, step: int = 1):
+    stream = AutoToolStream(("f",))
+    sent = "".join(stream.feed(text[i:i + step]) for i in range(0, len(text), step))
+    return sent, stream.finish()
+
+
+def test_auto_stream_holds_calls_back_and_passes_text():
+    sent, rest = _stream_auto('Checking <tool_call>{"name": "f", "arguments": {}}</tool_call>')
+    assert sent == "Checking " and [c.name for c in rest.calls] == ["f"]
+    sent, rest = _stream_auto("a < b and [TOOL_ is not a call <tool")
+    assert sent + (rest.content or "") == "a < b and [TOOL_ is not a call <tool"
+    assert rest.calls == []
+    sent, rest = _stream_auto('  {"name": "f", "parameters": {"k": 1}}', step=3)
+    assert sent == "" and _calls(rest) == [("f", {"k": 1})]
+    sent, rest = _stream_auto("{not json at all}")
+    assert sent == "" and rest.content == "{not json at all}" and rest.calls == []
+
+
+def test_assistant_tool_call_arguments_reach_the_template_as_objects():
+    msg = ChatMessage.model_validate({"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "f", "arguments": '{"x": [1, 2]}'}}]})
+    out = _template_message(msg, 0)
+    assert out["tool_calls"][0]["function"]["arguments"] == {"x": [1, 2]}
+    assert out["content"] == ""
+
+
+# -- the server ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def client(server):  # noqa: F811
+    return openai.OpenAI(base_url=f"{server[1]}/v1", api_key="x", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def sample(server) -> dict:  # noqa: F811
+    tok = server[0].tokenizer
+    ban = {str(tok.encode(c, add_special_tokens=False)[0]): -100 for c in " \t\n\r"}
+    assert len(ban) == 4
+    return {"temperature": 1.0, "max_tokens": 300, "logit_bias": ban}
+
+
+def _check_call(call, names=("get_weather",)) -> dict:
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name in names
+    args = json.loads(call.function.arguments)
+    jsonschema.validate(args, SCHEMAS[call.function.name])
+    return args
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_named_tool_choice(client, sample, seed):
+    resp = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS,
+                                          tool_choice=NAMED, seed=seed, **sample)
+    choice = resp.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    assert choice.message.content is None and len(choice.message.tool_calls) == 1
+    _check_call(choice.message.tool_calls[0])
+
+
+def test_required_with_two_tools(client, sample):
+    names = set()
+    for seed, parallel in ((0, True), (3, True), (0, False), (3, False)):
+        resp = client.chat.completions.create(
+            model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", seed=seed,
+            parallel_tool_calls=parallel, **sample)
+        choice = resp.choices[0]
+        assert choice.finish_reason == "tool_calls", (seed, parallel, choice)
+        calls = choice.message.tool_calls
+        assert calls and (parallel or len(calls) == 1)
+        for call in calls:
+            _check_call(call, tuple(SCHEMAS))
+            names.add(call.function.name)
+        assert len({c.id for c in calls}) == len(calls)
+    assert names, "no tool was called"
+
+
+def _stream_calls(client, sample, **kwargs) -> tuple[dict[int, dict], list[str | None], list]:
+    """The streamed calls joined by index, the finish reasons, and the tool deltas."""
+    calls: dict[int, dict] = {}
+    finishes, deltas = [], []
+    for chunk in client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS,
+                                                stream=True, **kwargs, **sample):
+        choice = chunk.choices[0]
+        finishes.append(choice.finish_reason)
+        for delta in choice.delta.tool_calls or []:
+            deltas.append(delta)
+            call = calls.setdefault(delta.index, {"id": delta.id, "name": delta.function.name,
+                                                  "arguments": ""})
+            call["arguments"] += delta.function.arguments or ""
+    return calls, finishes, deltas
+
+
+@pytest.mark.parametrize("tool_choice", [NAMED, "required"])
+def test_streamed_call_equals_the_whole_one(client, sample, tool_choice):
+    calls, finishes, deltas = _stream_calls(client, sample, tool_choice=tool_choice, seed=3)
+    assert finishes[-1] == "tool_calls" and not any(finishes[:-1])
+    first = deltas[0]
+    assert first.id.startswith("call_") and first.type == "function"
+    assert first.function.name and first.function.arguments == ""
+    assert all(d.id is None and d.function.name is None for d in deltas[1:]
+               if d.index == first.index)
+    assert len(deltas) > len(calls) + 2, "the arguments came in one piece"
+    whole = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS,
+                                           tool_choice=tool_choice, seed=3, **sample)
+    want = whole.choices[0].message.tool_calls
+    assert [(c["name"], c["arguments"]) for c in calls.values()] == \
+        [(c.function.name, c.function.arguments) for c in want]
+    for call in calls.values():
+        jsonschema.validate(json.loads(call["arguments"]), SCHEMAS[call["name"]])
+
+
+def test_auto_without_a_call_is_text_streamed_or_not(client):
+    whole = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, seed=5,
+                                           temperature=1.0, max_tokens=24)
+    choice = whole.choices[0]
+    assert choice.message.tool_calls is None and choice.finish_reason in ("stop", "length")
+    stream = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, seed=5,
+                                            temperature=1.0, max_tokens=24, stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in stream)
+    assert text.strip() == (choice.message.content or "").strip()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("fmt,schema", [
+    ({"type": "json_object"}, {"type": "object"}),
+    ({"type": "json_schema", "json_schema": {"name": "w", "schema": WEATHER, "strict": True}},
+     WEATHER)])
+def test_response_format(client, server, sample, fmt, schema, stream):  # noqa: F811
+    # Any JSON object may hold strings, which the random model would rarely close: a bias
+    # towards '"' and '}' makes it stop soon (the grammar still decides what may come).
+    tok = server[0].tokenizer
+    bias = {str(tok.convert_tokens_to_ids(c)): 8 for c in '"}'}
+    kwargs = {"model": MODEL, "messages": ASK, "response_format": fmt, "seed": 1, **sample}
+    kwargs["logit_bias"] = {**sample["logit_bias"], **bias}
+    if stream:
+        chunks = list(client.chat.completions.create(stream=True, **kwargs))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks)
+        finish = chunks[-1].choices[0].finish_reason
+    else:
+        choice = client.chat.completions.create(**kwargs).choices[0]
+        text, finish = choice.message.content, choice.finish_reason
+    assert finish == "stop", text
+    jsonschema.validate(json.loads(text), schema)
+
+
+def test_regex_extra(client, sample):
+    pattern = r"(yes|no), [0-9]{1,3} (cats|dogs)\."
+    for seed in range(3):
+        resp = client.chat.completions.create(model=MODEL, messages=ASK, seed=seed,
+                                              extra_body={"regex": pattern}, **sample)
+        assert re.fullmatch(pattern, resp.choices[0].message.content)
+        assert resp.choices[0].finish_reason == "stop"
+
+
+# A template that renders tools, assistant calls (arguments through tojson) and tool results.
+TOOL_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n{{ tools | tojson }}<|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+    "{% for c in m.tool_calls or [] %}<tool_call>{{ {'name': c.function.name, "
+    "'arguments': c.function.arguments} | tojson }}</tool_call>{% endfor %}"
+    "{% if m.tool_call_id %} ({{ m.tool_call_id }}){% endif %}<|im_end|>\n{% endfor %}"
+    "<|im_start|>assistant\n")
+
+
+def test_conversation_with_a_tool_result(client, server):  # noqa: F811
+    engine = server[0]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    messages = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "12 C, rain"}]
+    resp = client.chat.completions.create(
+        model=MODEL, messages=messages, tools=tools, max_tokens=4,
+        extra_body={"chat_template_kwargs": {"chat_template": TOOL_TEMPLATE}})
+    rendered = messages[:1] + [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]},
+        messages[2]]
+    text = engine.tokenizer.apply_chat_template(rendered, tools=tools, chat_template=
+                                                TOOL_TEMPLATE, tokenize=False)
+    assert '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}' in text
+    assert "12 C, rain (call_1)" in text and '"name": "f"' in text
+    assert resp.usage.prompt_tokens == len(engine.tokenizer.encode(text,
+                                                                   add_special_tokens=False))
+    plain = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4)
+    assert plain.usage.prompt_tokens == len(template_ids(engine, [
+        messages[0], {"role": "assistant", "content": ""}, messages[2]]))
+
+
+BAD_TOOL_INPUTS = [
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice", "'nope', which is not in tools"),
+    ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice", "'required'"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function"}}, "tool_choice", '"name"'),
+    ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "nope"}}}]}, "tools[0].function.parameters", "not a valid JSON schema"),
+    ({"tools": [{"type": "retrieval", "function": {"name": "f"}}]}, "tools[0].type",
+     "'function'"),
+    ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name",
+     "must match"),
+    ({"tools": TOOLS + TOOLS[:1]}, "tools[2].function.name", "given twice"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+     "tool_choice", "cannot be combined"),
+    ({"response_format": {"type": "json_object"}, "regex": "a+"}, "response_format",
+     "cannot be combined"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+     "response_format.json_schema", '"name"'),
+    ({"response_format": {"type": "xml"}}, "response_format.type", "'json_schema'"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id",
+     "tool_call_id"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"type": "function", "function": {
+        "name": "f", "arguments": "{oops"}}]}]},
+     "messages[0].tool_calls[0].function.arguments", "JSON"),
+]
+
+
+@pytest.mark.parametrize("extra,param,words", BAD_TOOL_INPUTS,
+                         ids=[f"{i}-{b[1]}" for i, b in enumerate(BAD_TOOL_INPUTS)])
+def test_bad_tool_input_is_a_400_naming_the_field(server, extra, param, words):  # noqa: F811
+    body = {"model": MODEL, "messages": ASK, "max_tokens": 4, **extra}
+    resp = httpx.post(f"{server[1]}/v1/chat/completions", json=body, timeout=30)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == param and words in error["message"], error
+
+
+@pytest.mark.slow
+def test_named_tool_call_on_the_default_model():
+    engine = Engine(in_process=True, max_total_tokens=2048, log_level="warning")
+    with serve(engine) as url:
+        real = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        resp = real.chat.completions.create(
+            model="default", tools=TOOLS, tool_choice=NAMED, temperature=0, max_tokens=64,
+            messages=[{"role": "user", "content": "What is the weather in Paris, in celsius, "
+                                                  "for the next 3 days?"}])
+    choice = resp.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    args = _check_call(choice.message.tool_calls[0])
+    assert args["city"] in WEATHER["properties"]["city"]["enum"]
