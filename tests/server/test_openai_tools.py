@@ -231,6 +231,11 @@ def test_auto_without_a_call_is_text_streamed_or_not(client):
                                             temperature=1.0, max_tokens=24, stream=True)
     text = "".join(c.choices[0].delta.content or "" for c in stream)
     assert text.strip() == (choice.message.content or "").strip()
+    # "none": the same prompt (this template ignores tools), so the same sample, never parsed.
+    none = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, seed=5,
+                                          temperature=1.0, max_tokens=24, tool_choice="none")
+    assert none.choices[0].message.tool_calls is None
+    assert none.choices[0].message.content.strip() == (choice.message.content or "").strip()
 
 
 @pytest.mark.parametrize("stream", [False, True])
