@@ -279,6 +279,10 @@ def validate_request_size(prompt_len: int, max_new_tokens: int, context_length: 
     if prompt_len >= context_length:
         raise ValueError(f"the prompt has {prompt_len} tokens; the model's context_length is "
                          f"{context_length} and at least one token must be generated")
+    if prompt_len + max_new_tokens > context_length:
+        raise ValueError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) "
+                         f"exceed the model's context_length ({context_length}): lower "
+                         f"max_new_tokens to at most {context_length - prompt_len}")
     if prompt_len + max_new_tokens > pool_tokens:
         raise ValueError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) "
                          f"exceed the KV pool ({pool_tokens} tokens): lower max_new_tokens or "

@@ -130,6 +130,8 @@ def test_abandoned_stream_aborts_and_returns_kv(engine):
 @pytest.mark.parametrize("kwargs, field", [
     (dict(prompt=""), "empty"),
     (dict(input_ids=[1] * 9000), "context_length"),
+    (dict(input_ids=[1] * 8000, sampling_params={"max_new_tokens": 500}),
+     "max_new_tokens to at most 192"),
     (dict(prompt="hi", sampling_params={"max_new_tokens": -1}), "max_new_tokens"),
     (dict(prompt="hi", sampling_params={"temperature": -0.5}), "temperature"),
     (dict(prompt="hi", sampling_params={"top_p": 0}), "top_p"),
