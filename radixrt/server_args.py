@@ -52,6 +52,8 @@ class ServerArgs:
     # Structured generation
     disable_jump_forward: bool = _f(False, "decode constrained text token by token, even where "
                                     "the grammar fixes it (for comparison)")
+    json_any_whitespace: bool = _f(False, "let JSON-schema output put any whitespace between "
+                                   "tokens (xgrammar's default); off: json.dumps spacing")
     # Execution
     attention_backend: str | None = _f(None, "torch or triton; default: triton on CUDA, torch "
                                        "on CPU", ("torch", "triton"))

@@ -15,14 +15,19 @@ from typing import Any
 import torch
 
 CACHE_SIZE = 256
+# xgrammar 0.2 writes the characters of a string with maxLength as [^"\\\r\n], which admits
+# raw control characters (a tab, \x01) that JSON forbids inside strings; we tighten it.
+_LOOSE_STRING_CHAR = r'[^\"\\\r\n]'
+_JSON_STRING_CHAR = r'[^\0-\x1f\"\\]'
 
 
 class GrammarBackend:
-    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+    def __init__(self, tokenizer: Any, vocab_size: int, json_any_whitespace: bool = False) -> None:
         import xgrammar as xgr
 
         self.xgr = xgr
         self.vocab_size = vocab_size
+        self.json_any_whitespace = json_any_whitespace
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
         self.compiler = xgr.GrammarCompiler(info, cache_enabled=False)  # we cache by text
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="radixrt-grammar")
@@ -42,9 +47,18 @@ class GrammarBackend:
 
     def _compile(self, kind: str, text: str):
         c = self.compiler
-        build = {"regex": c.compile_regex, "json_schema": c.compile_json_schema,
-                 "ebnf": c.compile_grammar}[kind]
-        return build(text)
+        if kind == "regex":
+            return c.compile_regex(text)
+        if kind == "ebnf":
+            return c.compile_grammar(text)
+        # JSON: json.dumps' spacing unless any whitespace is allowed (small models given the
+        # freedom tend to loop on newlines until max_new_tokens cuts the JSON short).
+        grammar = self.xgr.Grammar.from_json_schema(text, any_whitespace=self.json_any_whitespace)
+        ebnf = str(grammar)
+        if _LOOSE_STRING_CHAR in ebnf:
+            grammar = self.xgr.Grammar.from_ebnf(ebnf.replace(_LOOSE_STRING_CHAR,
+                                                              _JSON_STRING_CHAR))
+        return c.compile_grammar(grammar)
 
     def matcher(self, compiled) -> Any:
         return self.xgr.GrammarMatcher(compiled)

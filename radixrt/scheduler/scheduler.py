@@ -208,7 +208,8 @@ class Scheduler:
 
             tokenizer = self.parts.tokenizer
             tokenizer = tokenizer.get() if hasattr(tokenizer, "get") else tokenizer
-            self.outputs.grammar = GrammarBackend(tokenizer, self.parts.model_config.vocab_size)
+            self.outputs.grammar = GrammarBackend(tokenizer, self.parts.model_config.vocab_size,
+                                                  self.args.json_any_whitespace)
         return self.outputs.grammar
 
     def _admit_compiled(self) -> None:
