@@ -23,15 +23,23 @@ _JSON_STRING_CHAR = r'[^\0-\x1f\"\\]'
 
 class GrammarBackend:
     def __init__(self, tokenizer: Any, vocab_size: int, json_any_whitespace: bool = False) -> None:
-        import xgrammar as xgr
-
-        self.xgr = xgr
         self.vocab_size = vocab_size
         self.json_any_whitespace = json_any_whitespace
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
-        self.compiler = xgr.GrammarCompiler(info, cache_enabled=False)  # we cache by text
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="radixrt-grammar")
         self.cache: OrderedDict[tuple[str, str], Future] = OrderedDict()
+        # Importing xgrammar and reading the vocabulary take most of a second: on the worker
+        # too, which runs this before any compile (one thread, tasks in order).
+        self._setup = self.pool.submit(self._make_compiler, tokenizer)
+
+    def _make_compiler(self, tokenizer: Any):
+        import xgrammar as xgr
+
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size)
+        return xgr, xgr.GrammarCompiler(info, cache_enabled=False)  # we cache by text
+
+    @property
+    def xgr(self):
+        return self._setup.result()[0]
 
     def compile(self, kind: str, text: str) -> Future:
         """A future of the compiled grammar (from the cache when the text was seen)."""
@@ -46,7 +54,7 @@ class GrammarBackend:
         return future
 
     def _compile(self, kind: str, text: str):
-        c = self.compiler
+        c = self._setup.result()[1]
         if kind == "regex":
             return c.compile_regex(text)
         if kind == "ebnf":
