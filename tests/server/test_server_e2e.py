@@ -7,9 +7,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import time
 
 import httpx
+import jsonschema
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -124,6 +126,10 @@ BAD_INPUTS = [
     ("/generate", {"text": 5}, "prompt"),
     ("/generate", {"text": "x", "stream": "yes"}, "stream"),
     ("/generate", {"input_ids": [10 ** 9]}, "input_ids"),
+    ("/generate", {"text": "x", "sampling_params": {"regex": "(["}}, "regex"),
+    ("/generate", {"text": "x", "sampling_params": {"json_schema": "{oops"}}, "json_schema"),
+    ("/generate", {"text": "x", "sampling_params": {"regex": "a", "ebnf": "root ::= \"a\""}},
+     "at most one"),
 ]
 
 
@@ -138,6 +144,23 @@ def test_bad_input_gets_400_naming_the_field_and_the_server_keeps_serving(
     ok = httpx.post(server.url + "/generate", json={"text": "ok", "sampling_params": {
         "max_new_tokens": 1}}, timeout=60)
     assert ok.status_code == 200
+
+
+def test_constrained_generation_through_the_native_api(server):
+    schema = {"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+        "required": ["name", "age"]}
+    outs = httpx.post(server.url + "/generate", timeout=120, json={
+        "text": ["A person as JSON:", "Bob, 41, as JSON:"],
+        "sampling_params": {"json_schema": schema, "temperature": 1.0, "max_new_tokens": 48,
+                            "seed": 1}}).json()
+    for out in outs:
+        jsonschema.validate(json.loads(out["text"]), schema)
+    phone = httpx.post(server.url + "/generate", timeout=60, json={
+        "text": "Call me at", "sampling_params": {"regex": r" \(\d{3}\) \d{3}-\d{4}",
+                                                   "max_new_tokens": 20}}).json()
+    assert re.fullmatch(r" \(\d{3}\) \d{3}-\d{4}", phone["text"]), phone["text"]
 
 
 def test_32_concurrent_streams_equal_one_at_a_time(server, oai):
