@@ -206,6 +206,15 @@ def test_client_disconnect_mid_stream_aborts_and_frees_kv(server):
     assert metrics(server)["radixrt:num_aborted_requests_total"] == aborted_before + 1
 
 
+def test_client_gone_while_waiting_for_a_whole_answer_aborts_it(server):
+    body = {"text": "Count forever:", "sampling_params": {"max_new_tokens": 4000,
+                                                          "ignore_eos": True}}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
+        httpx.post(server.url + "/generate", json=body, timeout=2)
+    info = wait_idle(server)
+    assert info["free_tokens"] + info["evictable_tokens"] == info["pool_tokens"]
+
+
 def test_flush_cache_refused_while_running_and_abort_request(server):
     url = server.url
     body = {"text": "Count:", "rid": "long-one", "stream": True,
