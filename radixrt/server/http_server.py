@@ -98,7 +98,12 @@ def _add_native_routes(app: FastAPI, state: ServerState) -> None:
                 "tokenizer_path": state.args.tokenizer_path,
                 "served_model_name": state.served_model_name, "is_generation": True,
                 "context_length": engine.info.context_length,
-                "vocab_size": engine.info.vocab_size}
+                "vocab_size": engine.info.vocab_size,
+                # What a client needs to render prompts the way /v1/chat/completions does
+                # (jinja2 alone, no tokenizer), e.g. the DSL's RuntimeEndpoint.
+                "chat_template": getattr(engine.tokenizer, "chat_template", None),
+                "bos_token": getattr(engine.tokenizer, "bos_token", None),
+                "eos_token": getattr(engine.tokenizer, "eos_token", None)}
 
     @app.get("/get_server_info")
     async def get_server_info() -> dict[str, Any]:

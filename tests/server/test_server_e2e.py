@@ -236,6 +236,7 @@ def test_info_endpoints(server, oai):
     assert [m.id for m in oai.models.list().data] == [MODEL]
     model = httpx.get(server.url + "/get_model_info", timeout=30).json()
     assert model["is_generation"] and model["context_length"] == CONTEXT
+    assert "<|im_start|>" in model["chat_template"] and model["eos_token"] == "<|im_end|>"
     info = stats(server)
     assert info["max_total_num_tokens"] == 16384 and info["host"] == "127.0.0.1"
     assert "api_key" not in info and info["zmq_frontend_address"].startswith("tcp://127.0.0.1:")
