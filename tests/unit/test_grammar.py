@@ -1,0 +1,143 @@
+"""The grammar backend and jump-forward on the default model's tokenizer, with real xgrammar
+matchers: forced text is appended as the tokenizer would write it, the matcher stays in the
+state the tokens imply, `room` caps the jump, the compile cache reuses and retries, and
+apply_masks masks exactly the forbidden tokens of the constrained rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixrt.grammar.backend import GrammarBackend
+from radixrt.grammar.jump_forward import jump_forward
+
+VOCAB = 49152  # SmolLM2's
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from radixrt.loader.default_model import default_model_path
+    from radixrt.loader.tokenizer import load_tokenizer
+
+    return load_tokenizer(default_model_path())
+
+
+@pytest.fixture(scope="module")
+def backend(tokenizer):
+    b = GrammarBackend(tokenizer, VOCAB)
+    yield b
+    b.close()
+
+
+def matcher_for(backend, regex: str):
+    return backend.matcher(backend.compile("regex", regex).result(timeout=30))
+
+
+def ids_of(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def fed(backend, regex: str, ids: list[int]):
+    """A fresh matcher that accepted `ids` (each must be accepted)."""
+    m = matcher_for(backend, regex)
+    for t in ids:
+        assert m.accept_token(t), f"token {t} refused"
+    return m
+
+
+def assert_same_state(backend, regex: str, used, ids: list[int]) -> None:
+    """`used` is in the state a fresh matcher reaches on `ids`: same forced text, same mask."""
+    fresh = fed(backend, regex, ids)
+    assert used.find_jump_forward_string() == fresh.find_jump_forward_string()
+    masks = backend.xgr.allocate_token_bitmask(2, VOCAB)
+    used.fill_next_token_bitmask(masks, 0)
+    fresh.fill_next_token_bitmask(masks, 1)
+    assert torch.equal(masks[0], masks[1])
+
+
+def finish(tokenizer, matcher, text: str) -> None:
+    for t in ids_of(tokenizer, text):
+        assert matcher.accept_token(t), f"continuation token {tokenizer.decode([t])!r} refused"
+    assert matcher.accept_token(tokenizer.eos_token_id) and matcher.is_terminated()
+
+
+def test_forced_text_is_appended_and_the_matcher_follows(tokenizer, backend):
+    regex = r"The capital of France is [A-Z][a-z]+\."
+    ids = ids_of(tokenizer, "The")
+    m = fed(backend, regex, ids)
+    added = jump_forward(ids, m, tokenizer, room=64)
+    assert added > 1
+    assert tokenizer.decode(ids) == "The capital of France is "
+    assert_same_state(backend, regex, m, ids)
+    finish(tokenizer, m, "Paris.")
+
+
+def test_boundary_token_is_retokenized_with_the_forced_text(tokenizer, backend):
+    # "{" sampled alone; the forced '"name": ' merges with it into the tokenizer's own '{"'.
+    regex = r'\{"name": [0-9]{1,3}\}'
+    ids = ids_of(tokenizer, "{")
+    assert len(ids) == 1 and ids_of(tokenizer, '{"name": ')[0] != ids[0], "premise: a merge"
+    m = fed(backend, regex, ids)
+    jump_forward(ids, m, tokenizer, room=64)
+    assert tokenizer.decode(ids) == '{"name": '
+    assert ids == ids_of(tokenizer, '{"name": ')
+    assert_same_state(backend, regex, m, ids)
+    finish(tokenizer, m, "42}")
+
+
+def test_room_caps_the_jump(tokenizer, backend):
+    regex = r"The capital of France is [A-Z][a-z]+\."
+    full = ids_of(tokenizer, "The")
+    jump_forward(full, fed(backend, regex, full), tokenizer, room=64)
+    for room in (0, 1, 2):
+        ids = ids_of(tokenizer, "The")
+        m = fed(backend, regex, ids)
+        added = jump_forward(ids, m, tokenizer, room=room)
+        assert added == room and len(ids) == 1 + room
+        assert ids == full[:1 + room]
+        assert_same_state(backend, regex, m, ids)
+        rest = m.find_jump_forward_string()
+        assert tokenizer.decode(ids) + rest == "The capital of France is "
+        finish(tokenizer, m, rest + "Paris.")
+
+
+def test_nothing_forced_adds_nothing(tokenizer, backend):
+    ids = ids_of(tokenizer, "ab")
+    m = fed(backend, r"[a-z]+", ids)
+    before = list(ids)
+    assert jump_forward(ids, m, tokenizer, room=8) == 0 and ids == before
+
+
+def test_compile_cache_reuses_by_text_and_retries_failures(backend):
+    first = backend.compile("regex", r"[0-9]+")
+    assert backend.compile("regex", r"[0-9]+") is first
+    assert backend.compile("ebnf", r"[0-9]+") is not first  # the kind is part of the key
+    bad = backend.compile("regex", "(unclosed")
+    with pytest.raises(Exception):  # noqa: B017 - xgrammar's own error type
+        bad.result(timeout=30)
+    again = backend.compile("regex", "(unclosed")
+    assert again is not bad  # a failed compile is not cached
+    with pytest.raises(Exception):  # noqa: B017
+        again.result(timeout=30)
+
+
+def test_apply_masks_masks_exactly_the_forbidden_tokens(tokenizer, backend):
+    torch.manual_seed(0)
+    logits = torch.randn(3, VOCAB)
+    original = logits.clone()
+    digits, answer = matcher_for(backend, r"[0-9]"), matcher_for(backend, r"(Yes|No)")
+    backend.apply_masks(logits, [digits, answer], [0, 2])
+    assert torch.equal(logits[1], original[1])  # an unconstrained row is untouched
+    for row, ok in ((0, lambda s: len(s) == 1 and s.isdigit()),
+                    (2, lambda s: s and ("Yes".startswith(s) or "No".startswith(s)))):
+        kept = torch.isfinite(logits[row])
+        assert torch.equal(logits[row][kept], original[row][kept])
+        assert torch.all(logits[row][~kept] == float("-inf"))
+        allowed = kept.nonzero().flatten().tolist()
+        texts = [tokenizer.decode([t]) for t in allowed]
+        assert allowed and all(ok(s) for s in texts), texts
+    assert {tokenizer.decode([t]) for t in kept_ids(logits[0])} == set("0123456789")
+
+
+def kept_ids(row: torch.Tensor) -> list[int]:
+    return torch.isfinite(row).nonzero().flatten().tolist()
