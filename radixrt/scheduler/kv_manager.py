@@ -65,6 +65,16 @@ class KVManager:
         req.kv_slots = torch.cat([req.kv_slots, slots])
         return True
 
+    def truncate(self, req: Req, length: int) -> None:
+        """Forget the request's K/V from position `length` on (a rejected jump-forward
+        proposal): whole private pages past it go back to the allocator."""
+        assert req.tree_len <= length <= req.kv_slots.numel()
+        keep = req.tree_len + -(-(length - req.tree_len) // self.page_size) * self.page_size
+        if req.kv_slots.numel() > keep:
+            self.allocator.free_slots(req.kv_slots[keep:])
+        req.kv_slots = req.kv_slots[:length]
+        req.kv_len = min(req.kv_len, length)
+
     def cache_unfinished(self, req: Req) -> None:
         """Publish the computed, page-aligned part of a request still running (after a prefill
         chunk), so that requests waiting on the same prefix can reuse it next step."""

@@ -8,8 +8,9 @@ import torch
 
 from radixrt.executor.logprobs import compute_logprobs
 from radixrt.executor.sampler import SamplingBatch, sample
-from radixrt.grammar.jump_forward import jump_forward
+from radixrt.grammar.jump_forward import propose
 from radixrt.messages import DetokParams, ReqOutput
+from radixrt.scheduler.jump_verify import verify_proposal
 from radixrt.scheduler.req import Req
 
 
@@ -25,6 +26,8 @@ class RowPlan:
     # Requests with max_new_tokens == 0 whose prompt is now prefilled: they end without a
     # sample (SGLang's prefill-only requests: cache a prefix, or score it with logprobs).
     prefill_only: list[Req] = field(default_factory=list)
+    # Requests whose jump-forward proposal the model checks now: (req, positions in `rows`).
+    verify: list[tuple[Req, list[int]]] = field(default_factory=list)
 
 
 def plan_rows(work: list[tuple[Req, int]]) -> RowPlan:
@@ -37,7 +40,11 @@ def plan_rows(work: list[tuple[Req, int]]) -> RowPlan:
             idx = list(range(len(plan.rows), len(plan.rows) + last_t - first_t + 1))
             plan.rows.extend(offset + (t - 1 - start) for t in range(first_t, last_t + 1))
             plan.prompt_lp.append((req, first_t, idx))
-        if req.kv_len == req.seq_len and req.sampling_params.max_new_tokens == 0:
+        if req.kv_len == req.seq_len and req.num_unverified:
+            k = min(req.num_unverified, n - 1)  # proposals whose rows are in this step
+            plan.verify.append((req, list(range(len(plan.rows), len(plan.rows) + k + 1))))
+            plan.rows.extend(offset + n - 1 - k + j for j in range(k + 1))
+        elif req.kv_len == req.seq_len and req.sampling_params.max_new_tokens == 0:
             plan.prefill_only.append(req)
         elif req.kv_len == req.seq_len:
             plan.sample_rows.append(len(plan.rows))
@@ -61,6 +68,7 @@ class OutputProcessor:
     def __init__(self, eos_token_ids: list[int], vocab_size: int, context_length: int,
                  tokenizer=None, device: str = "cpu", jump_forward: bool = True) -> None:
         self.grammar = None  # the GrammarBackend, set by the scheduler at the first constraint
+        self.truncate_kv = None  # KVManager.truncate, set by the scheduler
         self.jump_forward = jump_forward
         self.jump_forward_tokens = 0
         self.eos_token_ids = set(eos_token_ids)
@@ -74,6 +82,11 @@ class OutputProcessor:
             self._record_prompt_logprobs(req, first_t, logits[idx])
         for req in plan.prefill_only:
             req.finish_reason = {"type": "length", "length": 0}
+        for req, idx in plan.verify:
+            tok, kept = verify_proposal(req, logits[idx], self.grammar, self.vocab_size,
+                                        sorted(self.eos_token_ids), self.truncate_kv)
+            self.jump_forward_tokens += kept
+            self._advance_grammar(req, tok)
         if not plan.sample_reqs:
             return
         reqs = plan.sample_reqs
@@ -97,7 +110,7 @@ class OutputProcessor:
 
     def _advance_grammar(self, req: Req, tok: int) -> None:
         """The matcher takes the sampled token; the request ends when its grammar is complete,
-        else the text the grammar now fixes is appended at once (jump-forward)."""
+        else the text the grammar now fixes is proposed at once (jump-forward)."""
         accepted = req.grammar.accept_token(tok)
         assert accepted, f"the grammar refused token {tok} its own mask allowed"
         if req.grammar.is_terminated():
@@ -106,11 +119,11 @@ class OutputProcessor:
         self._check_finished(req, tok)
         if req.finished or not self.jump_forward or req.return_logprob:
             return
-        added = jump_forward(req.output_ids, req.grammar, self.tokenizer,
-                             req.remaining_new_tokens)
-        if added:
-            self.jump_forward_tokens += added
-            self._check_finished(req, req.output_ids[-1])
+        # Room for the proposal and the token sampled after it.
+        proposal = propose(req.output_ids, req.grammar, self.tokenizer,
+                           req.remaining_new_tokens - 1)
+        req.output_ids.extend(proposal)
+        req.num_unverified = len(proposal)
 
     def _record_prompt_logprobs(self, req: Req, first_t: int, logits: torch.Tensor) -> None:
         if req.input_logprobs_count == 0 and req.logprob_start_len == 0:
@@ -172,13 +185,14 @@ def _top_pairs(values: torch.Tensor, indices: torch.Tensor, k: int) -> list:
 
 def make_output(req: Req) -> ReqOutput:
     """The delta of everything the request produced since it last emitted; clears the deltas."""
-    new_ids = req.output_ids[req.num_sent_ids:]
-    req.num_sent_ids = len(req.output_ids)
+    end = req.num_emittable
+    new_ids = req.output_ids[req.num_sent_ids:end]
+    req.num_sent_ids = end
     want = req.return_logprob
     out = ReqOutput(
         rid=req.rid, new_output_ids=new_ids, finished=req.finished,
         finish_reason=req.finish_reason, prompt_tokens=len(req.origin_input_ids),
-        completion_tokens=len(req.output_ids), cached_tokens=req.cached_tokens,
+        completion_tokens=end, cached_tokens=req.cached_tokens,
         output_token_logprobs=req.output_token_logprobs if want else None,
         output_top_logprobs=req.output_top_logprobs if want else None,
         input_token_logprobs=req.input_token_logprobs if want else None,

@@ -76,6 +76,7 @@ class Planner:
         return decodes, retracted
 
     def _retract(self, req: Req, running: list[Req], waiting: list[Req]) -> None:
+        req.drop_unverified()  # the K/V to check it with is going away
         self.kv.release(req)
         running.remove(req)
         req.num_retractions += 1

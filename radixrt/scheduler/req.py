@@ -45,6 +45,9 @@ class Req:
     first_token_at: float | None = None
     detok_sent: bool = False  # whether an output carried this request's DetokParams yet
     grammar: Any = None  # the xgrammar matcher of a constrained request (structured output)
+    # Jump-forward tokens at the end of output_ids that the model has not checked yet: not
+    # emitted, and dropped if the request is retracted.
+    num_unverified: int = 0
 
     @property
     def fill_ids(self) -> list[int]:
@@ -58,6 +61,18 @@ class Req:
         if start >= n_in:
             return self.output_ids[start - n_in:end - n_in]
         return self.origin_input_ids[start:end] + self.output_ids[:max(end - n_in, 0)]
+
+    def drop_unverified(self) -> None:
+        """Forget an unchecked jump-forward proposal (the matcher steps back too)."""
+        if self.num_unverified:
+            del self.output_ids[-self.num_unverified:]
+            self.grammar.rollback(self.num_unverified)
+            self.num_unverified = 0
+
+    @property
+    def num_emittable(self) -> int:
+        """Output ids the client may see: all but an unchecked proposal."""
+        return len(self.output_ids) - self.num_unverified
 
     @property
     def seq_len(self) -> int:

@@ -58,6 +58,7 @@ class Scheduler:
         self.outputs = OutputProcessor(cfg.eos_token_ids, cfg.vocab_size, parts.context_length,
                                        parts.tokenizer, parts.device,
                                        jump_forward=not args.disable_jump_forward)
+        self.outputs.truncate_kv = self.kv.truncate
         self.running: list[Req] = []
         self.waiting: list[Req] = []
         # Constrained requests wait here while their grammar compiles (off the step loop).
@@ -138,7 +139,7 @@ class Scheduler:
                 self.stats["cached_tokens"] += req.cached_tokens
             elif n > 1:
                 self.kv.cache_unfinished(req)
-            if req.finished or (req.stream and len(req.output_ids) > req.num_sent_ids):
+            if req.finished or (req.stream and req.num_emittable > req.num_sent_ids):
                 outs.append(make_output(req))
         if outs:
             self.transport.send(encode(BatchOutput(outs)))

@@ -1,7 +1,9 @@
-"""The grammar backend and jump-forward on the default model's tokenizer, with real xgrammar
-matchers: forced text is appended as the tokenizer would write it, the matcher stays in the
-state the tokens imply, `room` caps the jump, the compile cache reuses and retries, and
-apply_masks masks exactly the forbidden tokens of the constrained rows."""
+"""The grammar backend and jump-forward proposals on the default model's tokenizer, with real
+xgrammar matchers: the forced text is proposed as the tokenizer would write it, the matcher
+stays in the state the tokens imply, `room` caps the proposal, the compile cache reuses and
+retries, and apply_masks masks exactly the forbidden tokens of the constrained rows. (That the
+model's check of a proposal keeps the output equal to masked decoding is tested end to end in
+tests/e2e/test_structured.py.)"""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import pytest
 import torch
 
 from radixrt.grammar.backend import GrammarBackend
-from radixrt.grammar.jump_forward import jump_forward
+from radixrt.grammar.jump_forward import propose
 
 VOCAB = 49152  # SmolLM2's
 
@@ -61,51 +63,49 @@ def finish(tokenizer, matcher, text: str) -> None:
     assert matcher.accept_token(tokenizer.eos_token_id) and matcher.is_terminated()
 
 
-def test_forced_text_is_appended_and_the_matcher_follows(tokenizer, backend):
+def test_forced_text_is_proposed_and_the_matcher_follows(tokenizer, backend):
     regex = r"The capital of France is [A-Z][a-z]+\."
     ids = ids_of(tokenizer, "The")
     m = fed(backend, regex, ids)
-    added = jump_forward(ids, m, tokenizer, room=64)
-    assert added > 1
+    proposal = propose(ids, m, tokenizer, room=64)
+    assert proposal == ids_of(tokenizer, " capital of France is ")  # the tokenizer's own
+    ids += proposal
     assert tokenizer.decode(ids) == "The capital of France is "
     assert_same_state(backend, regex, m, ids)
     finish(tokenizer, m, "Paris.")
 
 
-def test_boundary_token_is_retokenized_with_the_forced_text(tokenizer, backend):
-    # "{" sampled alone; the forced '"name": ' merges with it into the tokenizer's own '{"'.
+def test_the_sampled_token_is_never_merged_into_the_proposal(tokenizer, backend):
+    # "{" was sampled; the tokenizer would write '{"name": ' with another first token, but the
+    # model chose "{": the proposal continues after it, and the model checks the rest.
     regex = r'\{"name": [0-9]{1,3}\}'
     ids = ids_of(tokenizer, "{")
-    assert len(ids) == 1 and ids_of(tokenizer, '{"name": ')[0] != ids[0], "premise: a merge"
+    assert ids_of(tokenizer, '{"name": ')[0] != ids[0], "premise: the tokenizer would merge"
     m = fed(backend, regex, ids)
-    jump_forward(ids, m, tokenizer, room=64)
-    assert tokenizer.decode(ids) == '{"name": '
-    assert ids == ids_of(tokenizer, '{"name": ')
-    assert_same_state(backend, regex, m, ids)
+    proposal = propose(ids, m, tokenizer, room=64)
+    assert proposal == ids_of(tokenizer, '"name": ')
+    assert tokenizer.decode(ids + proposal) == '{"name": '
+    assert_same_state(backend, regex, m, ids + proposal)
     finish(tokenizer, m, "42}")
 
 
-def test_room_caps_the_jump(tokenizer, backend):
+def test_room_caps_the_proposal(tokenizer, backend):
     regex = r"The capital of France is [A-Z][a-z]+\."
-    full = ids_of(tokenizer, "The")
-    jump_forward(full, fed(backend, regex, full), tokenizer, room=64)
+    start = ids_of(tokenizer, "The")
+    full = propose(start, fed(backend, regex, start), tokenizer, room=64)
     for room in (0, 1, 2):
-        ids = ids_of(tokenizer, "The")
-        m = fed(backend, regex, ids)
-        added = jump_forward(ids, m, tokenizer, room=room)
-        assert added == room and len(ids) == 1 + room
-        assert ids == full[:1 + room]
-        assert_same_state(backend, regex, m, ids)
+        m = fed(backend, regex, start)
+        proposal = propose(start, m, tokenizer, room=room)
+        assert proposal == full[:room]
+        assert_same_state(backend, regex, m, start + proposal)
         rest = m.find_jump_forward_string()
-        assert tokenizer.decode(ids) + rest == "The capital of France is "
+        assert tokenizer.decode(start + proposal) + rest == "The capital of France is "
         finish(tokenizer, m, rest + "Paris.")
 
 
-def test_nothing_forced_adds_nothing(tokenizer, backend):
+def test_nothing_forced_proposes_nothing(tokenizer, backend):
     ids = ids_of(tokenizer, "ab")
-    m = fed(backend, r"[a-z]+", ids)
-    before = list(ids)
-    assert jump_forward(ids, m, tokenizer, room=8) == 0 and ids == before
+    assert propose(ids, fed(backend, r"[a-z]+", ids), tokenizer, room=8) == []
 
 
 def test_compile_cache_reuses_by_text_and_retries_failures(backend):

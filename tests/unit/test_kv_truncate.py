@@ -1,0 +1,35 @@
+"""KVManager.truncate (a rejected jump-forward proposal): the request keeps exactly its first
+`length` slots, whole private pages past them go back, and the accounting stays exact."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixrt.cache.allocator import PageAllocator
+from radixrt.cache.invariants import check_kv_accounting
+from radixrt.cache.radix_cache import RadixCache
+from radixrt.sampling_params import SamplingParams
+from radixrt.scheduler.kv_manager import KVManager
+from radixrt.scheduler.req import Req
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+@pytest.mark.parametrize("cut", [0, 1, 3, 17])
+def test_truncate_frees_whole_pages_past_the_cut(page_size, cut):
+    allocator = PageAllocator(64, page_size)
+    cache = RadixCache(allocator, page_size)
+    kv = KVManager(allocator, cache, page_size)
+    req = Req("r", list(range(40)), SamplingParams())
+    kv.admit(req, cache.match_prefix([]))
+    assert kv.alloc(req, 40)
+    req.kv_len = 40
+    slots = req.kv_slots.clone()
+    kv.truncate(req, 40 - cut)
+    assert req.kv_len == 40 - cut and req.kv_slots.tolist() == slots[:40 - cut].tolist()
+    held = req.private_pages(page_size)
+    assert held == -(-(40 - cut) // page_size)
+    check_kv_accounting(allocator, cache, held)
+    assert kv.alloc(req, cut + 5)  # growing again continues in the kept page
+    assert req.kv_slots[:40 - cut].tolist() == slots[:40 - cut].tolist()
+    assert len(set(req.kv_slots.tolist())) == req.kv_slots.numel()
+    check_kv_accounting(allocator, cache, req.private_pages(page_size))
