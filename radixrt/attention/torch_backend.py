@@ -1,9 +1,10 @@
 """Paged attention in plain torch: correct on any device, and the reference for other backends.
 
-Per forward, `init_forward_metadata` splits the batch into decode sequences (one new token) and
-extend sequences (a prefill chunk after an optional cached prefix) and builds their index
-tables once. Per layer, all decode sequences go through one padded SDPA call; extend sequences,
-few per step, go one by one.
+Per forward, `init_forward_metadata` splits the batch into decode-like sequences (one new
+token, or a few after a cached prefix: a checked jump-forward proposal, a short chunk) and
+extend sequences (a longer prefill chunk after an optional cached prefix) and builds their
+index tables once. Per layer, all decode-like sequences go through one padded SDPA call; extend
+sequences, few per step, go one by one.
 """
 
 from __future__ import annotations
@@ -21,20 +22,28 @@ from radixrt.executor.forward_batch import ForwardBatch
 # suffixes separately; the two softmaxes are merged through their log-sum-exp ("cascade"
 # attention). Below this many shared tokens the split does not pay.
 MIN_SHARED_PREFIX = 16
+# Sequences adding at most this many tokens after a cached prefix join the padded decode call
+# (one SDPA for all) instead of one SDPA each.
+MAX_BATCHED_EXTEND = 16
 
 
 @dataclass(frozen=True)
 class DecodeMetadata:
-    """All decode sequences of the batch, padded to the longest (Bd sequences, Lmax slots).
+    """The decode-like sequences of the batch, padded to the longest: Bd sequences of up to Lq
+    new tokens each (1 for plain decodes) over up to Lmax slots.
 
     With a shared prefix of P slots, `slots`/`mask`/`max_len` describe only the suffixes
     (positions P.. of each sequence) and `prefix_slots` the P shared slots."""
 
-    token_idx: torch.Tensor | None  # [Bd] rows of the batch's tokens; None: all rows, in order
+    # [Bd * Lq] rows of the batch's tokens, sequence-major; a short sequence's padding rows
+    # repeat its last token. None: every row of the batch, in order (a decode-only batch).
+    token_idx: torch.Tensor | None
+    real: torch.Tensor | None  # [Bd * Lq] bool, the rows that are not padding; None: all
     slots: torch.Tensor  # [Bd * Lmax] pool slots, row-major; padding repeats a real slot
-    mask: torch.Tensor | None  # [Bd, 1, 1, Lmax] additive (0 / -inf); None when no padding
+    mask: torch.Tensor | None  # [Bd, 1, Lq, Lmax] additive (0 / -inf); None: all visible
     batch: int
     max_len: int
+    q_len: int = 1
     prefix_slots: torch.Tensor | None = None  # [P] slots every sequence starts with
 
 
@@ -76,8 +85,10 @@ class TorchAttentionBackend(AttentionBackend):
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         """Build the decode table and the per-extend-sequence data; sets `fb.attn_metadata`."""
-        decode_ids = [i for i, n in enumerate(fb.extend_lens_cpu) if n == 1]
-        extend_ids = [i for i, n in enumerate(fb.extend_lens_cpu) if n != 1]
+        batched = [n == 1 or (n <= MAX_BATCHED_EXTEND and p > 0)
+                   for n, p in zip(fb.extend_lens_cpu, fb.prefix_lens_cpu)]
+        decode_ids = [i for i, b in enumerate(batched) if b]
+        extend_ids = [i for i, b in enumerate(batched) if not b]
         decode = _decode_metadata(fb, decode_ids) if decode_ids else None
         starts, kv_starts = _offsets(fb.extend_lens_cpu), _offsets(fb.seq_lens_cpu)
         extends = [_extend_metadata(fb, i, starts[i], kv_starts[i]) for i in extend_ids]
@@ -104,8 +115,11 @@ class TorchAttentionBackend(AttentionBackend):
         out = torch.empty_like(q)
         if meta.decode is not None:
             dec = meta.decode
-            q_dec = q.index_select(0, dec.token_idx)
-            out[dec.token_idx] = _decode(q_dec, k_cache, v_cache, dec, scaling)
+            o = _decode(q.index_select(0, dec.token_idx), k_cache, v_cache, dec, scaling)
+            if dec.real is None:
+                out[dec.token_idx] = o
+            else:
+                out[dec.token_idx[dec.real]] = o[dec.real]
         for ext in meta.extends:
             out[ext.start : ext.end] = _extend(q, k, v, k_cache, v_cache, ext, scaling)
         if meta.shared_extend is not None:
@@ -125,6 +139,7 @@ def _decode_metadata(fb: ForwardBatch, ids: list[int]) -> DecodeMetadata:
     device = fb.kv_indices.device
     lens_cpu = [fb.seq_lens_cpu[i] for i in ids]
     max_len = max(lens_cpu)
+    q_len = max(fb.extend_lens_cpu[i] for i in ids)
     ids_t = torch.tensor(ids, dtype=torch.int64, device=device)
     starts = fb.kv_indptr.index_select(0, ids_t)  # [Bd]
     lens = fb.seq_lens.index_select(0, ids_t)  # [Bd]
@@ -133,15 +148,25 @@ def _decode_metadata(fb: ForwardBatch, ids: list[int]) -> DecodeMetadata:
     # Padding points at the sequence's first slot: real, finite data that the mask then hides.
     offsets = torch.where(valid, starts[:, None] + cols[None, :], starts[:, None])
     table = fb.kv_indices.index_select(0, offsets.reshape(-1)).view(len(ids), max_len)
-    all_decode = len(ids) == fb.batch_size
-    token_idx = None if all_decode else fb.qo_indptr.index_select(0, ids_t)
-    shared = _shared_prefix_len(table, min(lens_cpu))
+    # Query t of a sequence with n new tokens sits at position len - n + t and sees the keys
+    # up to it; padding queries (t >= n) repeat the last one.
+    n_new = fb.extend_lens.index_select(0, ids_t)  # [Bd]
+    t = torch.minimum(torch.arange(q_len, device=device)[None, :], n_new[:, None] - 1)
+    visible = cols[None, None, :] <= (lens - n_new)[:, None, None] + t[:, :, None]
+    token_idx = real = None
+    if q_len > 1 or len(ids) < fb.batch_size:
+        token_idx = (fb.qo_indptr.index_select(0, ids_t)[:, None] + t).reshape(-1)
+        if q_len > 1:
+            real = (torch.arange(q_len, device=device)[None, :] < n_new[:, None]).reshape(-1)
+    min_prefix = min(n - fb.extend_lens_cpu[i] for n, i in zip(lens_cpu, ids))
+    shared = _shared_prefix_len(table, min_prefix + 1)
     prefix_slots = None
     if shared >= MIN_SHARED_PREFIX:
-        prefix_slots, table, valid = table[0, :shared], table[:, shared:], valid[:, shared:]
+        prefix_slots, table, visible = table[0, :shared], table[:, shared:], visible[..., shared:]
         max_len -= shared
-    mask = None if bool(valid.all()) else _additive(valid, fb.kv_pool.dtype)[:, None, None, :]
-    return DecodeMetadata(token_idx, table.reshape(-1), mask, len(ids), max_len, prefix_slots)
+    mask = None if bool(visible.all()) else _additive(visible, fb.kv_pool.dtype)[:, None]
+    return DecodeMetadata(token_idx, real, table.reshape(-1), mask, len(ids), max_len, q_len,
+                          prefix_slots)
 
 
 def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -195,28 +220,34 @@ def _shared_extend_metadata(extends: list[ExtendMetadata]) -> SharedExtendMetada
 
 
 def _decode(
-    q: torch.Tensor,  # [Bd, Hq, D]
+    q: torch.Tensor,  # [Bd * Lq, Hq, D], sequence-major
     k_cache: torch.Tensor,  # [pool, Hkv, D]
     v_cache: torch.Tensor,
     dec: DecodeMetadata,
     scaling: float,
-) -> torch.Tensor:  # [Bd, Hq, D]
-    bd, hq, d = q.shape
+) -> torch.Tensor:  # [Bd * Lq, Hq, D]
+    bd, lq = dec.batch, dec.q_len
+    hq, d = q.shape[1:]
     hkv = k_cache.shape[1]
+    g = hq // hkv
     # index_select is many times faster than advanced indexing for this gather on the CPU.
     k = k_cache.index_select(0, dec.slots).view(bd, dec.max_len, hkv, d).transpose(1, 2)
     v = v_cache.index_select(0, dec.slots).view(bd, dec.max_len, hkv, d).transpose(1, 2)
-    # GQA without repeating K/V: query head j uses kv head j // group, so the group's heads
-    # become G "query positions" against one kv head ([Bd, Hkv, G, D]); with one new token per
-    # sequence no causal mask is needed among them.
-    qg = q.view(bd, hkv, hq // hkv, d)
+    # GQA without repeating K/V: query head j uses kv head j // G, so the G heads of each new
+    # token become rows (token t, head j) -> t * G + j against one kv head: [Bd, Hkv, Lq*G, D].
+    qg = q.view(bd, lq, hkv, g, d).transpose(1, 2).reshape(bd, hkv, lq * g, d)
+    mask = dec.mask
+    if mask is not None and lq > 1:
+        mask = mask.repeat_interleave(g, dim=2)  # [Bd, 1, Lq*G, Lmax]
     k, v = k.to(q.dtype), v.to(q.dtype)
     if dec.prefix_slots is None:
-        o = F.scaled_dot_product_attention(qg, k, v, dec.mask, scale=scaling)
-        return o.reshape(bd, hq, d)
-    o_own, lse_own = _attention_with_lse(qg, k, v, dec.mask, scaling)
-    o_pre, lse_pre = _shared_prefix_attention(qg, k_cache, v_cache, dec.prefix_slots, scaling)
-    return _merge(o_pre, lse_pre, o_own, lse_own).to(q.dtype).reshape(bd, hq, d)
+        o = F.scaled_dot_product_attention(qg, k, v, mask, scale=scaling)
+    else:
+        o_own, lse_own = _attention_with_lse(qg, k, v, mask, scaling)
+        o_pre, lse_pre = _shared_prefix_attention(qg, k_cache, v_cache, dec.prefix_slots,
+                                                  scaling)
+        o = _merge(o_pre, lse_pre, o_own, lse_own).to(q.dtype)
+    return o.view(bd, hkv, lq, g, d).transpose(1, 2).reshape(bd * lq, hq, d)
 
 
 def _merge(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor,

@@ -165,7 +165,8 @@ def test_extends_with_shared_prefix_slots_match_naive(dtype):
     shared_slots = torch.arange(500, 500 + shared_len)
     pool.set_kv(0, shared_slots, shared_k, shared_v)
     # (own cached tokens after the shared part, new tokens); plus a decode and a fresh prefill.
-    layout = [(0, 3), (5, 2), (2, 6), (7, 1)]
+    # The chunks are longer than MAX_BATCHED_EXTEND: short ones join the decode call (below).
+    layout = [(0, 20), (5, 17), (2, 30), (7, 1)]
     seqs, specs, kv_idx, out_loc, next_slot = [], [], [], [], 0
     for own, n in layout:
         k, v = (torch.randn(own + n, HKV, D, generator=gen) for _ in range(2))
@@ -185,4 +186,35 @@ def test_extends_with_shared_prefix_slots_match_naive(dtype):
     fb.attn_backend.init_forward_metadata(fb)
     shared = fb.attn_metadata.shared_extend
     assert shared is not None and shared.prefix_slots.numel() == shared_len
+    check_against_naive(fb, seqs, specs, dtype, gen)
+
+
+@pytest.mark.parametrize("shared_len", [0, 24])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_short_extends_join_the_padded_decode_call(dtype, shared_len):
+    """A few new tokens after a cached prefix (a checked jump-forward proposal, a short chunk)
+    go through the decode call with decodes, padded, each query seeing keys up to itself;
+    with and without a shared prefix. Results must equal plain attention."""
+    gen = torch.Generator().manual_seed(3)
+    pool = KVPool(1024, 1, HKV, D, dtype, "cpu")
+    shared_k, shared_v = (torch.randn(shared_len, HKV, D, generator=gen) for _ in range(2))
+    shared_slots = torch.arange(600, 600 + shared_len)
+    pool.set_kv(0, shared_slots, shared_k, shared_v)
+    layout = [(3, 5), (9, 1), (2, 16), (6, 2), (1, 1)]  # (own cached tokens, new tokens)
+    seqs, specs, kv_idx, out_loc, next_slot = [], [], [], [], 0
+    for own, n in layout:
+        k, v = (torch.randn(own + n, HKV, D, generator=gen) for _ in range(2))
+        slots = torch.arange(next_slot, next_slot + own + n)
+        next_slot += own + n + 5
+        pool.set_kv(0, slots[:own], k[:own], v[:own])
+        kv_idx += shared_slots.tolist() + slots.tolist()
+        out_loc += slots[own:].tolist()
+        seqs.append((torch.cat([shared_k, k]), torch.cat([shared_v, v])))
+        specs.append((shared_len + own, n))
+    fb = make_batch(pool, specs, kv_idx, out_loc)
+    fb.attn_backend.init_forward_metadata(fb)
+    meta = fb.attn_metadata
+    assert not meta.extends and meta.shared_extend is None, "every sequence is decode-like"
+    assert meta.decode.q_len == 16 and meta.decode.batch == len(layout)
+    assert (meta.decode.prefix_slots is not None) == (shared_len > 0)
     check_against_naive(fb, seqs, specs, dtype, gen)
