@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from conftest import assert_same_greedy, hf_greedy
+from hf_reference import assert_same_greedy, hf_greedy
 
 import radixrt
 
