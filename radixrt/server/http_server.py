@@ -54,17 +54,28 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
 
 
 def _add_api_key_check(app: FastAPI, api_key: str) -> None:
-    expected = f"Bearer {api_key}".encode()
+    app.add_middleware(APIKeyCheck, expected=f"Bearer {api_key}".encode())
 
-    @app.middleware("http")
-    async def check_api_key(request: Request, call_next):
-        if request.url.path not in _OPEN_PATHS:
-            given = request.headers.get("authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
-                return JSONResponse({"error": {
+
+class APIKeyCheck:
+    """Plain ASGI middleware: 401 unless `Authorization: Bearer KEY` (but on /health). Unlike
+    Starlette's BaseHTTPMiddleware it does not re-wrap every response body (streams pass
+    through as they are)."""
+
+    def __init__(self, app, expected: bytes) -> None:
+        self.app = app
+        self.expected = expected
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"] not in _OPEN_PATHS:
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                response = JSONResponse({"error": {
                     "message": "missing or wrong API key: send 'Authorization: Bearer KEY'",
                     "type": "invalid_api_key", "param": None, "code": 401}}, status_code=401)
-        return await call_next(request)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def _add_native_routes(app: FastAPI, state: ServerState) -> None:

@@ -59,7 +59,8 @@ def test_past_max_queued_requests_new_requests_get_503(guarded):
     with httpx.stream("POST", url + "/generate", json=body, headers=headers, timeout=60) as a, \
             httpx.stream("POST", url + "/generate", json=body, headers=headers,
                          timeout=60) as b:
-        next(a.iter_lines())
+        lines_a = a.iter_lines()  # keep it: a dropped line iterator closes the stream
+        next(lines_a)
         assert b.status_code == 200
         info = httpx.get(url + "/get_server_info", headers=headers).json()
         assert (info["running"], info["queued"]) == (1, 1)
