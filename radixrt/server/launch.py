@@ -36,9 +36,7 @@ def launch_server(args: ServerArgs) -> int:
     engine = Engine(**dataclasses.asdict(args))
     try:
         name = args.served_model_name or args.model_path or DEFAULT_MODEL_NAME
-        metrics = ServerMetrics(engine.get_stats, name)
-        engine.observer = metrics.observe
-        state = ServerState(engine, args, name, metrics)
+        state = ServerState(engine, args, name, ServerMetrics(engine.get_stats, name))
         app = build_app(state, lifespan=_lifespan(state))
         server = uvicorn.Server(uvicorn.Config(
             app, host=args.host, port=args.port, log_level=args.log_level,
@@ -74,6 +72,7 @@ def _lifespan(state):
         state.zmq_address = frontend.address
         task = asyncio.ensure_future(frontend.serve())
         await _warm_up(state.engine)
+        state.engine.observer = state.metrics.observe  # counts start after the warm-up
         state.healthy = True
         _print_banner(state)
         try:
