@@ -26,9 +26,9 @@ def verify_proposal(req: Req, logits: torch.Tensor, grammar: Any, vocab_size: in
     """`logits` [k+1, vocab]: rows for the last k proposals and the token after. Settles the
     proposal in req.output_ids and the matcher; returns (the new token, proposals kept)."""
     k = logits.shape[0] - 1
+    assert k == req.num_unverified, (k, req.num_unverified)
     out, matcher = req.output_ids, req.grammar
-    base = len(out) - req.num_unverified  # index of the first proposal
-    first = len(out) - k  # the first proposal with a row (earlier ones were chunked away)
+    first = len(out) - k  # index of the first proposal
     matcher.rollback(k)
     masks = _masks_along(grammar, matcher, out[first:], logits.shape[0])
     grammar.xgr.apply_token_bitmask_inplace(logits, masks.to(logits.device))
@@ -48,7 +48,7 @@ def verify_proposal(req: Req, logits: torch.Tensor, grammar: Any, vocab_size: in
         truncate_kv(req, req.kv_len - dropped)
     req.num_unverified = 0
     out.append(picks[kept])
-    return picks[kept], first - base + kept
+    return picks[kept], kept
 
 
 def _masks_along(grammar: Any, matcher: Any, proposal: list[int], rows: int) -> torch.Tensor:

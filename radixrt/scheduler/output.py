@@ -41,7 +41,8 @@ def plan_rows(work: list[tuple[Req, int]]) -> RowPlan:
             plan.rows.extend(offset + (t - 1 - start) for t in range(first_t, last_t + 1))
             plan.prompt_lp.append((req, first_t, idx))
         if req.kv_len == req.seq_len and req.num_unverified:
-            k = min(req.num_unverified, n - 1)  # proposals whose rows are in this step
+            k = req.num_unverified  # the planner computes a proposal in one step
+            assert n > k, (n, k)
             plan.verify.append((req, list(range(len(plan.rows), len(plan.rows) + k + 1))))
             plan.rows.extend(offset + n - 1 - k + j for j in range(k + 1))
         elif req.kv_len == req.seq_len and req.sampling_params.max_new_tokens == 0:

@@ -44,6 +44,10 @@ class Planner:
         budget = self.max_prefill_tokens
         for req in [r for r in running if not _is_decode(r)]:
             n = min(req.seq_len - req.kv_len, self.chunk, budget)
+            if req.num_unverified:
+                # A jump-forward proposal is checked in one step (it needs a logit row at every
+                # proposed position), whatever the chunk size and the budget: it is short.
+                n = req.seq_len - req.kv_len
             if n <= 0 or not self.kv.alloc(req, n):
                 continue
             work.append((req, n))

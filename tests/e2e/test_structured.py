@@ -186,8 +186,8 @@ def test_preemption_keeps_constrained_outputs_valid(tiny_model_dir):
 @pytest.mark.parametrize("page_size,chunk", [(1, 2048), (16, 4)])
 def test_jump_forward_equals_masked_decoding_with_pages_and_chunks(tiny_model_dir, page_size,
                                                                    chunk):
-    # Pages of 16 make a rejected proposal give back part of a page; chunks of 4 split a
-    # proposal across steps (the early part gets no logit row). Greedy: token for token the
+    # Pages of 16 make a rejected proposal give back part of a page; chunks of 4 are shorter
+    # than most proposals (which are computed in one step anyway). Greedy: token for token the
     # same; sampled: valid (the same distribution, but the seeded noise is drawn per checked
     # row, not per token, so the draws differ).
     regex = r'\{"id": [0-9]{1,4}, "tags": \["[a-z]{1,6}"(, "[a-z]{1,6}"){0,3}\]\}'
