@@ -176,8 +176,10 @@ class Engine:
         if self._closed:
             return
         self._closed = True
-        if self._handle.alive():
-            self._send(ShutdownReq())
+        # Also when a child has died: the scheduler may be the one still running (and if it is
+        # the dead one, the send must not wait for it).
+        with self._send_lock:
+            self._handle.transport.send(encode(ShutdownReq()), block=False)
         self._handle.stop(timeout=30)
         self._dispatch_thread.join(timeout=5)
         self._handle.close()

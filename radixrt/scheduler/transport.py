@@ -17,7 +17,7 @@ class Transport(Protocol):
         """Every pending message; waits up to `timeout` seconds (None: forever) for the first."""
         ...
 
-    def send(self, data: bytes) -> None: ...
+    def send(self, data: bytes, block: bool = True) -> bool: ...
 
 
 class QueueTransport:
@@ -39,8 +39,9 @@ class QueueTransport:
             except queue.Empty:
                 return items
 
-    def send(self, data: bytes) -> None:
+    def send(self, data: bytes, block: bool = True) -> bool:
         self.outbox.put(data)
+        return True
 
 
 def queue_pair() -> tuple[QueueTransport, QueueTransport]:
@@ -74,8 +75,14 @@ class ZmqTransport:
             items.append(self.pull.recv())
         return items
 
-    def send(self, data: bytes) -> None:
-        self.push.send(data)
+    def send(self, data: bytes, block: bool = True) -> bool:
+        """Queue one message; with block=False, give up (False) rather than wait for a peer
+        that is gone (a PUSH socket without one blocks)."""
+        try:
+            self.push.send(data, 0 if block else zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
 
     def close(self) -> None:
         self.pull.close()

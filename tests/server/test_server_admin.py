@@ -78,15 +78,19 @@ def test_past_max_queued_requests_new_requests_get_503(guarded):
         time.sleep(0.2)
 
 
-def test_a_dead_child_stops_the_server_with_its_name(launch_server, tiny_model_dir):
+@pytest.mark.parametrize("victim", ["scheduler", "detokenizer"])
+def test_a_dead_child_stops_the_server_with_its_name(launch_server, tiny_model_dir, victim):
     server = launch_server("--model-path", tiny_model_dir("llama"), "--dtype", "float32",
                            "--max-total-tokens", "4096")
     info = httpx.get(server.url + "/get_server_info").json()
+    children = server.children()
     scheduler_pid = info["scheduler_pid"]
-    assert scheduler_pid in server.children()
-    os.kill(scheduler_pid, signal.SIGKILL)
+    assert scheduler_pid in children and len(children) == 2
+    pid = scheduler_pid if victim == "scheduler" else next(
+        p for p in children if p != scheduler_pid)
+    os.kill(pid, signal.SIGKILL)
     assert server.proc.wait(timeout=60) == 1
     log = server.log_text()
-    assert f"scheduler process (pid {scheduler_pid}) killed by signal 9" in log, log
-    for pid in server.children():
-        assert not os.path.exists(f"/proc/{pid}")
+    assert f"{victim} process (pid {pid}) killed by signal 9" in log, log
+    for child in children:
+        assert not os.path.exists(f"/proc/{child}")
