@@ -132,3 +132,29 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., st
 def make_tiny_config() -> Callable[..., Any]:
     """`tiny_config` as a fixture: `(arch, **overrides) -> transformers config` (not saved)."""
     return tiny_config
+
+
+@pytest.fixture
+def prefill_logits() -> Callable[..., torch.Tensor]:
+    """`(model, cfg, tokens) -> logits [len(tokens), vocab]`: one sequence prefilled through our
+    model on the CPU with the torch attention backend and a fresh KV pool."""
+    from radixrt.attention.torch_backend import TorchAttentionBackend
+    from radixrt.cache.kv_pool import KVPool
+    from radixrt.executor.forward_batch import ForwardBatch
+
+    def run(model: Any, cfg: Any, tokens: list[int]) -> torch.Tensor:
+        n = len(tokens)
+        pool = KVPool(max(n, 1), cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, torch.float32,
+                      "cpu")
+        ar = torch.arange(n)
+        fb = ForwardBatch(
+            input_ids=torch.tensor(tokens), positions=ar, out_cache_loc=ar,
+            qo_indptr=torch.tensor([0, n]), kv_indices=ar, kv_indptr=torch.tensor([0, n]),
+            seq_lens=torch.tensor([n]), extend_lens=torch.tensor([n]), seq_lens_cpu=[n],
+            extend_lens_cpu=[n], prefix_lens_cpu=[0], kv_pool=pool,
+            attn_backend=TorchAttentionBackend(),
+        )  # fmt: skip
+        with torch.no_grad():
+            return model.compute_logits(model(fb.input_ids, fb.positions, fb))
+
+    return run

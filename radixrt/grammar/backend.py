@@ -28,11 +28,17 @@ class GrammarBackend:
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="radixrt-grammar")
         self.cache: OrderedDict[tuple[str, str], Future] = OrderedDict()
         # Importing xgrammar and reading the vocabulary take most of a second: on the worker
-        # too, which runs this before any compile (one thread, tasks in order).
+        # too, which runs this before any compile (one thread, tasks in order). `tokenizer`:
+        # a transformers tokenizer or a LazyTokenizer.
         self._setup = self.pool.submit(self._make_compiler, tokenizer)
 
     def _make_compiler(self, tokenizer: Any):
         import xgrammar as xgr
+
+        from radixrt.loader.tokenizer import LazyTokenizer
+
+        if isinstance(tokenizer, LazyTokenizer):  # loading it may take seconds: here, too
+            tokenizer = tokenizer.get()
 
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size)
         return xgr, xgr.GrammarCompiler(info, cache_enabled=False)  # we cache by text

@@ -43,6 +43,17 @@ class LazyTokenizer:
         self._prepared_dir = prepared_dir
         self._tokenizer: PreTrainedTokenizerBase | None = None
 
+    @classmethod
+    def for_process(cls, model_path: str | None, tokenizer_path: str | None,
+                    skip_tokenizer_init: bool,
+                    prepared_dir: str | None) -> "LazyTokenizer | None":
+        """The tokenizer of a scheduler or detokenizer process (None: token ids only)."""
+        if skip_tokenizer_init:
+            return None
+        from radixrt.loader.default_model import default_model_path
+
+        return cls(model_path or default_model_path(), tokenizer_path, prepared_dir)
+
     def get(self) -> PreTrainedTokenizerBase:
         """The tokenizer itself, loaded now if it was not yet."""
         if self._tokenizer is None:

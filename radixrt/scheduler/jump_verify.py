@@ -37,13 +37,12 @@ def verify_proposal(req: Req, logits: torch.Tensor, grammar: Any, vocab_size: in
         [out[:first + i] for i in range(k + 1)], [req.origin_input_ids] * (k + 1),
         vocab_size, logits.device, eos_token_ids=eos_token_ids)
     picks = sample(logits, batch).tolist()
-    matcher.rollback(k)
     kept = 0
     while kept < k and picks[kept] == out[first + kept]:
-        matcher.accept_token(picks[kept])
         kept += 1
     dropped = k - kept
     if dropped:
+        matcher.rollback(dropped)  # it stood after the whole proposal (_masks_along)
         del out[len(out) - dropped:]
         truncate_kv(req, req.kv_len - dropped)
     req.num_unverified = 0

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -111,6 +112,13 @@ def start_process(args: ServerArgs) -> tuple[Callable[[], SchedulerHandle], str]
                                death=lambda: _death_reason(procs))
 
     return wait_ready, tokenizer_dir
+
+
+def ignore_stop_signals() -> None:
+    """In a child: ignore Ctrl-C and a SIGTERM sent to the whole process group; the frontend
+    stops its children in order."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def _spawn(module: str, config: dict) -> subprocess.Popen:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -67,9 +68,10 @@ def _prompt_logprob_span(req: Req, start: int, n: int) -> tuple[int, int]:
 
 class OutputProcessor:
     def __init__(self, eos_token_ids: list[int], vocab_size: int, context_length: int,
-                 tokenizer=None, device: str = "cpu", jump_forward: bool = True) -> None:
+                 tokenizer=None, device: str = "cpu", jump_forward: bool = True,
+                 truncate_kv: Callable[[Req, int], None] | None = None) -> None:
         self.grammar = None  # the GrammarBackend, set by the scheduler at the first constraint
-        self.truncate_kv = None  # KVManager.truncate, set by the scheduler
+        self.truncate_kv = truncate_kv  # KVManager.truncate: drops a rejected proposal's K/V
         self.jump_forward = jump_forward
         self.jump_forward_tokens = 0
         self.eos_token_ids = set(eos_token_ids)
@@ -121,8 +123,7 @@ class OutputProcessor:
         if req.finished or not self.jump_forward or req.return_logprob:
             return
         # Room for the proposal and the token sampled after it.
-        proposal = propose(req.output_ids, req.grammar, self.tokenizer,
-                           req.remaining_new_tokens - 1)
+        proposal = propose(req.grammar, self.tokenizer, req.remaining_new_tokens - 1)
         req.output_ids.extend(proposal)
         req.num_unverified = len(proposal)
 

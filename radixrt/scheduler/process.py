@@ -13,11 +13,11 @@ import json
 import logging
 import os
 import shutil
-import signal
 import sys
 import traceback
 
 from radixrt.messages import SchedulerFailed, encode
+from radixrt.scheduler.launcher import ignore_stop_signals
 from radixrt.scheduler.transport import ZmqTransport
 from radixrt.server_args import ServerArgs
 
@@ -29,19 +29,16 @@ def run(config: dict) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="[%(asctime)s scheduler] %(message)s")
     transport = ZmqTransport(config["recv_addr"], config["send_addr"], bind=False)
-    # Ctrl-C or a SIGTERM sent to the whole process group: the frontend stops us in order.
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
+    ignore_stop_signals()
     try:
-        from radixrt.loader.default_model import default_model_path
         from radixrt.loader.tokenizer import LazyTokenizer
         from radixrt.scheduler.components import build_components
         from radixrt.scheduler.scheduler import Scheduler
 
-        tokenizer = None
-        if not args.skip_tokenizer_init:  # the scheduler matches stop strings
-            tokenizer = LazyTokenizer(args.model_path or default_model_path(),
-                                      args.tokenizer_path, config.get("tokenizer_dir"))
+        # The scheduler matches stop strings and builds grammars with it.
+        tokenizer = LazyTokenizer.for_process(args.model_path, args.tokenizer_path,
+                                              args.skip_tokenizer_init,
+                                              config.get("tokenizer_dir"))
         scheduler = Scheduler(args, build_components(args, tokenizer), transport)
         transport.send(encode(scheduler.ready_message()))
         parent = os.getppid()

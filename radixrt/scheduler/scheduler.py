@@ -57,8 +57,8 @@ class Scheduler:
         cfg = parts.model_config
         self.outputs = OutputProcessor(cfg.eos_token_ids, cfg.vocab_size, parts.context_length,
                                        parts.tokenizer, parts.device,
-                                       jump_forward=not args.disable_jump_forward)
-        self.outputs.truncate_kv = self.kv.truncate
+                                       jump_forward=not args.disable_jump_forward,
+                                       truncate_kv=self.kv.truncate)
         self.running: list[Req] = []
         self.waiting: list[Req] = []
         # Constrained requests wait here while their grammar compiles (off the step loop).
@@ -207,9 +207,8 @@ class Scheduler:
         if self.outputs.grammar is None:
             from radixrt.grammar.backend import GrammarBackend
 
-            tokenizer = self.parts.tokenizer
-            tokenizer = tokenizer.get() if hasattr(tokenizer, "get") else tokenizer
-            self.outputs.grammar = GrammarBackend(tokenizer, self.parts.model_config.vocab_size,
+            self.outputs.grammar = GrammarBackend(self.parts.tokenizer,
+                                                  self.parts.model_config.vocab_size,
                                                   self.args.json_any_whitespace)
         return self.outputs.grammar
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import sys
 import traceback
 from typing import Any
@@ -26,6 +25,7 @@ from radixrt.messages import (
     decode_from_scheduler,
     encode,
 )
+from radixrt.scheduler.launcher import ignore_stop_signals
 from radixrt.scheduler.transport import ZmqTransport
 
 logger = logging.getLogger("radixrt.detokenizer")
@@ -71,11 +71,13 @@ def run(config: dict) -> int:
     transport = ZmqTransport(config["recv_addr"], config["send_addr"], bind=True,
                              bind_send=False)
     parent = os.getppid()
-    # Ctrl-C or a SIGTERM sent to the whole process group: the frontend stops us in order.
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
+    ignore_stop_signals()
     try:
-        detok = Detokenizer(_tokenizer(args, config.get("tokenizer_dir")))
+        from radixrt.loader.tokenizer import LazyTokenizer
+
+        detok = Detokenizer(LazyTokenizer.for_process(
+            args["model_path"], args["tokenizer_path"], args["skip_tokenizer_init"],
+            config.get("tokenizer_dir")))
         while True:
             items = transport.recv(timeout=1.0)
             if not items and os.getppid() != parent:
@@ -89,16 +91,6 @@ def run(config: dict) -> int:
         return 1
     finally:
         transport.close()
-
-
-def _tokenizer(args: dict, tokenizer_dir: str | None):
-    if args["skip_tokenizer_init"]:
-        return None
-    from radixrt.loader.default_model import default_model_path
-    from radixrt.loader.tokenizer import LazyTokenizer
-
-    return LazyTokenizer(args["model_path"] or default_model_path(), args["tokenizer_path"],
-                         tokenizer_dir)
 
 
 if __name__ == "__main__":

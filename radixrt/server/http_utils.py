@@ -35,17 +35,27 @@ def error_response(message: str, param: str | None = None, status: int = 400,
     return JSONResponse(body, status_code=status)
 
 
+def status_of(exc: BaseException) -> tuple[int, str]:
+    """(HTTP status, OpenAI error type) of an exception from the engine or endpoint code; the
+    ZeroMQ frontend reports the same statuses."""
+    if isinstance(exc, APIError):
+        return exc.status, exc.err_type
+    if isinstance(exc, ServerOverloaded):
+        return 503, "server_overloaded"
+    if isinstance(exc, (ValueError, TypeError)):
+        return 400, "invalid_request_error"
+    if isinstance(exc, SchedulerDied):
+        return 503, "server_error"
+    return 500, "server_error"
+
+
 def exception_response(exc: BaseException) -> JSONResponse:
     """Map an exception from the engine or endpoint code to its HTTP error."""
+    status, err_type = status_of(exc)
     if isinstance(exc, APIError):
-        return error_response(exc.message, exc.param, exc.status, exc.err_type)
-    if isinstance(exc, ServerOverloaded):
-        return error_response(str(exc), None, 503, "server_overloaded")
-    if isinstance(exc, (ValueError, TypeError)):
-        return error_response(str(exc), getattr(exc, "param", None), 400)
-    if isinstance(exc, SchedulerDied):
-        return error_response(str(exc), None, 503, "server_error")
-    return error_response(f"{type(exc).__name__}: {exc}", None, 500, "server_error")
+        return error_response(exc.message, exc.param, status, err_type)
+    message = str(exc) if status != 500 else f"{type(exc).__name__}: {exc}"
+    return error_response(message, getattr(exc, "param", None), status, err_type)
 
 
 async def read_json(request: Request) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from radixrt.messages import (
     decode_from_client,
     encode,
 )
-from radixrt.request_state import SchedulerDied, ServerOverloaded
+from radixrt.server.http_utils import status_of
 
 logger = logging.getLogger(__name__)
 
@@ -119,10 +119,4 @@ class ZmqFrontend:
 
 
 def _error_reply(request_id: str, exc: BaseException) -> ClientReply:
-    if isinstance(exc, (ValueError, TypeError)):
-        status = 400
-    elif isinstance(exc, (ServerOverloaded, SchedulerDied)):
-        status = 503
-    else:
-        status = 500
-    return ClientReply(request_id, "error", error=f"{exc}", status=status)
+    return ClientReply(request_id, "error", error=f"{exc}", status=status_of(exc)[0])

@@ -84,35 +84,18 @@ def test_store_kv_skips_padding(gen, pool_dtype):
     assert bool((bufs[0][[1, 2, 4, 19]] == 7.0).all())  # other slots untouched
 
 
-def test_model_layers_use_the_fused_kernels(tiny_model_dir, monkeypatch):
+def test_model_layers_use_the_fused_kernels(tiny_model_dir, monkeypatch, prefill_logits):
     """With the fused path forced on (on CUDA it is the default), a tiny model's forward gives
     the torch path's logits: the in-place rotary on the qkv view, the deferred residual adds."""
-    from radixrt.attention.torch_backend import TorchAttentionBackend
-    from radixrt.cache.kv_pool import KVPool
-    from radixrt.executor.forward_batch import ForwardBatch
     from radixrt.layers import activation, norm, rotary
     from radixrt.loader.load import load_model
 
     model, cfg = load_model(tiny_model_dir("qwen2"), torch.float32, "cpu")
-    n = 9
-
-    def forward() -> torch.Tensor:
-        pool = KVPool(64, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, torch.float32, "cpu")
-        ar = torch.arange(n)
-        fb = ForwardBatch(
-            input_ids=torch.arange(3, 3 + n), positions=ar, out_cache_loc=ar,
-            qo_indptr=torch.tensor([0, n]), kv_indices=ar, kv_indptr=torch.tensor([0, n]),
-            seq_lens=torch.tensor([n]), extend_lens=torch.tensor([n]), seq_lens_cpu=[n],
-            extend_lens_cpu=[n], prefix_lens_cpu=[0], kv_pool=pool,
-            attn_backend=TorchAttentionBackend(),
-        )  # fmt: skip
-        with torch.no_grad():
-            return model.compute_logits(model(fb.input_ids, fb.positions, fb))
-
-    want = forward()
+    tokens = list(range(3, 12))
+    want = prefill_logits(model, cfg, tokens)
     calls = []
     for module in (norm, activation, rotary):
         monkeypatch.setattr(module, "use_triton", lambda x: calls.append(1) or True)
-    got = forward()
+    got = prefill_logits(model, cfg, tokens)
     assert len(calls) >= 3 * cfg.num_layers  # norms, rotary and MLP all went through Triton
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

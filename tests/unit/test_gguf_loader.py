@@ -8,9 +8,6 @@ from importlib import metadata
 import pytest
 import torch
 
-from radixrt.attention.torch_backend import TorchAttentionBackend
-from radixrt.cache.kv_pool import KVPool
-from radixrt.executor.forward_batch import ForwardBatch
 from radixrt.loader import default_model
 from radixrt.loader.default_model import default_model_path
 from radixrt.loader.gguf_loader import GGUFCheckpoint, hf_tensor_name, unpermute_qk
@@ -69,23 +66,13 @@ def test_config_equals_transformers(gguf_path, hf_model):
     assert ours.architectures == ["LlamaForCausalLM"]
 
 
-def test_forward_matches_transformers(gguf_path, hf_model):
+def test_forward_matches_transformers(gguf_path, hf_model, prefill_logits):
     model, cfg = load_model(gguf_path, torch.float32, "cpu")
     assert (cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim) == (30, 9, 3, 64)
     assert cfg.eos_token_ids == [2]
     tokens = [1, 504, 3458, 282, 4649, 314, 253, 1345, 30, 378, 1]
-    n = len(tokens)
-    pool = KVPool(64, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, torch.float32, "cpu")
-    ar = torch.arange(n)
-    fb = ForwardBatch(
-        input_ids=torch.tensor(tokens), positions=ar, out_cache_loc=ar,
-        qo_indptr=torch.tensor([0, n]), kv_indices=ar, kv_indptr=torch.tensor([0, n]),
-        seq_lens=torch.tensor([n]), extend_lens=torch.tensor([n]), seq_lens_cpu=[n],
-        extend_lens_cpu=[n], prefix_lens_cpu=[0], kv_pool=pool,
-        attn_backend=TorchAttentionBackend(),
-    )  # fmt: skip
+    ours = prefill_logits(model, cfg, tokens)
     with torch.no_grad():
-        ours = model.compute_logits(model(fb.input_ids, fb.positions, fb))
         theirs = hf_model(torch.tensor([tokens])).logits[0].float()
     torch.testing.assert_close(ours, theirs, atol=2e-4, rtol=0)
 

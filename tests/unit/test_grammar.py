@@ -67,7 +67,7 @@ def test_forced_text_is_proposed_and_the_matcher_follows(tokenizer, backend):
     regex = r"The capital of France is [A-Z][a-z]+\."
     ids = ids_of(tokenizer, "The")
     m = fed(backend, regex, ids)
-    proposal = propose(ids, m, tokenizer, room=64)
+    proposal = propose(m, tokenizer, room=64)
     assert proposal == ids_of(tokenizer, " capital of France is ")  # the tokenizer's own
     ids += proposal
     assert tokenizer.decode(ids) == "The capital of France is "
@@ -82,7 +82,7 @@ def test_the_sampled_token_is_never_merged_into_the_proposal(tokenizer, backend)
     ids = ids_of(tokenizer, "{")
     assert ids_of(tokenizer, '{"name": ')[0] != ids[0], "premise: the tokenizer would merge"
     m = fed(backend, regex, ids)
-    proposal = propose(ids, m, tokenizer, room=64)
+    proposal = propose(m, tokenizer, room=64)
     assert proposal == ids_of(tokenizer, '"name": ')
     assert tokenizer.decode(ids + proposal) == '{"name": '
     assert_same_state(backend, regex, m, ids + proposal)
@@ -92,10 +92,10 @@ def test_the_sampled_token_is_never_merged_into_the_proposal(tokenizer, backend)
 def test_room_caps_the_proposal(tokenizer, backend):
     regex = r"The capital of France is [A-Z][a-z]+\."
     start = ids_of(tokenizer, "The")
-    full = propose(start, fed(backend, regex, start), tokenizer, room=64)
+    full = propose(fed(backend, regex, start), tokenizer, room=64)
     for room in (0, 1, 2):
         m = fed(backend, regex, start)
-        proposal = propose(start, m, tokenizer, room=room)
+        proposal = propose(m, tokenizer, room=room)
         assert proposal == full[:room]
         assert_same_state(backend, regex, m, start + proposal)
         rest = m.find_jump_forward_string()
@@ -105,7 +105,7 @@ def test_room_caps_the_proposal(tokenizer, backend):
 
 def test_nothing_forced_proposes_nothing(tokenizer, backend):
     ids = ids_of(tokenizer, "ab")
-    assert propose(ids, fed(backend, r"[a-z]+", ids), tokenizer, room=8) == []
+    assert propose(fed(backend, r"[a-z]+", ids), tokenizer, room=8) == []
 
 
 def test_compile_cache_reuses_by_text_and_retries_failures(backend):

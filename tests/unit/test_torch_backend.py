@@ -154,6 +154,26 @@ def test_decode_with_shared_prefix_slots_matches_naive(with_extend, dtype):
     check_against_naive(fb, seqs, specs, dtype, gen)
 
 
+def sequences_after_shared_prefix(pool, shared_len: int, layout, gen):
+    """Sequences whose slots start with the same `shared_len` slots, then (own, n) = own cached
+    tokens and n new ones each. Returns (seqs, specs, kv_indices, out_cache_loc) for
+    make_batch / check_against_naive; the cached K/V are written to the pool."""
+    shared_k, shared_v = (torch.randn(shared_len, HKV, D, generator=gen) for _ in range(2))
+    shared_slots = torch.arange(600, 600 + shared_len)
+    pool.set_kv(0, shared_slots, shared_k, shared_v)
+    seqs, specs, kv_idx, out_loc, next_slot = [], [], [], [], 0
+    for own, n in layout:
+        k, v = (torch.randn(own + n, HKV, D, generator=gen) for _ in range(2))
+        slots = torch.arange(next_slot, next_slot + own + n)
+        next_slot += own + n + 3  # gaps: the slots are not contiguous across sequences
+        pool.set_kv(0, slots[:own], k[:own], v[:own])
+        kv_idx += shared_slots.tolist() + slots.tolist()
+        out_loc += slots[own:].tolist()
+        seqs.append((torch.cat([shared_k, k]), torch.cat([shared_v, v])))
+        specs.append((shared_len + own, n))
+    return seqs, specs, kv_idx, out_loc
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_extends_with_shared_prefix_slots_match_naive(dtype):
     """Prefill chunks whose cached prefixes start with the same 24 slots (siblings after a
@@ -161,22 +181,10 @@ def test_extends_with_shared_prefix_slots_match_naive(dtype):
     gen = torch.Generator().manual_seed(2)
     shared_len = 24
     pool = KVPool(1024, 1, HKV, D, dtype, "cpu")
-    shared_k, shared_v = (torch.randn(shared_len, HKV, D, generator=gen) for _ in range(2))
-    shared_slots = torch.arange(500, 500 + shared_len)
-    pool.set_kv(0, shared_slots, shared_k, shared_v)
     # (own cached tokens after the shared part, new tokens); plus a decode and a fresh prefill.
     # The chunks are longer than MAX_BATCHED_EXTEND: short ones join the decode call (below).
     layout = [(0, 20), (5, 17), (2, 30), (7, 1)]
-    seqs, specs, kv_idx, out_loc, next_slot = [], [], [], [], 0
-    for own, n in layout:
-        k, v = (torch.randn(own + n, HKV, D, generator=gen) for _ in range(2))
-        slots = torch.arange(next_slot, next_slot + own + n)
-        next_slot += own + n + 3
-        pool.set_kv(0, slots[:own], k[:own], v[:own])
-        kv_idx += shared_slots.tolist() + slots.tolist()
-        out_loc += slots[own:].tolist()
-        seqs.append((torch.cat([shared_k, k]), torch.cat([shared_v, v])))
-        specs.append((shared_len + own, n))
+    seqs, specs, kv_idx, out_loc = sequences_after_shared_prefix(pool, shared_len, layout, gen)
     k, v = (torch.randn(4, HKV, D, generator=gen) for _ in range(2))
     kv_idx += list(range(900, 904))
     out_loc += list(range(900, 904))
@@ -197,20 +205,8 @@ def test_short_extends_join_the_padded_decode_call(dtype, shared_len):
     with and without a shared prefix. Results must equal plain attention."""
     gen = torch.Generator().manual_seed(3)
     pool = KVPool(1024, 1, HKV, D, dtype, "cpu")
-    shared_k, shared_v = (torch.randn(shared_len, HKV, D, generator=gen) for _ in range(2))
-    shared_slots = torch.arange(600, 600 + shared_len)
-    pool.set_kv(0, shared_slots, shared_k, shared_v)
     layout = [(3, 5), (9, 1), (2, 16), (6, 2), (1, 1)]  # (own cached tokens, new tokens)
-    seqs, specs, kv_idx, out_loc, next_slot = [], [], [], [], 0
-    for own, n in layout:
-        k, v = (torch.randn(own + n, HKV, D, generator=gen) for _ in range(2))
-        slots = torch.arange(next_slot, next_slot + own + n)
-        next_slot += own + n + 5
-        pool.set_kv(0, slots[:own], k[:own], v[:own])
-        kv_idx += shared_slots.tolist() + slots.tolist()
-        out_loc += slots[own:].tolist()
-        seqs.append((torch.cat([shared_k, k]), torch.cat([shared_v, v])))
-        specs.append((shared_len + own, n))
+    seqs, specs, kv_idx, out_loc = sequences_after_shared_prefix(pool, shared_len, layout, gen)
     fb = make_batch(pool, specs, kv_idx, out_loc)
     fb.attn_backend.init_forward_metadata(fb)
     meta = fb.attn_metadata
