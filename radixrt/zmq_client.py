@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import zmq
@@ -35,10 +36,15 @@ class FrontendError(RuntimeError):
 
 
 class ZmqClient:
-    def __init__(self, address: str, api_key: str | None = None, timeout_s: float = 600) -> None:
+    def __init__(self, address: str, api_key: str | None = None, timeout_s: float = 600,
+                 alive: Callable[[], bool] | None = None, probe_s: float = 5) -> None:
+        """`alive`, if given, is asked whenever a reply is `probe_s` late: a False ends the
+        wait with ConnectionError (ZeroMQ itself would wait for a dead server forever)."""
         self.address = address
         self.api_key = api_key
         self.timeout_s = timeout_s
+        self.alive = alive
+        self.probe_s = probe_s
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -99,11 +105,7 @@ class ZmqClient:
         done = False
         try:
             while True:
-                try:
-                    reply: ClientReply = inbox.get(timeout=self.timeout_s)
-                except queue.Empty:
-                    raise TimeoutError(f"no reply from {self.address} within "
-                                       f"{self.timeout_s} s") from None
+                reply: ClientReply = self._next_reply(inbox)
                 if reply.kind == "error":
                     done = True
                     raise FrontendError(reply.error, reply.status)
@@ -118,6 +120,18 @@ class ZmqClient:
             self._waiting.pop(msg.request_id, None)
             if not done and not self._closed.is_set():
                 self._send(ClientAbort(msg.request_id, self.api_key))
+
+    def _next_reply(self, inbox: queue.Queue) -> ClientReply:
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            wait = min(self.probe_s, deadline - time.monotonic())
+            if wait <= 0:
+                raise TimeoutError(f"no reply from {self.address} within {self.timeout_s} s")
+            try:
+                return inbox.get(timeout=wait)
+            except queue.Empty:
+                if self.alive is not None and not self.alive():
+                    raise ConnectionError(f"the server at {self.address} is gone") from None
 
     def _send(self, msg) -> None:
         self._outbox.put(encode(msg))

@@ -1,0 +1,112 @@
+"""The interface a DSL backend implements, and what every backend shares on top of it.
+
+A backend needs two primitives with Engine.generate's contract, `_generate` and
+`_generate_stream`, plus its chat template; prefix caching and `select`'s scoring are built here
+from them, so the in-process, endpoint and local-server backends behave the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixrt.lang.chat_template import ChatTemplate
+from radixrt.lang.choices import METHODS, decide, mean_logprob
+
+
+@dataclass
+class ChoiceDecision:
+    index: int
+    meta_info: dict[str, Any]
+    requests: list[dict[str, Any]] = field(default_factory=list)  # the meta_info of each call
+
+
+class Backend:
+    """Contract: methods are thread-safe (programs and forks call them from worker threads)."""
+
+    def _generate(self, **request: Any) -> Any:
+        """Engine.generate's arguments (text=..., not prompt=...) and result."""
+        raise NotImplementedError
+
+    def _generate_stream(self, **request: Any) -> Iterator[dict[str, Any]]:
+        """Chunks whose "text" is the new text; the last one carries the final meta_info."""
+        raise NotImplementedError
+
+    def get_chat_template(self) -> ChatTemplate:
+        raise NotImplementedError
+
+    def flush_cache(self) -> bool:
+        raise NotImplementedError
+
+    def get_server_info(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def shutdown(self) -> None:
+        """Release what the backend holds (sockets, a server it started)."""
+
+    # -- built on the primitives --------------------------------------------------------------
+    def generate(self, text: str, sampling_params: dict[str, Any],
+                 **logprob_options: Any) -> Any:
+        return self._generate(text=text, sampling_params=sampling_params, **logprob_options)
+
+    def generate_stream(self, text: str, sampling_params: dict[str, Any],
+                        **logprob_options: Any) -> Iterator[dict[str, Any]]:
+        return self._generate_stream(text=text, sampling_params=sampling_params,
+                                     **logprob_options)
+
+    def cache_prefix(self, text: str) -> dict[str, Any]:
+        """Prefill `text` into the radix cache without generating; its meta_info."""
+        return self._generate(text=text, sampling_params={"max_new_tokens": 0})["meta_info"]
+
+    def select(self, text: str, choices: list[str], temperature: float,
+               choices_method: str) -> ChoiceDecision:
+        """Score every choice as a continuation of `text`. The prefix is prefilled once; then
+        one batched request (the prefix and each prefix + choice, no generation) returns the
+        prompt logprobs of the choices' tokens, each computed over the cached prefix."""
+        method = METHODS[choices_method]
+        head = self.cache_prefix(text)
+        start = max(head["prompt_tokens"] - 1, 0)  # from the prefix's last token
+        results = self._generate(text=[text] + [text + c for c in choices],
+                                 sampling_params={"max_new_tokens": 0}, return_logprob=True,
+                                 logprob_start_len=start)
+        last_prefix = results[0]["meta_info"]["input_token_logprobs"]
+        tokens = [_choice_tokens(r["meta_info"]["input_token_logprobs"], last_prefix)
+                  for r in results[1:]]
+        conditional = [[lp for lp, _, _ in t] for t in tokens]
+        requests = [head] + [r["meta_info"] for r in results]
+        unconditional = None
+        if method.requires_unconditional_logprobs:
+            # "Unconditional": each choice after just the prefix's last token (a newline or a
+            # role marker, say), which tells how likely the choice is in itself.
+            context = [last_prefix[0][1]]
+            plain = self._generate(input_ids=[context + [tid for _, tid, _ in t] for t in tokens],
+                                   sampling_params={"max_new_tokens": 0}, return_logprob=True,
+                                   logprob_start_len=1)
+            unconditional = [[lp for lp, _, _ in r["meta_info"]["input_token_logprobs"]]
+                             for r in plain]
+            requests += [r["meta_info"] for r in plain]
+        scores = method.scores(conditional, unconditional)
+        index = decide(scores, temperature)
+        meta = {"choices_method": method.name, "scores": scores,
+                "normalized_prompt_logprobs": [mean_logprob(c) for c in conditional],
+                "input_token_logprobs": tokens, "unconditional_token_logprobs": unconditional,
+                "prompt_tokens": sum(r["prompt_tokens"] for r in requests),
+                "cached_tokens": sum(r["cached_tokens"] for r in requests)}
+        return ChoiceDecision(index, meta, requests)
+
+    def __enter__(self) -> "Backend":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+
+def _choice_tokens(triples: list, last_prefix: list) -> list[tuple]:
+    """The choice's own tokens out of logprobs that start at the prefix's last token. If the
+    tokenizer merged that token with the choice's start, the merged token belongs to it."""
+    prefix_last_id = last_prefix[0][1]
+    if triples and triples[0][1] == prefix_last_id and len(triples) > 1:
+        return [tuple(t) for t in triples[1:]]
+    return [tuple(t) for t in triples]
+

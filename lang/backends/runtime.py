@@ -1,0 +1,99 @@
+"""`Runtime(**engine_args)`: start a local `radixrt launch` server and use it as a backend."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import httpx
+
+from radixrt.lang.backends.runtime_endpoint import RuntimeEndpoint
+
+
+class Runtime(RuntimeEndpoint):
+    """Every ServerArgs field is a keyword (model_path, disable_radix_cache, ...; the default
+    model when model_path is None). The server is a child process on a free loopback port,
+    stopped by `shutdown()` or when this process exits."""
+
+    def __init__(self, model_path: str | None = None, *, startup_timeout_s: float = 300,
+                 **engine_args: Any) -> None:
+        port = engine_args.pop("port", None) or _free_port()
+        host = engine_args.get("host", "127.0.0.1")
+        cmd = [sys.executable, "-m", "radixrt.cli", "launch", "--port", str(port),
+               *_flags(model_path=model_path, **engine_args)]
+        self.log_path = tempfile.NamedTemporaryFile(prefix="radixrt-runtime-", suffix=".log",
+                                                    delete=False).name
+        with open(self.log_path, "w") as log:
+            self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        atexit.register(self.shutdown)
+        self.url = f"http://{host}:{port}"
+        try:
+            self._wait_healthy(startup_timeout_s)
+            super().__init__(self.url, api_key=engine_args.get("api_key"))
+        except BaseException:
+            self.shutdown()
+            raise
+
+    @property
+    def endpoint(self) -> RuntimeEndpoint:
+        return self
+
+    def shutdown(self) -> None:
+        """Close the socket and stop the server (SIGTERM: it stops its children in order)."""
+        atexit.unregister(self.shutdown)
+        if getattr(self, "client", None) is not None:
+            self.client.close()
+            self.client = None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    close = shutdown
+
+    def _wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"radixrt launch exited with {self.process.returncode}:\n"
+                                   f"{_tail(self.log_path)}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"radixrt launch was not healthy within {timeout_s} s:\n"
+                           f"{_tail(self.log_path)}")
+
+
+def _flags(**engine_args: Any) -> list[str]:
+    flags = []
+    for key, value in engine_args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is None or value is False:
+            continue
+        flags += [flag] if value is True else [flag, str(value)]
+    return flags
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tail(path: str, lines: int = 40) -> str:
+    with open(path, errors="replace") as f:
+        return "".join(f.readlines()[-lines:])

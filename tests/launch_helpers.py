@@ -1,0 +1,77 @@
+"""Start `radixrt launch` as a real subprocess on a free loopback port (server and DSL tests)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+STARTUP_TIMEOUT_S = 180
+
+
+@dataclass
+class LaunchedServer:
+    proc: subprocess.Popen
+    url: str
+    log: Path
+    api_key: str | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def children(self) -> list[int]:
+        """Pids of the server's child processes (scheduler and detokenizer)."""
+        path = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(tmp_dir: Path, *args: str, api_key: str | None = None) -> LaunchedServer:
+    """Start `radixrt launch` with `args` and wait for /health; fail with its log if not."""
+    port = free_port()
+    log = tmp_dir / f"server-{port}.log"
+    cmd = [sys.executable, "-m", "radixrt.cli", "launch", "--port", str(port), *args]
+    if api_key:
+        cmd += ["--api-key", api_key]
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    server = LaunchedServer(proc, f"http://127.0.0.1:{port}", log, api_key)
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"radixrt launch exited with {proc.returncode}:\n{server.log_text()}")
+        try:
+            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    server.stop()
+    pytest.fail(f"radixrt launch did not become healthy:\n{server.log_text()}")
