@@ -64,6 +64,9 @@ class Backend:
         """Score every choice as a continuation of `text`. The prefix is prefilled once; then
         one batched request (the prefix and each prefix + choice, no generation) returns the
         prompt logprobs of the choices' tokens, each computed over the cached prefix."""
+        if not text:
+            raise ValueError("select: there must be text before it (choices are scored as "
+                             "its continuation)")
         method = METHODS[choices_method]
         head = self.cache_prefix(text)
         start = max(head["prompt_tokens"] - 1, 0)  # from the prefix's last token

@@ -32,7 +32,8 @@ class Runtime(RuntimeEndpoint):
                                                     delete=False).name
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                            preexec_fn=_stop_with_parent)
         atexit.register(self.shutdown)
         self.url = f"http://{host}:{port}"
         try:
@@ -76,6 +77,16 @@ class Runtime(RuntimeEndpoint):
             time.sleep(0.5)
         raise TimeoutError(f"radixrt launch was not healthy within {timeout_s} s:\n"
                            f"{_tail(self.log_path)}")
+
+
+def _stop_with_parent() -> None:
+    """In the child: on Linux, get SIGTERM when the process that started the server dies
+    without calling shutdown (a kill -9 skips atexit). Elsewhere, atexit only."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _flags(**engine_args: Any) -> list[str]:

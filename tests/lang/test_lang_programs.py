@@ -1,4 +1,5 @@
-"""Every DSL primitive, on a real server over ZeroMQ and on the in-process backend."""
+"""Every DSL primitive on a real server over ZeroMQ; the tests taking `backend` also run on the
+in-process backend (both share everything above the two request primitives)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def test_gen_fills_variables_text_messages_and_meta_info(backend):
     assert state.get_meta_info()["num_requests"] == 1
 
 
-def test_role_context_managers_var_scope_and_set_var(backend):
+def test_role_context_managers_var_scope_and_set_var(endpoint):
     @rt.function
     def prog(s):
         with s.user():
@@ -43,7 +44,7 @@ def test_role_context_managers_var_scope_and_set_var(backend):
                 s += "Hello" + rt.gen("rest", max_tokens=3)
         s["note"] = "mine"
 
-    state = prog.run(temperature=0, backend=backend)
+    state = prog.run(temperature=0, backend=endpoint)
     assert state["reply"] == "Hello" + state["rest"]
     assert state.get_var("note") == "mine"
     # The first turn is not a system turn: the template's default system prompt comes first.
@@ -51,22 +52,22 @@ def test_role_context_managers_var_scope_and_set_var(backend):
     assert state.messages()[-1] == {"role": "assistant", "content": state["reply"]}
 
 
-def test_run_defaults_and_gen_override(backend):
+def test_run_defaults_and_gen_override(endpoint):
     @rt.function
     def prog(s):
         s += "Count: one, two," + rt.gen("a") + "\nAgain:" + rt.gen("b", max_tokens=2)
 
-    state = prog.run(max_new_tokens=4, temperature=0, ignore_eos=True, backend=backend)
+    state = prog.run(max_new_tokens=4, temperature=0, ignore_eos=True, backend=endpoint)
     assert state.get_meta_info("a")["completion_tokens"] == 4
     assert state.get_meta_info("b")["completion_tokens"] == 2
 
 
-def test_n_samples_give_a_list(backend):
+def test_n_samples_give_a_list(endpoint):
     @rt.function
     def prog(s):
         s += "A random word:" + rt.gen("w", max_tokens=4, n=3, temperature=1.0)
 
-    state = prog.run(backend=backend)
+    state = prog.run(backend=endpoint)
     assert isinstance(state["w"], list) and len(state["w"]) == 3
     assert state.text().endswith(state["w"][0])
     assert len(state.get_meta_info("w")) == 3
@@ -96,10 +97,14 @@ def test_fork_prefills_the_shared_prefix_once(backend):
     assert state.get_meta_info()["cache_hit_rate"] > 0.5
 
 
-def test_join_concate_and_append_and_copy(backend):
+def test_join_concate_and_append_copy_and_nested_programs(endpoint):
+    @rt.function
+    def heading(s, title):
+        s += title + ":"
+
     @rt.function
     def prog(s):
-        s += "List:"
+        heading(s, "List")
         forks = s.fork(2)
         forks += [" apples", " pears"]
         forks.join("concate_and_append")
@@ -108,7 +113,7 @@ def test_join_concate_and_append_and_copy(backend):
         s += "."
         return other
 
-    state = prog.run(backend=backend)
+    state = prog.run(backend=endpoint)
     assert state.text() == "List: apples pears."
     assert state.ret_value.text() == "List: apples pears and more"
 
@@ -129,19 +134,19 @@ def test_streaming_text_iter_and_async_iter(backend):
     assert "".join(pieces2) == state2["answer"] == state["answer"]
 
 
-def test_run_batch_matches_single_runs_and_caches_the_common_prefix(backend):
+def test_run_batch_matches_single_runs_and_caches_the_common_prefix(endpoint):
     questions = ["What is 2+2?", "Name a color.", "Name a fruit.", "What is ice?"]
-    backend.flush_cache()
+    endpoint.flush_cache()
     states = qa.run_batch([{"question": q} for q in questions], temperature=0,
-                          num_threads=4, progress_bar=True, backend=backend)
+                          num_threads=4, progress_bar=True, backend=endpoint)
     assert len(states.prefix_metas) == 1  # the shared system turn, prefilled once
     for q, state in zip(questions, states):
-        assert state["answer"] == qa.run(question=q, temperature=0, backend=backend)["answer"]
+        assert state["answer"] == qa.run(question=q, temperature=0, backend=endpoint)["answer"]
     summary = states.get_meta_info()
     assert summary["num_requests"] == 5 and summary["cache_hit_rate"] > 0.3
 
 
-def test_gen_regex_json_schema_int_and_string(backend):
+def test_gen_regex_json_schema_int_and_string(endpoint):
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                                "age": {"type": "integer"}},
               "required": ["name", "age"], "additionalProperties": False}
@@ -159,7 +164,7 @@ def test_gen_regex_json_schema_int_and_string(backend):
     import jsonschema
 
     for seed in range(3):  # sampled at temperature 1.0: the constraints still hold
-        state = extract.run(temperature=1.0, backend=backend)
+        state = extract.run(temperature=1.0, backend=endpoint)
         jsonschema.validate(json.loads(state["info"]), schema)
         assert re.fullmatch(r"\d{3}-\d{4}", state["phone"])
         assert re.fullmatch(r"-?(0|[1-9][0-9]*)", state["age"])
