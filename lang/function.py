@@ -18,7 +18,7 @@ from radixrt.lang.tracer import Placeholder, ProgramIR, trace
 SAMPLING_DEFAULTS: dict[str, Any] = {
     "max_new_tokens": 128, "stop": None, "stop_token_ids": None, "temperature": 1.0,
     "top_p": 1.0, "top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0,
-    "presence_penalty": 0.0, "ignore_eos": False, "return_logprob": False,
+    "presence_penalty": 0.0, "ignore_eos": False, "seed": None, "return_logprob": False,
     "logprob_start_len": None, "top_logprobs_num": None}
 MIN_SHARED_PREFIX_CHARS = 16  # shorter common text is not worth a request of its own
 

@@ -10,8 +10,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-# gen_int / gen_string constrain the output with these (through the engine's regex support).
-REGEX_INT = r"-?(0|[1-9][0-9]*)"
+# gen_int / gen_string constrain the output with these (through the engine's regex support),
+# as SGLang's do. The int may end with one space or newline: without a way to end the number,
+# a model that wants to write " years" after "34" can only add digits (or stop outright).
+REGEX_INT = r"[-+]?[0-9]+[ \n]?"
 REGEX_STRING = r'"[^"\\\n]*"'
 
 CHOICES_METHODS = ("token_length_normalized", "greedy_token_selection",
@@ -103,7 +105,8 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
         stop_token_ids: list[int] | None = None, temperature: float | None = None,
         top_p: float | None = None, top_k: int | None = None, min_p: float | None = None,
         frequency_penalty: float | None = None, presence_penalty: float | None = None,
-        ignore_eos: bool | None = None, return_logprob: bool | None = None,
+        ignore_eos: bool | None = None, seed: int | None = None,
+        return_logprob: bool | None = None,
         logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
         dtype: type | str | None = None, choices: list[str] | None = None,
         choices_method: Any = None, regex: str | None = None,
@@ -125,7 +128,7 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
     params = {"max_new_tokens": max_tokens, "min_new_tokens": min_tokens, "n": n, "stop": stop,
               "stop_token_ids": stop_token_ids, "temperature": temperature, "top_p": top_p,
               "top_k": top_k, "min_p": min_p, "frequency_penalty": frequency_penalty,
-              "presence_penalty": presence_penalty, "ignore_eos": ignore_eos,
+              "presence_penalty": presence_penalty, "ignore_eos": ignore_eos, "seed": seed,
               "return_logprob": return_logprob, "logprob_start_len": logprob_start_len,
               "top_logprobs_num": top_logprobs_num, "regex": regex,
               "json_schema": _schema_text(json_schema)}
@@ -133,7 +136,8 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
 
 
 def gen_int(name: str | None = None, **kwargs: Any) -> Expr:
-    """Generate an integer (as its text, e.g. "42"), as SGLang's gen_int."""
+    """Generate an integer, as SGLang's gen_int: the value is its text ("42", maybe with one
+    trailing space or newline; int() takes both)."""
     return gen(name, dtype=int, **kwargs)
 
 

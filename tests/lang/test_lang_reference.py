@@ -100,9 +100,13 @@ def test_a_client_imports_no_torch(lang_server):
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
-def test_runtime_starts_serves_reports_death_and_stops():
-    runtime = rt.Runtime(dtype="float32", max_total_tokens=4096)
+def test_runtime_starts_serves_checks_the_key_reports_death_and_stops():
+    runtime = rt.Runtime(dtype="float32", max_total_tokens=4096, api_key="sesame")
     try:
+        with pytest.raises(PermissionError, match="refused the API key"):
+            rt.RuntimeEndpoint(runtime.url)
+        with pytest.raises(PermissionError, match="refused the API key"):
+            rt.RuntimeEndpoint(runtime.url, api_key="wrong")
         rt.set_default_backend(runtime)
         state = two_turns.run(q1="Hi!", q2="Bye!", max_new_tokens=4, temperature=0)
         assert state["a2"] and rt.get_server_info()["zmq_frontend_address"]
