@@ -45,6 +45,8 @@ class ZmqClient:
         self.timeout_s = timeout_s
         self.alive = alive
         self.probe_s = probe_s
+        self._probe_lock = threading.Lock()
+        self._probed_at, self._last_alive = float("-inf"), True
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -130,8 +132,17 @@ class ZmqClient:
             try:
                 return inbox.get(timeout=wait)
             except queue.Empty:
-                if self.alive is not None and not self.alive():
+                if not self._server_alive():
                     raise ConnectionError(f"the server at {self.address} is gone") from None
+
+    def _server_alive(self) -> bool:
+        """`alive()`, asked at most once per probe_s however many callers wait."""
+        if self.alive is None:
+            return True
+        with self._probe_lock:
+            if time.monotonic() - self._probed_at >= self.probe_s:
+                self._last_alive, self._probed_at = self.alive(), time.monotonic()
+            return self._last_alive
 
     def _send(self, msg) -> None:
         self._outbox.put(encode(msg))

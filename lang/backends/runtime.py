@@ -60,6 +60,8 @@ class Runtime(RuntimeEndpoint):
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self.process.returncode == 0 and os.path.exists(self.log_path):
+            os.unlink(self.log_path)  # kept when the server failed: the place to look
 
     close = shutdown
 
