@@ -122,8 +122,8 @@ class ProgramState:
         while (piece := await asyncio.to_thread(next, chunks, done)) is not done:
             yield piece
 
-    def __repr__(self) -> str:
-        return f"ProgramState({self.text()!r})"
+    def __repr__(self) -> str:  # the text so far, without waiting (a debugger calls this)
+        return f"ProgramState({self.stream_executor.text_!r})"
 
 
 class ProgramStateGroup:
