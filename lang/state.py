@@ -11,17 +11,8 @@ from radixrt.lang import ir
 from radixrt.lang.executor import StreamExecutor
 
 
-class ProgramState:
-    def __init__(self, executor: StreamExecutor) -> None:
-        self.stream_executor = executor
-        self.ret_value: Any = None  # what the program function returned
-
-    # -- building -------------------------------------------------------------------------
-    def __iadd__(self, other: Any) -> "ProgramState":
-        if other is None:
-            raise ValueError("cannot append None to a program state")
-        self.stream_executor.submit(ir.to_expr(other))
-        return self
+class Appending:
+    """Roles and variable scopes, built on `self += expr` (shared with the tracer)."""
 
     def role(self, name: str, expr: Any = None):
         """With expr, append name's turn around it; without, a context manager:
@@ -52,6 +43,19 @@ class ProgramState:
         self += ir.VarScopeBegin(name)
         yield
         self += ir.VarScopeEnd(name)
+
+
+class ProgramState(Appending):
+    def __init__(self, executor: StreamExecutor) -> None:
+        self.stream_executor = executor
+        self.ret_value: Any = None  # what the program function returned
+
+    # -- building -------------------------------------------------------------------------
+    def __iadd__(self, other: Any) -> "ProgramState":
+        if other is None:
+            raise ValueError("cannot append None to a program state")
+        self.stream_executor.submit(ir.to_expr(other))
+        return self
 
     def fork(self, size: int = 1) -> "ProgramStateGroup":
         """`size` branches that continue from here, each on its own thread; the text so far is

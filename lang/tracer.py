@@ -7,13 +7,13 @@ its first generation to find the text every program of the batch starts with, an
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from radixrt.lang import ir
 from radixrt.lang.chat_template import ChatTemplate
+from radixrt.lang.state import Appending
 
 
 class StopTracing(Exception):
@@ -45,7 +45,7 @@ class ProgramIR:
         return render_constant(self.nodes, template)
 
 
-class TracerState:
+class TracerState(Appending):
     """Looks like a ProgramState to the program; records what it is given."""
 
     def __init__(self, nodes: list[ir.Expr], prefix_only: bool) -> None:
@@ -71,33 +71,6 @@ class TracerState:
         pass  # a recorder keeps no values
 
     __setitem__ = set_var
-
-    def role(self, name: str, expr: Any = None):
-        if expr is not None:
-            self += ir.role(name, expr)
-            return None
-        return self._role_scope(name)
-
-    @contextmanager
-    def _role_scope(self, name: str) -> Iterator[None]:
-        self += ir.RoleBegin(name)
-        yield
-        self += ir.RoleEnd(name)
-
-    def system(self, expr: Any = None):
-        return self.role("system", expr)
-
-    def user(self, expr: Any = None):
-        return self.role("user", expr)
-
-    def assistant(self, expr: Any = None):
-        return self.role("assistant", expr)
-
-    @contextmanager
-    def var_scope(self, name: str) -> Iterator[None]:
-        self += ir.VarScopeBegin(name)
-        yield
-        self += ir.VarScopeEnd(name)
 
     def fork(self, size: int = 1) -> list["TracerState"]:
         if self.prefix_only:
