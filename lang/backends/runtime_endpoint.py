@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -27,6 +28,7 @@ class RuntimeEndpoint(Backend):
         if not address:
             raise ConnectionError(f"{self.base_url} has no zmq_frontend_address in "
                                   "/get_server_info: is it a radixrt server?")
+        address = _reachable(address, self.base_url)
         self._template = ChatTemplate.from_jinja(self.model_info.get("chat_template"),
                                                  self.model_info.get("bos_token"),
                                                  self.model_info.get("eos_token"))
@@ -91,3 +93,14 @@ def _translated(call):
         if exc.status == 401:
             raise PermissionError(str(exc)) from exc
         raise
+
+
+def _reachable(zmq_address: str, base_url: str) -> str:
+    """A server bound to every interface (--host 0.0.0.0) reports that wildcard address; reach
+    it at the host the HTTP URL names instead."""
+    scheme, _, rest = zmq_address.partition("://")
+    host, _, port = rest.rpartition(":")
+    if host in ("0.0.0.0", "*", "[::]", "::"):
+        host = urlsplit(base_url).hostname or "127.0.0.1"
+        host = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{host}:{port}"

@@ -151,3 +151,11 @@ def test_bind_and_argument_errors():
         prog.bind(c=1)
     with pytest.raises(TypeError, match="unknown sampling defaults"):
         rt.function(temprature=0)(lambda s: None)
+
+
+def test_endpoint_reaches_a_wildcard_bound_frontend_at_the_url_host():
+    from radixrt.lang.backends.runtime_endpoint import _reachable
+
+    assert _reachable("tcp://0.0.0.0:5555", "http://10.1.2.3:30000") == "tcp://10.1.2.3:5555"
+    assert _reachable("tcp://127.0.0.1:5555", "http://localhost:1") == "tcp://127.0.0.1:5555"
+    assert _reachable("tcp://[::]:5555", "http://[::1]:30000") == "tcp://[::1]:5555"
