@@ -1,8 +1,8 @@
 """How `select` turns each choice's token logprobs into a decision (SGLang's three methods).
 
 Every method sees, per choice, the logprobs of the choice's tokens given the text before it
-(`conditional`), and for `unconditional_likelihood_normalized` also given almost no context
-(`unconditional`: after only the last token before the choice).
+(`conditional`), and for `unconditional_likelihood_normalized` also given no context at all
+(`unconditional`: the choice's tokens scored alone, so the first one has none, None).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ class ChoicesMethod:
     requires_unconditional_logprobs: bool = False
 
     def scores(self, conditional: list[list[float]],
-               unconditional: list[list[float]] | None = None) -> list[float]:
+               unconditional: list[list[float | None]] | None = None) -> list[float]:
         """One score per choice; higher is better."""
         if self.name == "token_length_normalized":
             return [mean_logprob(lps) for lps in conditional]
@@ -26,7 +26,8 @@ class ChoicesMethod:
             if unconditional is None:
                 raise ValueError("unconditional_likelihood_normalized needs the choices' "
                                  "unconditional logprobs")
-            return [mean_logprob([c - u for c, u in zip(cond, uncond)])
+            # As SGLang: a missing unconditional logprob (the first token's) counts as 0.
+            return [mean_logprob([c - (u or 0.0) for c, u in zip(cond, uncond)])
                     for cond, uncond in zip(conditional, unconditional)]
         if self.name == "greedy_token_selection":
             winner = greedy_winner(conditional)
@@ -46,16 +47,18 @@ METHODS = {m.name: m for m in (token_length_normalized, greedy_token_selection,
 
 
 def greedy_winner(conditional: list[list[float]]) -> int:
-    """The choice that greedy decoding restricted to the choices would produce: at each token
-    position keep only the choices whose token there is the most likely; ties go on to the
-    next position, and among choices that end in a tie the first one wins."""
+    """Greedy decoding restricted to the choices, as SGLang's: token position by position,
+    keep the choices whose logprob there is the highest, until one is left. A choice shorter
+    than the others counts its mean logprob at the positions it lacks; the first of a final
+    tie wins."""
+    width = max(len(c) for c in conditional)
+    padded = [c + [mean_logprob(c)] * (width - len(c)) for c in conditional]
     alive = list(range(len(conditional)))
-    for pos in range(max(len(c) for c in conditional)):
-        longer = [i for i in alive if len(conditional[i]) > pos]
-        if len(alive) == 1 or not longer:
+    for pos in range(width):
+        best = max(padded[i][pos] for i in alive)
+        alive = [i for i in alive if padded[i][pos] == best]
+        if len(alive) == 1:
             break
-        best = max(conditional[i][pos] for i in longer)
-        alive = [i for i in longer if conditional[i][pos] == best]
     return alive[0]
 
 

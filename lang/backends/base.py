@@ -80,12 +80,10 @@ class Backend:
         requests = [head] + [r["meta_info"] for r in results]
         unconditional = None
         if method.requires_unconditional_logprobs:
-            # "Unconditional": each choice after just the prefix's last token (a newline or a
-            # role marker, say), which tells how likely the choice is in itself.
-            context = [last_prefix[0][1]]
-            plain = self._generate(input_ids=[context + [tid for _, tid, _ in t] for t in tokens],
+            # "Unconditional": each choice's tokens scored alone, with no context (as SGLang).
+            plain = self._generate(input_ids=[[tid for _, tid, _ in t] for t in tokens],
                                    sampling_params={"max_new_tokens": 0}, return_logprob=True,
-                                   logprob_start_len=1)
+                                   logprob_start_len=0)
             unconditional = [[lp for lp, _, _ in r["meta_info"]["input_token_logprobs"]]
                              for r in plain]
             requests += [r["meta_info"] for r in plain]

@@ -128,10 +128,6 @@ class OutputProcessor:
         req.num_unverified = len(proposal)
 
     def _record_prompt_logprobs(self, req: Req, first_t: int, logits: torch.Tensor) -> None:
-        if req.input_logprobs_count == 0 and req.logprob_start_len == 0:
-            req.input_token_logprobs.append((None, req.origin_input_ids[0]))
-            req.input_top_logprobs.append(None)
-            req.input_logprobs_count = 1
         tokens = req.origin_input_ids[first_t:first_t + logits.shape[0]]
         lp, top_v, top_i = compute_logprobs(logits, torch.tensor(tokens), req.top_logprobs_num)
         req.input_token_logprobs.extend(zip(lp.tolist(), tokens))

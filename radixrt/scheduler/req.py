@@ -49,6 +49,14 @@ class Req:
     # emitted, and dropped if the request is retracted.
     num_unverified: int = 0
 
+    def __post_init__(self) -> None:
+        # The first prompt token has no logprob (nothing precedes it); its entry is there from
+        # the start, so that a one-token prompt, which computes no prompt logprob, has it too.
+        if self.return_logprob and self.logprob_start_len == 0 and self.origin_input_ids:
+            self.input_token_logprobs.append((None, self.origin_input_ids[0]))
+            self.input_top_logprobs.append(None)
+            self.input_logprobs_count = 1
+
     @property
     def fill_ids(self) -> list[int]:
         """Every token whose K/V the request needs before it can sample its next token."""

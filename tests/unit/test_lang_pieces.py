@@ -62,9 +62,10 @@ def test_concatenation_flattens():
 
 
 # Choice 0: best first token, poor rest. Choice 1: best mean. Choice 2: likely only in context
-# (its unconditional logprobs are very low), mediocre otherwise.
+# (its unconditional logprobs are very low), mediocre otherwise. A first token has no
+# unconditional logprob (None, counted as 0).
 CONDITIONAL = [[-0.1, -5.0, -5.0], [-1.0, -0.5], [-2.0, -1.5]]
-UNCONDITIONAL = [[-0.1, -4.0, -4.0], [-0.5, -0.2], [-9.0, -9.0]]
+UNCONDITIONAL = [[None, -4.0, -4.0], [None, -0.2], [None, -9.0]]
 
 
 @pytest.mark.parametrize("method, expected", [("token_length_normalized", 1),
@@ -78,6 +79,8 @@ def test_each_method_picks_its_best_choice(method, expected):
 def test_greedy_breaks_ties_on_later_tokens_and_prefers_the_first_of_equals():
     assert greedy_winner([[-1.0, -3.0], [-1.0, -2.0], [-2.0]]) == 1
     assert greedy_winner([[-1.0], [-1.0]]) == 0
+    # A shorter choice counts its mean where it has no token: -1.0 beats -3.0 at position 1.
+    assert greedy_winner([[-1.0, -3.0], [-1.0]]) == 1
 
 
 def test_sampled_select_follows_the_scores():
