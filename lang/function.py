@@ -84,8 +84,13 @@ class Function:
         return BatchResult(states, prefix_metas)
 
     def trace(self, **kwargs: Any) -> ProgramIR:
-        """The program's IR; arguments not given are placeholders like "{docs}"."""
-        arguments = {name: Placeholder("{" + name + "}") for name in self.arg_names}
+        """The program's IR; arguments not given (and without a default) are placeholders
+        like "{docs}"."""
+        params = inspect.signature(self.func).parameters
+        arguments = {name: Placeholder("{" + name + "}") for name in self.arg_names
+                     if params[name].default is inspect.Parameter.empty
+                     and params[name].kind not in (inspect.Parameter.VAR_POSITIONAL,
+                                                   inspect.Parameter.VAR_KEYWORD)}
         arguments.update(self.bind_arguments)
         arguments.update(kwargs)
         return trace(self.func, self.func.__name__, arguments)

@@ -117,11 +117,12 @@ def test_no_template_falls_back_to_plain_roles():
 
 def test_trace_gives_the_ir_with_placeholders():
     @rt.function
-    def qa(s, question, n):
-        s += rt.user(question)
+    def qa(s, question, n, suffix=""):
+        s += rt.user(question + suffix)
         s += rt.assistant(rt.gen("answer", max_tokens=n))
         s += "You said: " + s["answer"]
 
+    assert qa.bind(n=2).trace().nodes[4].params == {"max_new_tokens": 2}
     program = qa.trace(n=4)
     kinds = [type(node).__name__ for node in program.nodes]
     assert kinds == ["RoleBegin", "Text", "RoleEnd", "RoleBegin", "Gen", "RoleEnd", "Text"]
