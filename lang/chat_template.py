@@ -7,9 +7,11 @@ builds exactly the prompt that the model's chat API builds for those messages.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
+logger = logging.getLogger(__name__)
 ROLES = ("system", "user", "assistant")
 _MARK = "\u2063RADIXRT_CONTENT\u2063"  # invisible separators: no template touches them
 
@@ -36,23 +38,17 @@ class ChatTemplate:
         render = _renderer(source, bos_token, eos_token)
         turns = [("system", "S"), ("user", "U"), ("assistant", "A")]
         prefix, suffix, before = {}, {}, ""
-        for i, (role, _) in enumerate(turns):
+        for i, (role, content) in enumerate(turns):
             convo = [{"role": r, "content": c} for r, c in turns[:i]]
             full = render(convo + [{"role": role, "content": _MARK}])
             if not full.startswith(before) or full.count(_MARK) != 1:
-                return cls.plain()  # a template that rewrites earlier turns: no fixed affixes
-            turn = full[len(before):]
-            prefix[role], suffix[role] = turn.split(_MARK)
-            before = render(convo + [{"role": role, "content": turns[i][1]}])
-        alone = render([{"role": "user", "content": _MARK}])
-        head = alone.split(_MARK)[0]
-        default_system = head[:-len(prefix["user"])] if head.endswith(prefix["user"]) else ""
-        content = None
-        if default_system.startswith(prefix["system"]) and default_system.endswith(
-                suffix["system"]) and len(default_system) > len(prefix["system"]):
-            content = default_system[len(prefix["system"]):len(default_system)
-                                     - len(suffix["system"])]
-        return cls(prefix, suffix, default_system, content)
+                logger.warning("the chat template rewrites earlier turns; rendering roles as "
+                               "plain 'role: content' lines instead")
+                return cls.plain()
+            prefix[role], suffix[role] = full[len(before):].split(_MARK)
+            before = render(convo + [{"role": role, "content": content}])
+        head = render([{"role": "user", "content": _MARK}]).split(_MARK)[0]
+        return cls(prefix, suffix, *_default_system(head, prefix, suffix))
 
     def begin(self, role: str) -> str:
         if role not in self.prefix:
@@ -61,6 +57,19 @@ class ChatTemplate:
 
     def end(self, role: str) -> str:
         return self.suffix[role]
+
+
+def _default_system(head: str, prefix: dict[str, str],
+                    suffix: dict[str, str]) -> tuple[str, str | None]:
+    """Out of the text before a lone user turn's content: what precedes the user prefix (the
+    default system turn, or just a BOS), and that system turn's content if it is one."""
+    if not head.endswith(prefix["user"]):
+        return "", None
+    lead = head[:len(head) - len(prefix["user"])]
+    body = lead[len(prefix["system"]):len(lead) - len(suffix["system"])]
+    if lead.startswith(prefix["system"]) and lead.endswith(suffix["system"]) and body:
+        return lead, body
+    return lead, None
 
 
 def _renderer(source: str, bos_token: str | None, eos_token: str | None):

@@ -66,8 +66,8 @@ class Function:
         failed program's state raises its error when read. The text all the programs start
         with is prefilled once first."""
         backend = resolve_backend(backend)
-        runs = [self._split((), dict(kw)) for kw in _check_batch(batch_kwargs)]
-        runs = [(arguments, {**d, **_check_defaults(defaults)}) for arguments, d in runs]
+        _check_defaults(defaults)
+        runs = [self._split((), {**kw, **defaults}) for kw in _check_batch(batch_kwargs)]
         prefix_metas = self._cache_common_prefix(backend, [a for a, _ in runs])
         workers = _thread_count(num_threads, len(runs))
         states: list[ProgramState | None] = [None] * len(runs)
