@@ -93,6 +93,10 @@ class GGUFCheckpoint:
             )
         self._tensor_names = {t.name for t in self._reader.tensors}
 
+    def hf_identity(self) -> tuple[str, str]:
+        """(transformers model_type, HF architecture name) of the file's model."""
+        return _ARCHS[self.gguf_arch]
+
     def _field(self, key: str, default: Any = None) -> Any:
         field = self._reader.fields.get(key)
         return default if field is None else field.contents()

@@ -23,6 +23,7 @@ from radixrt.server.http_utils import (
     sse_stream,
 )
 from radixrt.server.metrics import ServerMetrics
+from radixrt.server.native_info import add_native_info_routes
 from radixrt.server.openai_api import add_openai_routes
 from radixrt.server_args import ServerArgs
 
@@ -49,6 +50,7 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
     if state.args.api_key:
         _add_api_key_check(app, state.args.api_key)
     _add_native_routes(app, state)
+    add_native_info_routes(app, state)
     add_openai_routes(app, state.engine, state.served_model_name)
     return app
 
@@ -102,28 +104,6 @@ def _add_native_routes(app: FastAPI, state: ServerState) -> None:
             return Response(status_code=499)  # the client is gone; nobody reads this
         except Exception as exc:  # noqa: BLE001 - every error becomes an HTTP error
             return exception_response(exc)
-
-    @app.get("/get_model_info")
-    async def get_model_info() -> dict[str, Any]:
-        return {"model_path": engine.info.model_path or state.served_model_name,
-                "tokenizer_path": state.args.tokenizer_path,
-                "served_model_name": state.served_model_name, "is_generation": True,
-                "context_length": engine.info.context_length,
-                "vocab_size": engine.info.vocab_size,
-                # What a client needs to render prompts the way /v1/chat/completions does
-                # (jinja2 alone, no tokenizer), e.g. the DSL's RuntimeEndpoint.
-                "chat_template": getattr(engine.tokenizer, "chat_template", None),
-                "bos_token": getattr(engine.tokenizer, "bos_token", None),
-                "eos_token": getattr(engine.tokenizer, "eos_token", None)}
-
-    @app.get("/get_server_info")
-    async def get_server_info() -> dict[str, Any]:
-        args = dataclasses.asdict(state.args)
-        args.pop("api_key")
-        info = await asyncio.to_thread(engine.get_server_info)
-        return {**args, **info, "version": radixrt.__version__,
-                "served_model_name": state.served_model_name,
-                "zmq_frontend_address": state.zmq_address}
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> Response:
