@@ -29,7 +29,10 @@ def test_api_key_is_required_everywhere_but_health(guarded):
     url = guarded.url
     assert httpx.get(url + "/health").status_code == 200
     for method, path in [("GET", "/v1/models"), ("GET", "/metrics"), ("POST", "/generate"),
-                         ("GET", "/get_server_info"), ("POST", "/v1/chat/completions")]:
+                         ("GET", "/get_server_info"), ("POST", "/v1/chat/completions"),
+                         ("GET", "/server_info"), ("GET", "/model_info"),
+                         ("GET", "/health_generate"), ("GET", "/version"),
+                         ("POST", "/tokenize"), ("POST", "/detokenize")]:
         r = httpx.request(method, url + path, json={})
         assert r.status_code == 401, path
         assert "API key" in r.json()["error"]["message"]
