@@ -1,6 +1,11 @@
 """Incremental detokenization: turn a growing list of token ids into text deltas that are safe
 to show: no split UTF-8 character, no stop string, not even the start of one.
 
+Stop regexes (SGLang's stop_regex) are held back the same way: text from where a match could
+still begin is not shown (the `regex` module's partial matching; without that module the text
+is only trimmed at the end). The final text ends before the first match, or after it with
+no_stop_trim.
+
 Each step decodes only a short window of ids, so a long output costs O(length) in all, not
 O(length^2): the text of the newest ids is decode(ids[surr:]) minus decode(ids[surr:read]),
 where the few ids before `read` give the tokenizer the context it needs to place spaces.
@@ -8,19 +13,27 @@ where the few ids before `read` give the tokenizer the context it needs to place
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+try:  # partial matching (is this text the start of a match?); installed with transformers
+    import regex as _partial_re
+except ImportError:  # pragma: no cover - then matches are only trimmed at the end
+    _partial_re = None
 
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer: Any, skip_special_tokens: bool = True,
                  spaces_between_special_tokens: bool = True, stop: list[str] | None = None,
-                 no_stop_trim: bool = False) -> None:
+                 no_stop_trim: bool = False, stop_regex: list[str] | None = None) -> None:
         self.tokenizer = tokenizer
         self.decode_kwargs = {"skip_special_tokens": skip_special_tokens,
                               "spaces_between_special_tokens": spaces_between_special_tokens}
         self.stop = stop or []
         self.max_stop = max((len(s) for s in self.stop), default=0)
         self.no_stop_trim = no_stop_trim
+        self.stop_regex = [re.compile(p) for p in stop_regex or []]
+        self.partial_regex = [_partial(p) for p in stop_regex or []]
         self.ids: list[int] = []
         self.surr = 0  # start of the context window
         self.read = 0  # ids[:read] are in self.text
@@ -45,8 +58,9 @@ class IncrementalDetokenizer:
         """Take new ids; return the text delta that can be shown now."""
         self.ids.extend(new_ids)
         self._advance()
-        text = self._cut_at_stop(self.text)
-        return self._delta(text[: len(text) - self._partial_stop_len(text)])
+        text = self._cut_at_regex(self._cut_at_stop(self.text))
+        held = min(len(text) - self._partial_stop_len(text), self._partial_regex_start(text))
+        return self._delta(text[:held])
 
     def finish(self, new_ids: list[int], finish_reason: dict | None) -> str:
         """Take the request's last ids (instead of `add`); return the final text delta."""
@@ -56,7 +70,8 @@ class IncrementalDetokenizer:
             new_ids = new_ids[:-1]  # the stop token's own text is not part of the output
         self.ids.extend(new_ids)
         self._advance(allow_partial=True)
-        return self._delta(self._cut_at_stop(self.text, keep_stop=self.no_stop_trim))
+        text = self._cut_at_stop(self.text, keep_stop=self.no_stop_trim)
+        return self._delta(self._cut_at_regex(text, keep_stop=self.no_stop_trim))
 
     def _cut_at_stop(self, text: str, keep_stop: bool = False) -> str:
         # A stop string cannot start in text sent already (it would have been held back).
@@ -67,6 +82,24 @@ class IncrementalDetokenizer:
             if i != -1:
                 cut = min(cut, i + (len(s) if keep_stop else 0))
         return text[:cut]
+
+    def _cut_at_regex(self, text: str, keep_stop: bool = False) -> str:
+        """text up to the first match of any stop regex (through it with keep_stop)."""
+        cut = len(text)
+        for rx in self.stop_regex:
+            m = rx.search(text)
+            if m is not None:
+                cut = min(cut, m.end() if keep_stop else m.start())
+        return text[:cut]
+
+    def _partial_regex_start(self, text: str) -> int:
+        """Where the earliest text that could still grow into a stop-regex match begins."""
+        start = len(text)
+        for rx in self.partial_regex:
+            m = rx.search(text, self.sent, partial=True) if rx is not None else None
+            if m is not None:
+                start = min(start, m.start())
+        return start
 
     def _partial_stop_len(self, text: str) -> int:
         """Length of the longest tail of text that is the start of some stop string."""
@@ -84,3 +117,13 @@ class IncrementalDetokenizer:
         delta = text[self.sent:]
         self.sent = len(text)
         return delta
+
+
+def _partial(pattern: str):
+    """The pattern for partial matching, or None where that is not available."""
+    if _partial_re is None:
+        return None
+    try:
+        return _partial_re.compile(pattern)
+    except _partial_re.error:  # a pattern `re` takes and `regex` does not: trim at the end
+        return None

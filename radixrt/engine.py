@@ -15,7 +15,7 @@ import queue
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixrt.detokenizer import IncrementalDetokenizer
 from radixrt.messages import (
@@ -23,16 +23,18 @@ from radixrt.messages import (
     BatchOutput,
     ControlReply,
     FlushCacheReq,
-    GenerateReq,
     GetStatsReq,
     SchedulerFailed,
     ShutdownReq,
     decode_from_scheduler,
     encode,
 )
+from radixrt.request_input import GenerateReqInput, make_request
 from radixrt.request_state import ReqState, SchedulerDied, ServerOverloaded, new_queues
-from radixrt.sampling_params import SamplingParams
 from radixrt.server_args import ServerArgs
+
+if TYPE_CHECKING:
+    from radixrt.frontend_validation import PlannedReq
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +87,7 @@ class Engine:
         self._error: BaseException | None = None
         self._closed = False
         self._detok_here = in_process  # else the detokenizer process fills in the text
+        self._token_texts: dict[int, str] = {}  # return_text_in_logprobs: id -> its text
         # Hooks for the server: observer(state, output) sees every output (metrics), on_death
         # (error) runs once if the scheduler side dies. Both run on the dispatcher thread.
         self.observer: Callable[[ReqState, Any], None] | None = None
@@ -112,31 +115,37 @@ class Engine:
     # -- public API -------------------------------------------------------------------------
     def generate(self, prompt: str | list[str] | None = None,
                  sampling_params: dict | list[dict] | None = None,
-                 input_ids: list[int] | list[list[int]] | None = None,
-                 return_logprob: bool = False, logprob_start_len: int | None = None,
-                 top_logprobs_num: int | None = None, rid: str | list[str] | None = None,
-                 stream: bool = False) -> Any:
-        """One prompt → one dict (a list of n when n > 1); a list of prompts → a list of dicts
+                 input_ids: list[int] | list[list[int]] | None = None, **fields: Any) -> Any:
+        """SGLang's Engine.generate. `fields` are the other fields of GenerateReqInput
+        (radixrt/request_input.py: return_logprob, logprob_start_len, top_logprobs_num,
+        token_ids_logprob, return_text_in_logprobs, rid, stream, lora_path, image_data, ...;
+        an unsupported one raises ValueError unless it carries its null/default value).
+
+        One prompt → one dict (a list of n when n > 1); a list of prompts → a list of dicts
         in order. With stream=True, an iterator of chunks whose "text" is the new text (with
         several requests, chunks interleave and carry the "index" of their output)."""
-        states, batch = self._submit(prompt, sampling_params, input_ids, return_logprob,
-                                     logprob_start_len, top_logprobs_num, rid, stream, loop=None)
-        if stream:
-            return self._stream_sync(states)
-        results = [self._wait_sync(s) for s in states]
-        return results if batch or len(results) > 1 else results[0]
+        return self.generate_request(_request(prompt, sampling_params, input_ids, fields))
 
     async def async_generate(self, prompt: str | list[str] | None = None,
                              sampling_params: dict | list[dict] | None = None,
                              input_ids: list[int] | list[list[int]] | None = None,
-                             return_logprob: bool = False, logprob_start_len: int | None = None,
-                             top_logprobs_num: int | None = None,
-                             rid: str | list[str] | None = None, stream: bool = False) -> Any:
+                             **fields: Any) -> Any:
         """The async twin of generate; with stream=True returns an async iterator of chunks."""
-        states, batch = self._submit(prompt, sampling_params, input_ids, return_logprob,
-                                     logprob_start_len, top_logprobs_num, rid, stream,
-                                     loop=asyncio.get_running_loop())
-        if stream:
+        return await self.async_generate_request(
+            _request(prompt, sampling_params, input_ids, fields))
+
+    def generate_request(self, req: GenerateReqInput) -> Any:
+        """generate, given the request struct itself."""
+        states, batch = self._submit(req, loop=None)
+        if req.stream:
+            return self._stream_sync(states)
+        results = [self._wait_sync(s) for s in states]
+        return results if batch or len(results) > 1 else results[0]
+
+    async def async_generate_request(self, req: GenerateReqInput) -> Any:
+        """async_generate, given the request struct itself."""
+        states, batch = self._submit(req, loop=asyncio.get_running_loop())
+        if req.stream:
             return self._stream_async(states)
         try:
             results = [await self._wait_async(s) for s in states]
@@ -195,21 +204,18 @@ class Engine:
         self.shutdown()
 
     # -- submission -------------------------------------------------------------------------
-    def _submit(self, prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                top_logprobs_num, rid, stream, loop) -> tuple[list[ReqState], bool]:
+    def _submit(self, req: GenerateReqInput, loop) -> tuple[list[ReqState], bool]:
         if self._error is not None or self._closed:
             raise SchedulerDied(f"the engine is not running ({self._error or 'shut down'})")
         from radixrt.frontend_validation import build_requests
 
-        reqs, is_batch = build_requests(
-            self, prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-            top_logprobs_num, rid, stream)
+        reqs, is_batch = build_requests(self, req)
         self._check_queue(len(reqs))
-        shared = new_queues(loop) if stream else None  # one iterator streams them all
+        shared = new_queues(loop) if req.stream else None  # one iterator streams them all
         states: list[ReqState] = []
         try:
-            for i, (msg, params) in enumerate(reqs):
-                states.append(self._register(msg, params, loop, i, shared))
+            for i, planned in enumerate(reqs):
+                states.append(self._register(planned, loop, i, shared))
         except ValueError:
             with self._lock:
                 for state in states:
@@ -218,8 +224,8 @@ class Engine:
         if self._error is not None:  # the scheduler died while these were registered
             for state in states:
                 state.push(self._error)
-        for msg, _ in reqs:
-            self._send(msg)
+        for planned in reqs:
+            self._send(planned.msg)
         return states, is_batch
 
     def _check_queue(self, count: int) -> None:
@@ -235,19 +241,32 @@ class Engine:
                 f"the server is at capacity ({outstanding} requests running or queued; "
                 f"max_running_requests + max_queued_requests = {limit}): retry later")
 
-    def _register(self, msg: GenerateReq, params: SamplingParams, loop, index: int,
-                  queues) -> ReqState:
+    def _register(self, planned: PlannedReq, loop, index: int, queues) -> ReqState:
+        msg, params = planned.msg, planned.params
         detok = None
         if self.tokenizer is not None and self._detok_here:
             detok = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens,
                                            params.spaces_between_special_tokens, params.stop,
-                                           params.no_stop_trim)
-        state = ReqState(msg.rid, detok, msg.return_logprob, loop, index, queues)
+                                           params.no_stop_trim, params.stop_regex)
+        token_text = None
+        if planned.return_text_in_logprobs and self.tokenizer is not None:
+            token_text = self._token_text
+        state = ReqState(msg.rid, detok, msg.return_logprob, loop, index, queues,
+                         token_text=token_text, log_metrics=planned.log_metrics,
+                         ids_logprob=msg.token_ids_logprob is not None,
+                         prompt_ids=msg.input_ids if planned.return_prompt_token_ids else None)
         with self._lock:
             if msg.rid in self._states:
                 raise ValueError(f"rid {msg.rid!r} is already in use by a running request")
             self._states[msg.rid] = state
         return state
+
+    def _token_text(self, token_id: int) -> str:
+        """A token's text as SGLang reports it in logprobs: the id decoded alone."""
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self._token_texts[token_id] = self.tokenizer.decode([token_id])
+        return text
 
     # -- waiting for results ----------------------------------------------------------------
     def _wait_sync(self, state: ReqState) -> dict[str, Any]:
@@ -319,7 +338,7 @@ class Engine:
                     if out.finished:
                         self._states.pop(out.rid, None)
                 if state is not None:
-                    if self.observer is not None:
+                    if self.observer is not None and state.log_metrics:
                         self.observer(state, out)
                     state.push(out)
 
@@ -335,6 +354,16 @@ class Engine:
         self._control_replies.put(error)
         if first and self.on_death is not None:
             self.on_death(error)
+
+
+def _request(prompt, sampling_params, input_ids, fields: dict[str, Any]) -> GenerateReqInput:
+    """generate's keywords as the request struct (SGLang's `prompt` is the struct's `text`);
+    TypeError naming an unknown keyword."""
+    text = fields.pop("text", None)
+    if prompt is not None and text is not None:
+        raise TypeError("generate(): give prompt or text, not both")
+    return make_request(text=prompt if prompt is not None else text,
+                        sampling_params=sampling_params, input_ids=input_ids, **fields)
 
 
 def _chunk(state: ReqState, out, count: int) -> dict[str, Any]:

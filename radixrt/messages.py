@@ -10,6 +10,8 @@ from typing import Any, Union
 
 import msgspec
 
+from radixrt.request_input import GenerateReqInput
+
 
 class GenerateReq(msgspec.Struct, tag="generate"):
     """One tokenized request (n > 1 is expanded into n of these before it reaches the scheduler)."""
@@ -21,6 +23,7 @@ class GenerateReq(msgspec.Struct, tag="generate"):
     logprob_start_len: int = -1  # -1: no prompt logprobs; k >= 0: prompt logprobs from token k
     top_logprobs_num: int = 0
     stream: bool = False
+    token_ids_logprob: list[int] | None = None  # logprobs of these ids at every position
 
 
 class AbortReq(msgspec.Struct, tag="abort"):
@@ -48,6 +51,7 @@ class DetokParams(msgspec.Struct):
     spaces_between_special_tokens: bool = True
     stop: list[str] = []
     no_stop_trim: bool = False
+    stop_regex: list[str] = []
 
 
 class ReqOutput(msgspec.Struct):
@@ -66,6 +70,9 @@ class ReqOutput(msgspec.Struct):
     output_top_logprobs: list[list[tuple[float, int]]] | None = None
     input_token_logprobs: list[tuple[float | None, int]] | None = None
     input_top_logprobs: list[list[tuple[float, int]] | None] | None = None
+    # With token_ids_logprob: per position, the (logprob, token_id) of each asked-for id.
+    output_token_ids_logprobs: list[list[tuple[float, int]]] | None = None
+    input_token_ids_logprobs: list[list[tuple[float, int]] | None] | None = None
     detok: DetokParams | None = None  # with the first output of a request only
     text: str | None = None  # the text delta, filled in by the detokenizer process
     # Wall-clock times (time.time()) the scheduler stamped: admission to a batch, first token.
@@ -129,16 +136,11 @@ def decode_from_scheduler(data: bytes) -> FromScheduler:
 
 # -- the server's ZeroMQ frontend socket (the DSL's runtime backend talks to it) ---------------
 class ClientGenerate(msgspec.Struct, tag="client_generate"):
-    """Engine.generate's arguments; replies carry the same request_id (chosen by the client)."""
+    """One request (the struct /generate takes); replies carry the same request_id (chosen by
+    the client)."""
 
     request_id: str
-    text: str | list[str] | None = None
-    input_ids: list[Any] | None = None  # ids, or a list of id lists (a batch)
-    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
-    return_logprob: bool = False
-    logprob_start_len: int | None = None
-    top_logprobs_num: int | None = None
-    stream: bool = False
+    request: GenerateReqInput
     api_key: str | None = None
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import time
+from collections.abc import Callable
 from typing import Any
 
 from radixrt.detokenizer import IncrementalDetokenizer
@@ -19,13 +20,29 @@ class ServerOverloaded(RuntimeError):
     """More requests are waiting than max_queued_requests allows (HTTP 503)."""
 
 
+_TOKEN_KEYS = ("input_token_logprobs", "output_token_logprobs")
+_TOP_KEYS = ("input_top_logprobs", "output_top_logprobs")
+_IDS_KEYS = ("input_token_ids_logprobs", "output_token_ids_logprobs")
+
+
 class ReqState:
+    """`token_text` (return_text_in_logprobs) gives a token's text for the logprob triples;
+    `ids_logprob`: the request asked for token_ids_logprob; `prompt_ids`: the prompt's ids,
+    when the result carries them (return_prompt_token_ids); `log_metrics`: /metrics counts
+    it."""
+
     def __init__(self, rid: str, detok: IncrementalDetokenizer | None, return_logprob: bool,
                  loop: asyncio.AbstractEventLoop | None = None, index: int = 0,
-                 queues: tuple[queue.Queue, asyncio.Queue | None] | None = None) -> None:
+                 queues: tuple[queue.Queue, asyncio.Queue | None] | None = None, *,
+                 token_text: Callable[[int], str] | None = None, ids_logprob: bool = False,
+                 prompt_ids: list[int] | None = None, log_metrics: bool = True) -> None:
         self.rid = rid
         self.detok = detok
         self.return_logprob = return_logprob
+        self.token_text = token_text
+        self.ids_logprob = ids_logprob
+        self.prompt_ids = prompt_ids
+        self.log_metrics = log_metrics
         self.created = time.perf_counter()
         self.created_wall = time.time()  # compared with the scheduler's wall-clock stamps
         self.last_output_wall: float | None = None  # when the last delta arrived (metrics)
@@ -33,9 +50,8 @@ class ReqState:
         self.text = ""
         self.finished = False
         self.last: ReqOutput | None = None
-        self.logprobs: dict[str, list] = {k: [] for k in (
-            "input_token_logprobs", "input_top_logprobs",
-            "output_token_logprobs", "output_top_logprobs")}
+        # Logprob entries so far, as SGLang's (logprob, token_id, text or None) triples.
+        self.logprobs: dict[str, list] = {k: [] for k in _TOKEN_KEYS + _TOP_KEYS + _IDS_KEYS}
         self.index = index  # position in the caller's list of outputs
         # Outputs are pushed from the dispatcher thread as (state, item) pairs: into a thread
         # queue for sync callers, an asyncio queue (through call_soon_threadsafe) for async
@@ -53,8 +69,11 @@ class ReqState:
         """Fold one delta in; return the chunk a stream yields for it (delta text and ids)."""
         self.last = out
         self.output_ids.extend(out.new_output_ids)
-        for key in self.logprobs:
-            self.logprobs[key].extend(getattr(out, key) or [])
+        for key in _TOKEN_KEYS:
+            self.logprobs[key].extend(self._triple(p) for p in getattr(out, key) or [])
+        for key in _TOP_KEYS + _IDS_KEYS:
+            self.logprobs[key].extend(None if t is None else [self._triple(p) for p in t]
+                                      for t in getattr(out, key) or [])
         delta = ""
         if out.text is not None:  # detokenized by the detokenizer process
             delta = out.text
@@ -64,8 +83,11 @@ class ReqState:
                      else self.detok.add(out.new_output_ids))
             self.text += delta
         self.finished = out.finished
-        return {"text": delta, "output_ids": list(out.new_output_ids),
-                "meta_info": self.meta_info()}
+        chunk = {"text": delta, "output_ids": list(out.new_output_ids),
+                 "meta_info": self.meta_info()}
+        if self.prompt_ids is not None:
+            chunk["prompt_token_ids"] = list(self.prompt_ids)
+        return chunk
 
     def meta_info(self) -> dict[str, Any]:
         out = self.last
@@ -78,25 +100,24 @@ class ReqState:
             "e2e_latency": time.perf_counter() - self.created,
         }
         if self.return_logprob:
-            meta["input_token_logprobs"] = [_triple(p) for p in self.logprobs[
-                "input_token_logprobs"]]
-            meta["output_token_logprobs"] = [_triple(p) for p in self.logprobs[
-                "output_token_logprobs"]]
-            meta["input_top_logprobs"] = [None if t is None else [_triple(p) for p in t]
-                                          for t in self.logprobs["input_top_logprobs"]]
-            meta["output_top_logprobs"] = [[_triple(p) for p in t]
-                                           for t in self.logprobs["output_top_logprobs"]]
+            keys = _TOKEN_KEYS + _TOP_KEYS + (_IDS_KEYS if self.ids_logprob else ())
+            meta.update({k: list(self.logprobs[k]) for k in keys})
+            # As SGLang's tokenizer manager: the number of output logprob entries so far.
+            meta["output_token_logprobs_length"] = len(self.logprobs["output_token_logprobs"])
         return meta
 
     def result(self) -> dict[str, Any]:
-        return {"text": self.text, "output_ids": list(self.output_ids),
-                "meta_info": self.meta_info()}
+        out = {"text": self.text, "output_ids": list(self.output_ids),
+               "meta_info": self.meta_info()}
+        if self.prompt_ids is not None:
+            out["prompt_token_ids"] = list(self.prompt_ids)
+        return out
+
+    def _triple(self, pair) -> tuple:
+        """SGLang's logprob entries are (logprob, token_id, token_text or None)."""
+        text = self.token_text(pair[1]) if self.token_text is not None else None
+        return (pair[0], pair[1], text)
 
 
 def new_queues(loop: asyncio.AbstractEventLoop | None) -> tuple[queue.Queue, asyncio.Queue | None]:
     return queue.Queue(), (asyncio.Queue() if loop else None)
-
-
-def _triple(pair) -> tuple:
-    """SGLang's logprob entries are (logprob, token_id, token_text or None)."""
-    return (pair[0], pair[1], None)

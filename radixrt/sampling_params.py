@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -23,13 +24,19 @@ MAX_REPETITION_PENALTY = 10.0
 MAX_N = 128
 LOGIT_BIAS_RANGE = (-100.0, 100.0)  # as in the OpenAI API
 MAX_SEED = 2**63
+MAX_STOP_REGEX_COUNT = 32  # SGLang's limits
+MAX_STOP_REGEX_BYTES = 256
+# SGLang's internal SamplingParams fields: accepted (and dropped) at their defaults only.
+_SGLANG_INTERNAL = {"stop_strs": None, "stop_regex_strs": None, "stop_str_max_len": 0,
+                    "stop_regex_max_len": 0, "is_normalized": False,
+                    "ebnf_full_assistant": False}
 
 
 @dataclass
 class SamplingParams:
     """How to pick the next tokens of one request; see the module docstring for the lifecycle."""
 
-    max_new_tokens: int = 128
+    max_new_tokens: int | None = 128  # None: up to the context length (SGLang's meaning)
     min_new_tokens: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
@@ -40,18 +47,29 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
+    # Regexes (Python `re`) searched in the output's tail after every token, like stop strings.
+    stop_regex: str | list[str] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
     n: int = 1
     seed: int | None = None
+    sampling_seed: int | None = None  # SGLang's name for the seed (mapped onto seed)
     # Keys are token ids written as strings (JSON object keys), values are added to the logits.
     logit_bias: dict[str, float] | None = None
     # Structured generation: accepted names, not implemented yet (verify rejects them).
     regex: str | None = None
     json_schema: str | None = None  # a JSON schema as text (a dict is turned into text)
     ebnf: str | None = None
+    # SGLang's other parameters. stream_interval: a stream chunk every k tokens (accepted and
+    # ignored: a chunk goes out per scheduler step). custom_params: for custom logit processors,
+    # which this server does not run (accepted, unused). The rest are refused when set.
+    stream_interval: int | None = None
+    custom_params: dict[str, Any] | None = None
+    structural_tag: str | None = None
+    beam_width: int | None = None
+    watermark: Any = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> SamplingParams:
@@ -65,10 +83,13 @@ class SamplingParams:
         if not isinstance(d, dict):
             raise ValueError(f"sampling_params must be a dict, got {type(d).__name__}")
         allowed = [f.name for f in dataclasses.fields(cls)]
+        d = {k: v for k, v in d.items() if not _internal_at_default(k, v)}
         for key in d:
             if key not in allowed:
                 raise ValueError(_unknown_key_message(key, allowed))
-        params = cls(**d)
+        # As SGLang: null for a parameter that is not optional means its default.
+        params = cls(**{k: v for k, v in d.items() if v is not None or _DEFAULTS[k] is None
+                        or k == "max_new_tokens"})
         params.check_types()
         return params
 
@@ -90,6 +111,26 @@ class SamplingParams:
             self.stop_token_ids = list(self.stop_token_ids)
         if isinstance(self.json_schema, dict):  # a schema object travels as its JSON text
             self.json_schema = json.dumps(self.json_schema)
+        for name in ("regex", "json_schema", "ebnf", "structural_tag"):
+            setattr(self, name, getattr(self, name) or None)  # SGLang: empty = unset
+        if isinstance(self.stop_regex, tuple):
+            self.stop_regex = list(self.stop_regex)
+        self._apply_sampling_seed()
+
+    def _apply_sampling_seed(self) -> None:
+        if self.sampling_seed is None:
+            return
+        _require(-MAX_SEED <= self.sampling_seed < MAX_SEED, "sampling_seed",
+                 "an int in [-2**63, 2**63)", self.sampling_seed)
+        seed = self.sampling_seed % MAX_SEED  # radixrt's generators take [0, 2**63)
+        _require(self.seed in (None, seed), "sampling_seed",
+                 f"equal to seed ({self.seed}) when both are given", self.sampling_seed)
+        self.seed = seed
+
+    def fill_max_new_tokens(self, room: int) -> None:
+        """max_new_tokens None (SGLang: no limit) becomes `room`, what the context leaves."""
+        if self.max_new_tokens is None:
+            self.max_new_tokens = max(room, 0)
 
     def verify(self, vocab_size: int, max_context: int | None = None) -> None:
         """Check every range; raise ValueError naming the field and its allowed range.
@@ -98,11 +139,15 @@ class SamplingParams:
         request greedy (top_k = 1, see `is_greedy`).
         """
         self.check_types()
+        _require(self.max_new_tokens is not None, "max_new_tokens", "an int (fill_max_new_tokens "
+                 "resolves None)", None)
         _check_lengths(self, max_context)
         _check_distribution(self)
         _check_penalties(self)
         _check_stops(self, vocab_size)
+        _check_stop_regex(self)
         _check_misc(self, vocab_size)
+        _check_unsupported(self)
         self._normalize()
 
     def _normalize(self) -> None:
@@ -110,6 +155,10 @@ class SamplingParams:
             self.stop = [self.stop]
         elif self.stop is None:
             self.stop = []
+        if isinstance(self.stop_regex, str):
+            self.stop_regex = [self.stop_regex]
+        elif self.stop_regex is None:
+            self.stop_regex = []
         if self.temperature < GREEDY_TEMPERATURE:
             self.top_k = 1
 
@@ -127,6 +176,16 @@ def _unknown_key_message(key: object, allowed: list[str]) -> str:
     close = difflib.get_close_matches(str(key), allowed, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     return f"unknown sampling param {key!r}.{hint} Allowed names: {', '.join(sorted(allowed))}"
+
+
+def _internal_at_default(key: str, value: object) -> bool:
+    """SGLang's internal fields are dropped at their defaults; anything else is refused."""
+    if key not in _SGLANG_INTERNAL:
+        return False
+    if value is None or value == _SGLANG_INTERNAL[key]:
+        return True
+    raise ValueError(f"sampling param {key!r} is internal to SGLang and cannot be set "
+                     f"(allowed: {_SGLANG_INTERNAL[key]!r} or null), got {value!r}")
 
 
 def _is_int(v: object) -> bool:
@@ -157,8 +216,9 @@ _INT = (_is_int, "an int")
 _FLOAT = (_is_float, "a number (int or float)")
 _BOOL = (lambda v: isinstance(v, bool), "a bool")
 _OPT_STR = (_optional(lambda v: isinstance(v, str)), "a str or None")
+_OPT_INT = (_optional(_is_int), "an int or None")
 _FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
-    "max_new_tokens": _INT,
+    "max_new_tokens": (_optional(_is_int), "an int, or None (up to the context length)"),
     "min_new_tokens": _INT,
     "temperature": _FLOAT,
     "top_p": _FLOAT,
@@ -169,19 +229,27 @@ _FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
     "repetition_penalty": _FLOAT,
     "stop": (_optional(_is_stop), "a str, a list of str, or None"),
     "stop_token_ids": (_optional(_is_int_list), "a list of int or None"),
+    "stop_regex": (_optional(_is_stop), "a str (a regex), a list of str, or None"),
     "ignore_eos": _BOOL,
     "skip_special_tokens": _BOOL,
     "spaces_between_special_tokens": _BOOL,
     "no_stop_trim": _BOOL,
     "n": _INT,
-    "seed": (_optional(_is_int), "an int or None"),
+    "seed": _OPT_INT,
+    "sampling_seed": _OPT_INT,
     "logit_bias": (_optional(_is_bias), "a dict of str token id -> number, or None"),
     "regex": _OPT_STR,
     "json_schema": (_optional(lambda v: isinstance(v, (str, dict))),
                     "a JSON schema (a str, or a dict) or None"),
     "ebnf": _OPT_STR,
+    "stream_interval": _OPT_INT,
+    "custom_params": (_optional(lambda v: isinstance(v, dict)), "a dict or None"),
+    "structural_tag": (_optional(lambda v: isinstance(v, (str, dict))),
+                       "a str (JSON) or None"),
+    "beam_width": _OPT_INT,
 }
 _FLOAT_FIELDS = [name for name, spec in _FIELD_TYPES.items() if spec is _FLOAT]
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
 
 
 def _require(ok: bool, field: str, allowed: str, value: object) -> None:
@@ -237,6 +305,39 @@ def _check_stops(p: SamplingParams, vocab_size: int) -> None:
         _require(len(s) > 0, "stop", "non-empty strings", p.stop)
     for t in p.stop_token_ids or []:
         _require(0 <= t < vocab_size, "stop_token_ids", f"ids in [0, {vocab_size})", t)
+
+
+def _check_stop_regex(p: SamplingParams) -> None:
+    """Each regex compiles, is short (SGLang's limits) and cannot match the empty string."""
+    patterns = [p.stop_regex] if isinstance(p.stop_regex, str) else (p.stop_regex or [])
+    _require(len(patterns) <= MAX_STOP_REGEX_COUNT, "stop_regex",
+             f"at most {MAX_STOP_REGEX_COUNT} regexes", f"{len(patterns)} regexes")
+    for pattern in patterns:
+        _require(len(pattern.encode()) <= MAX_STOP_REGEX_BYTES, "stop_regex",
+                 f"regexes of at most {MAX_STOP_REGEX_BYTES} bytes", pattern)
+        try:
+            compiled = re.compile(pattern)
+        except (re.error, RecursionError, OverflowError) as e:
+            raise ValueError(f"sampling param 'stop_regex' {pattern!r} does not compile: "
+                             f"{e}") from None
+        _require(compiled.search("") is None, "stop_regex",
+                 "regexes that cannot match the empty string (that would stop at once)",
+                 pattern)
+
+
+def _check_unsupported(p: SamplingParams) -> None:
+    if p.stream_interval is not None:
+        _require(p.stream_interval >= 1, "stream_interval", ">= 1 or None", p.stream_interval)
+    if p.beam_width is not None:
+        _require(p.beam_width >= 1, "beam_width", ">= 1 or None", p.beam_width)
+        if p.beam_width > 1:
+            raise ValueError("sampling param 'beam_width' > 1 (beam search) is not supported "
+                             f"by this server, got {p.beam_width}: use n for several samples")
+    if p.structural_tag is not None:
+        raise ValueError("sampling param 'structural_tag' is not supported by this server: "
+                         "use json_schema, regex or ebnf")
+    if p.watermark not in (None, {}, False):
+        raise ValueError("sampling param 'watermark' is not supported by this server")
 
 
 def _parse_int(text: str) -> int | None:

@@ -69,6 +69,9 @@ class ServerArgs:
                                        "model path, or SmolLM2-135M-Instruct")
     max_queued_requests: int | None = _f(None, "requests waiting beyond max_running_requests "
                                          "before new ones get 503; default: no limit")
+    incremental_streaming_output: bool = _f(False, "streamed /generate chunks carry only the "
+                                            "new text, output_ids and output logprobs "
+                                            "(default: everything so far, as SGLang)")
     # Debugging and logging
     enable_kv_checks: bool = _f(False, "check KV accounting after every scheduler step")
     log_level: str = _f("info", "logging level", ("debug", "info", "warning", "error"))

@@ -25,6 +25,7 @@ from radixrt.messages import (
     decode_client_reply,
     encode,
 )
+from radixrt.request_input import make_request
 
 
 class FrontendError(RuntimeError):
@@ -61,22 +62,28 @@ class ZmqClient:
 
     def generate(self, text: str | list[str] | None = None,
                  sampling_params: dict | list[dict] | None = None,
-                 input_ids: list[int] | list[list[int]] | None = None,
-                 return_logprob: bool = False, logprob_start_len: int | None = None,
-                 top_logprobs_num: int | None = None) -> Any:
-        """Engine.generate's result (a dict, or a list for a batch or n > 1)."""
-        msg = ClientGenerate(_new_id(), text, input_ids, sampling_params, return_logprob,
-                             logprob_start_len, top_logprobs_num, False, self.api_key)
-        return next(self._exchange(msg))
+                 input_ids: list[int] | list[list[int]] | None = None, **fields: Any) -> Any:
+        """Engine.generate's result (a dict, or a list for a batch or n > 1). `fields`: the
+        other fields of GenerateReqInput (radixrt/request_input.py) by name: return_logprob,
+        logprob_start_len, top_logprobs_num, return_text_in_logprobs, token_ids_logprob,
+        rid, ... (TypeError for a name it does not have)."""
+        fields["stream"] = False
+        return next(self._exchange(self._message(text, sampling_params, input_ids, fields)))
 
-    def generate_stream(self, text: str | None = None, sampling_params: dict | None = None,
-                        input_ids: list[int] | None = None,
-                        **kwargs: Any) -> Iterator[dict[str, Any]]:
-        """Chunks with the new text of each step, as Engine.generate(stream=True) yields them.
-        Closing the iterator early aborts the request."""
-        msg = ClientGenerate(_new_id(), text, input_ids, sampling_params, stream=True,
-                             api_key=self.api_key, **kwargs)
-        return self._exchange(msg)
+    def generate_stream(self, text: str | list[str] | None = None,
+                        sampling_params: dict | list[dict] | None = None,
+                        input_ids: list[int] | list[list[int]] | None = None,
+                        **fields: Any) -> Iterator[dict[str, Any]]:
+        """Chunks with the new text of each step, as Engine.generate(stream=True) yields them
+        (meta_info's logprob lists hold everything so far). Closing the iterator early aborts
+        the request."""
+        fields["stream"] = True
+        return self._exchange(self._message(text, sampling_params, input_ids, fields))
+
+    def _message(self, text, sampling_params, input_ids, fields) -> ClientGenerate:
+        req = make_request(text=text, sampling_params=sampling_params, input_ids=input_ids,
+                           **fields)
+        return ClientGenerate(_new_id(), req, self.api_key)
 
     def flush_cache(self) -> bool:
         return next(self._exchange(ClientControl(_new_id(), "flush_cache", self.api_key)))
@@ -114,7 +121,7 @@ class ZmqClient:
                 if reply.kind == "result":
                     done = True
                     if reply.data is not None or not isinstance(msg, ClientGenerate) \
-                            or not msg.stream:
+                            or not msg.request.stream:
                         yield reply.data
                     return
                 yield reply.data

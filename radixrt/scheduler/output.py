@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -133,6 +135,8 @@ class OutputProcessor:
         req.input_token_logprobs.extend(zip(lp.tolist(), tokens))
         req.input_top_logprobs.extend(_top_pairs(top_v, top_i, req.top_logprobs_num))
         req.input_logprobs_count += len(tokens)
+        if req.token_ids_logprob:
+            req.input_token_ids_logprobs.extend(_ids_pairs(logits, req.token_ids_logprob))
 
     def _record_output_logprobs(self, reqs: list[Req], logits: torch.Tensor,
                                 next_ids: list[int]) -> None:
@@ -146,6 +150,9 @@ class OutputProcessor:
             req.output_token_logprobs.append((float(lp[j]), next_ids[i]))
             req.output_top_logprobs.extend(
                 _top_pairs(top_v[j:j + 1], top_i[j:j + 1], req.top_logprobs_num))
+            if req.token_ids_logprob:
+                req.output_token_ids_logprobs.extend(
+                    _ids_pairs(logits[i:i + 1], req.token_ids_logprob))
 
     def _check_finished(self, req: Req, tok: int) -> None:
         sp = req.sampling_params
@@ -156,7 +163,9 @@ class OutputProcessor:
                 req.finish_reason = {"type": "stop", "matched": tok}
                 return
             matched = self._matched_stop_string(req)
-            if matched is not None:
+            if matched is None:
+                matched = self._matched_stop_regex(req)
+            if matched is not None:  # SGLang: the stop string, or the regex's pattern
                 req.finish_reason = {"type": "stop", "matched": matched}
                 return
         if len(req.output_ids) >= sp.max_new_tokens:
@@ -174,6 +183,40 @@ class OutputProcessor:
         text = self.tokenizer.decode(tail, skip_special_tokens=False)
         return next((s for s in stops if s in text), None)
 
+    def _matched_stop_regex(self, req: Req) -> str | None:
+        patterns = req.sampling_params.stop_regex
+        if not patterns or self.tokenizer is None:
+            return None
+        compiled = [_compiled_stop_regex(p) for p in patterns]
+        # The tail that holds any match ending at the newest token (all of it when a regex's
+        # match has no bound), as for stop strings: a token holds at least one character.
+        widths = [w for _, w in compiled]
+        tail = req.output_ids if None in widths else req.output_ids[-(max(widths) + 2):]
+        text = self.tokenizer.decode(tail, skip_special_tokens=False)
+        return next((p for p, (rx, _) in zip(patterns, compiled) if rx.search(text)), None)
+
+
+_MAX_STOP_REGEX_WIDTH = 4096  # wider than this: decode the whole output to search it
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled_stop_regex(pattern: str) -> tuple[re.Pattern, int | None]:
+    """The compiled regex and the most characters a match can span (None: no bound)."""
+    try:  # CPython's regex parser: the width bounds of a pattern
+        from re import _parser
+    except ImportError:  # Python < 3.11
+        import sre_parse as _parser
+
+    rx = re.compile(pattern)
+    width = _parser.parse(pattern).getwidth()[1]
+    return rx, (None if width >= _MAX_STOP_REGEX_WIDTH else width)
+
+
+def _ids_pairs(logits: torch.Tensor, ids: list[int]) -> list[list[tuple[float, int]]]:
+    """Per row of logits [N, V], the (logprob, id) of each of `ids`."""
+    lp = torch.log_softmax(logits.to(torch.float32), dim=-1)[:, ids]  # [N, len(ids)]
+    return [list(zip(row, ids)) for row in lp.tolist()]
+
 
 def _top_pairs(values: torch.Tensor, indices: torch.Tensor, k: int) -> list:
     if k <= 0:
@@ -187,6 +230,7 @@ def make_output(req: Req) -> ReqOutput:
     new_ids = req.output_ids[req.num_sent_ids:end]
     req.num_sent_ids = end
     want = req.return_logprob
+    ids_want = want and bool(req.token_ids_logprob)
     out = ReqOutput(
         rid=req.rid, new_output_ids=new_ids, finished=req.finished,
         finish_reason=req.finish_reason, prompt_tokens=len(req.origin_input_ids),
@@ -195,6 +239,8 @@ def make_output(req: Req) -> ReqOutput:
         output_top_logprobs=req.output_top_logprobs if want else None,
         input_token_logprobs=req.input_token_logprobs if want else None,
         input_top_logprobs=req.input_top_logprobs if want else None,
+        output_token_ids_logprobs=req.output_token_ids_logprobs if ids_want else None,
+        input_token_ids_logprobs=req.input_token_ids_logprobs if ids_want else None,
         detok=None if req.detok_sent else _detok_params(req.sampling_params),
         admitted_at=req.admitted_at, first_token_at=req.first_token_at,
     )
@@ -202,9 +248,11 @@ def make_output(req: Req) -> ReqOutput:
     if want:
         req.output_token_logprobs, req.output_top_logprobs = [], []
         req.input_token_logprobs, req.input_top_logprobs = [], []
+        req.output_token_ids_logprobs, req.input_token_ids_logprobs = [], []
     return out
 
 
 def _detok_params(params) -> DetokParams:
     return DetokParams(params.skip_special_tokens, params.spaces_between_special_tokens,
-                       list(params.stop or []), params.no_stop_trim)
+                       list(params.stop or []), params.no_stop_trim,
+                       list(params.stop_regex or []))

@@ -48,6 +48,11 @@ class Req:
     # Jump-forward tokens at the end of output_ids that the model has not checked yet: not
     # emitted, and dropped if the request is retracted.
     num_unverified: int = 0
+    # token_ids_logprob: ids whose logprob is reported at every position, and those not yet
+    # emitted (per position, (logprob, id) for each id; None for the first prompt token).
+    token_ids_logprob: list[int] | None = None
+    output_token_ids_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_token_ids_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # The first prompt token has no logprob (nothing precedes it); its entry is there from
@@ -56,6 +61,8 @@ class Req:
             self.input_token_logprobs.append((None, self.origin_input_ids[0]))
             self.input_top_logprobs.append(None)
             self.input_logprobs_count = 1
+            if self.token_ids_logprob:
+                self.input_token_ids_logprobs.append(None)
 
     @property
     def fill_ids(self) -> list[int]:

@@ -228,6 +228,8 @@ class Scheduler:
         # The engine validated this already, but the scheduler's socket will also take requests
         # from other frontends (the server, the DSL): a bad one must not reach the pool.
         params = SamplingParams.from_dict(msg.sampling_params)
+        params.fill_max_new_tokens(min(self.parts.context_length, self.parts.pool_tokens)
+                                   - len(msg.input_ids))
         params.verify(self.parts.model_config.vocab_size)
         if constraint_of(params) is not None and self.parts.tokenizer is None:
             raise ValueError("structured generation (regex, json_schema, ebnf) needs a "
@@ -239,7 +241,7 @@ class Scheduler:
             gen = torch.Generator(device=self.parts.device).manual_seed(params.seed)
         return Req(msg.rid, list(msg.input_ids), params, msg.return_logprob,
                    msg.logprob_start_len, msg.top_logprobs_num, msg.stream, gen,
-                   arrival_order=next(self.arrivals))
+                   arrival_order=next(self.arrivals), token_ids_logprob=msg.token_ids_logprob)
 
     def _abort(self, rid: str) -> None:
         for item in [x for x in self.grammar_queue if x[0].rid == rid]:

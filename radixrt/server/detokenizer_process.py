@@ -44,7 +44,7 @@ class Detokenizer:
             p = out.detok or DetokParams()
             state = IncrementalDetokenizer(self.tokenizer, p.skip_special_tokens,
                                            p.spaces_between_special_tokens, p.stop,
-                                           p.no_stop_trim)
+                                           p.no_stop_trim, p.stop_regex)
             self.states[out.rid] = state
         if out.finished:
             out.text = state.finish(out.new_output_ids, out.finish_reason)

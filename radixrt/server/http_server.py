@@ -15,6 +15,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 import radixrt
 from radixrt.engine import Engine
+from radixrt.request_input import GenerateReqInput
+from radixrt.request_input import from_dict as request_from_dict
 from radixrt.server.http_utils import (
     APIError,
     await_or_disconnect,
@@ -27,8 +29,8 @@ from radixrt.server.native_info import add_native_info_routes
 from radixrt.server.openai_api import add_openai_routes
 from radixrt.server_args import ServerArgs
 
-_GENERATE_FIELDS = {"text", "input_ids", "sampling_params", "stream", "return_logprob",
-                    "logprob_start_len", "top_logprobs_num", "rid"}
+# With --incremental-streaming-output, these meta_info lists carry only the chunk's entries.
+_INCREMENTAL_KEYS = ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs")
 _OPEN_PATHS = {"/health"}  # reachable without the API key (load balancers probe it)
 
 
@@ -93,13 +95,13 @@ def _add_native_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/generate")
     async def generate(request: Request) -> Response:
         try:
-            kwargs, stream = _generate_kwargs(await read_json(request))
-            if stream:
-                chunks = await engine.async_generate(**kwargs, stream=True)
-                return StreamingResponse(sse_stream(_cumulative(chunks)),
-                                         media_type="text/event-stream")
+            req = _generate_request(await read_json(request))
+            if req.stream:
+                chunks = await engine.async_generate_request(req)
+                events = _stream_chunks(chunks, state.args.incremental_streaming_output)
+                return StreamingResponse(sse_stream(events), media_type="text/event-stream")
             return JSONResponse(await await_or_disconnect(
-                request, engine.async_generate(**kwargs)))
+                request, engine.async_generate_request(req)))
         except asyncio.CancelledError:
             return Response(status_code=499)  # the client is gone; nobody reads this
         except Exception as exc:  # noqa: BLE001 - every error becomes an HTTP error
@@ -130,26 +132,29 @@ def _add_native_routes(app: FastAPI, state: ServerState) -> None:
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-def _generate_kwargs(body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-    """The body of /generate as Engine.async_generate's arguments (SGLang's field names)."""
-    unknown = sorted(set(body) - _GENERATE_FIELDS)
-    if unknown:
-        raise APIError(f"unknown field(s) {unknown}; allowed: {sorted(_GENERATE_FIELDS)}",
-                       unknown[0])
-    for name in ("stream", "return_logprob"):
-        if not isinstance(body.get(name, False), bool):
-            raise APIError(f"{name} must be true or false, got {body[name]!r}", name)
-    kwargs = {k: v for k, v in body.items() if k not in ("text", "stream")}
-    kwargs["prompt"] = body.get("text")
-    return kwargs, body.get("stream", False)
+def _generate_request(body: dict[str, Any]) -> GenerateReqInput:
+    """The body of /generate: SGLang's GenerateReqInput (radixrt/request_input.py); an unknown
+    name or a wrong type is a 400 naming the field."""
+    return request_from_dict(body)
 
 
-async def _cumulative(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
-    """SGLang's /generate streams carry the text and ids so far, not just the new part."""
+async def _stream_chunks(chunks: AsyncIterator[dict[str, Any]],
+                         incremental: bool) -> AsyncIterator[dict[str, Any]]:
+    """SGLang's /generate streams: each chunk carries the text and ids so far and meta_info's
+    logprob lists so far; with incremental (--incremental-streaming-output) only the new
+    text, ids and output logprob entries. The engine's chunks carry the new text and ids."""
     text: dict[int, str] = {}
     ids: dict[int, list[int]] = {}
     async for chunk in chunks:
         i = chunk.get("index", 0)
+        before = len(ids.setdefault(i, []))
+        ids[i].extend(chunk["output_ids"])
+        if incremental:
+            meta = chunk["meta_info"]
+            for key in _INCREMENTAL_KEYS:
+                if key in meta:
+                    meta[key] = meta[key][before:]
+            yield chunk
+            continue
         text[i] = text.get(i, "") + chunk["text"]
-        ids.setdefault(i, []).extend(chunk["output_ids"])
         yield {**chunk, "text": text[i], "output_ids": list(ids[i])}

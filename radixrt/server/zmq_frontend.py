@@ -58,7 +58,7 @@ class ZmqFrontend:
         try:
             msg = decode_from_client(data)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            logger.warning("dropped a malformed message on the ZeroMQ frontend: %s", e)
+            self._refuse(identity, data, e)
             return
         if not self._authorized(msg.api_key):
             self._reply(identity, ClientReply(msg.request_id, "error", error="missing or "
@@ -76,23 +76,32 @@ class ZmqFrontend:
         self.tasks[key] = task
         task.add_done_callback(lambda _: self.tasks.pop(key, None))
 
+    def _refuse(self, identity: bytes, data: bytes, error: Exception) -> None:
+        """A message that does not decode: a 400 if it names its request_id, else dropped."""
+        try:
+            raw = msgspec.msgpack.decode(data)
+            request_id = raw.get("request_id") if isinstance(raw, dict) else None
+        except msgspec.DecodeError:
+            request_id = None
+        if not isinstance(request_id, str) or not self._authorized(raw.get("api_key")):
+            logger.warning("dropped a malformed message on the ZeroMQ frontend: %s", error)
+            return
+        self._reply(identity, ClientReply(request_id, "error", error=f"bad request: {error}",
+                                          status=400))
+
     def _authorized(self, given: str | None) -> bool:
         if not self.api_key:
             return True
         return given is not None and hmac.compare_digest(given.encode(), self.api_key.encode())
 
     async def _generate(self, identity: bytes, msg: ClientGenerate) -> None:
-        kwargs = {"prompt": msg.text, "input_ids": msg.input_ids,
-                  "sampling_params": msg.sampling_params, "return_logprob": msg.return_logprob,
-                  "logprob_start_len": msg.logprob_start_len,
-                  "top_logprobs_num": msg.top_logprobs_num}
         try:
-            if msg.stream:
-                async for chunk in await self.engine.async_generate(**kwargs, stream=True):
+            if msg.request.stream:
+                async for chunk in await self.engine.async_generate_request(msg.request):
                     self._reply(identity, ClientReply(msg.request_id, "chunk", chunk))
                 result: Any = None
             else:
-                result = await self.engine.async_generate(**kwargs)
+                result = await self.engine.async_generate_request(msg.request)
             self._reply(identity, ClientReply(msg.request_id, "result", result))
         except asyncio.CancelledError:
             self._reply(identity, ClientReply(msg.request_id, "error", error="aborted",
