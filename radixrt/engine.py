@@ -253,6 +253,7 @@ class Engine:
             token_text = self._token_text
         state = ReqState(msg.rid, detok, msg.return_logprob, loop, index, queues,
                          token_text=token_text, log_metrics=planned.log_metrics,
+                         stream_interval=params.stream_interval or 1,
                          ids_logprob=msg.token_ids_logprob is not None,
                          prompt_ids=msg.input_ids if planned.return_prompt_token_ids else None)
         with self._lock:
@@ -278,7 +279,9 @@ class Engine:
         try:
             while not all(s.finished for s in states):
                 state, item = states[0].sync_q.get()
-                yield _chunk(state, _raise_if_error(item), len(states))
+                chunk = state.stream_chunk(_raise_if_error(item))
+                if chunk is not None:
+                    yield _indexed(state, chunk, len(states))
         finally:
             for state in states:
                 if not state.finished:
@@ -293,7 +296,9 @@ class Engine:
         try:
             while not all(s.finished for s in states):
                 state, item = await states[0].async_q.get()
-                yield _chunk(state, _raise_if_error(item), len(states))
+                chunk = state.stream_chunk(_raise_if_error(item))
+                if chunk is not None:
+                    yield _indexed(state, chunk, len(states))
         finally:
             for state in states:
                 if not state.finished:
@@ -366,9 +371,8 @@ def _request(prompt, sampling_params, input_ids, fields: dict[str, Any]) -> Gene
                         sampling_params=sampling_params, input_ids=input_ids, **fields)
 
 
-def _chunk(state: ReqState, out, count: int) -> dict[str, Any]:
-    """A stream chunk; with several requests in one stream, "index" says whose it is."""
-    chunk = state.absorb(out)
+def _indexed(state: ReqState, chunk: dict[str, Any], count: int) -> dict[str, Any]:
+    """With several requests in one stream, "index" says whose chunk it is."""
     if count > 1:
         chunk["index"] = state.index
     return chunk

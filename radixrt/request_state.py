@@ -29,13 +29,15 @@ class ReqState:
     """`token_text` (return_text_in_logprobs) gives a token's text for the logprob triples;
     `ids_logprob`: the request asked for token_ids_logprob; `prompt_ids`: the prompt's ids,
     when the result carries them (return_prompt_token_ids); `log_metrics`: /metrics counts
-    it."""
+    it; `stream_interval`: a stream chunk once this many new tokens are there (and at the
+    end)."""
 
     def __init__(self, rid: str, detok: IncrementalDetokenizer | None, return_logprob: bool,
                  loop: asyncio.AbstractEventLoop | None = None, index: int = 0,
                  queues: tuple[queue.Queue, asyncio.Queue | None] | None = None, *,
                  token_text: Callable[[int], str] | None = None, ids_logprob: bool = False,
-                 prompt_ids: list[int] | None = None, log_metrics: bool = True) -> None:
+                 prompt_ids: list[int] | None = None, log_metrics: bool = True,
+                 stream_interval: int = 1) -> None:
         self.rid = rid
         self.detok = detok
         self.return_logprob = return_logprob
@@ -43,6 +45,8 @@ class ReqState:
         self.ids_logprob = ids_logprob
         self.prompt_ids = prompt_ids
         self.log_metrics = log_metrics
+        self.stream_interval = stream_interval
+        self.unsent: dict[str, Any] | None = None  # the stream's chunk not yet yielded
         self.created = time.perf_counter()
         self.created_wall = time.time()  # compared with the scheduler's wall-clock stamps
         self.last_output_wall: float | None = None  # when the last delta arrived (metrics)
@@ -88,6 +92,19 @@ class ReqState:
         if self.prompt_ids is not None:
             chunk["prompt_token_ids"] = list(self.prompt_ids)
         return chunk
+
+    def stream_chunk(self, out: ReqOutput) -> dict[str, Any] | None:
+        """absorb for a stream: the chunk to yield now, or None while fewer than
+        stream_interval new tokens wait (their text and ids join the next chunk)."""
+        chunk = self.absorb(out)
+        if self.unsent is not None:
+            chunk["text"] = self.unsent["text"] + chunk["text"]
+            chunk["output_ids"] = self.unsent["output_ids"] + chunk["output_ids"]
+        if out.finished or len(chunk["output_ids"]) >= self.stream_interval:
+            self.unsent = None
+            return chunk
+        self.unsent = chunk
+        return None
 
     def meta_info(self) -> dict[str, Any]:
         out = self.last

@@ -62,9 +62,9 @@ class SamplingParams:
     regex: str | None = None
     json_schema: str | None = None  # a JSON schema as text (a dict is turned into text)
     ebnf: str | None = None
-    # SGLang's other parameters. stream_interval: a stream chunk every k tokens (accepted and
-    # ignored: a chunk goes out per scheduler step). custom_params: for custom logit processors,
-    # which this server does not run (accepted, unused). The rest are refused when set.
+    # SGLang's other parameters. stream_interval: a stream chunk once k new tokens are there
+    # (default: every scheduler step). custom_params: for custom logit processors, which this
+    # server does not run (accepted, unused). The rest are refused when set.
     stream_interval: int | None = None
     custom_params: dict[str, Any] | None = None
     structural_tag: str | None = None
