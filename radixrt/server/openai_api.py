@@ -5,7 +5,11 @@ as token ids, so that the context-length checks can name the OpenAI field at fau
 return the prompt. Streams are server-sent events in the OpenAI chunk format.
 
 Choices, where the OpenAI API leaves room:
-- `model` may be the served name, "default", or left out; any other name is a 400.
+- `model` may be left out, or name the served model: its served name, "default", the model
+  path, or any name whose last path component is that of one of these (the hub id
+  "org/name" of a served "name"); any other name is a 404 with code "model_not_found", as
+  OpenAI, vLLM and SGLang's GET /v1/models/{model} answer (SGLang's chat and completions
+  ignore `model` instead). GET /v1/models/{model} takes the same names.
 - Unknown fields are accepted and ignored (forward compatibility); the engine's extra sampling
   fields (top_k, min_p, ignore_eos, regex, ...) are accepted under SGLang's names, with
   min_tokens for min_new_tokens.
@@ -15,6 +19,18 @@ Choices, where the OpenAI API leaves room:
   SGLang's `matched_stop` (the stop string or token id that ended them).
 - With n > 1, usage counts each prompt (and its cached tokens) once, from its first output.
 - Text content parts are joined with newlines; "developer" messages render as "system".
+- continue_final_message (vLLM's and SGLang's field) renders the conversation so that the
+  model continues the last message, which must be the assistant's: no end of turn after it,
+  no new assistant header; the response holds only the continuation. Without it, a last
+  assistant message is history and a new assistant turn follows (OpenAI's and vLLM's reading;
+  SGLang 0.5 re-labels it as a user message). add_generation_prompt: false (vLLM's field)
+  renders without the new assistant header.
+- Chat messages and stream deltas carry SGLang's `reasoning_content` (null: radixrt does not
+  separate reasoning).
+- Streamed text completions send one chunk per engine update and choice, as SGLang does: the
+  first carries the echoed prompt and its logprobs, the last one its finish_reason with the
+  last tokens' logprobs. Chat streams close each choice with an empty delta carrying
+  finish_reason, as OpenAI and SGLang do.
 - response_format "json_object" / "json_schema" and the regex / ebnf / json_schema extras are
   the engine's constraints (one at a time); the schema is enforced whatever `strict` says.
 - Tools (see tool_calls.py): the tools reach the chat template whatever tool_choice says; a
@@ -49,6 +65,7 @@ from radixrt.server.openai_stream import (
     TokenTexts,
     chat_events,
     chat_logprobs,
+    completion_entries,
     completion_events,
     completion_logprobs,
 )
@@ -62,6 +79,7 @@ def add_openai_routes(app: FastAPI, manager: Any, served_model_name: str) -> Non
     model name `served_model_name` (requests may also say "default" or leave model out)."""
     api = OpenAIServing(manager, served_model_name)
     app.add_api_route("/v1/models", api.models, methods=["GET"])
+    app.add_api_route("/v1/models/{model:path}", api.retrieve_model, methods=["GET"])
     app.add_api_route("/v1/completions", api.completions, methods=["POST"])
     app.add_api_route("/v1/chat/completions", api.chat_completions, methods=["POST"])
 
@@ -97,10 +115,25 @@ class OpenAIServing:
 
     # -- routes -------------------------------------------------------------------------------
     async def models(self) -> JSONResponse:
-        card = {"id": self.model_name, "object": "model", "created": self.created,
-                "owned_by": "radixrt", "root": self.model_name,
+        return JSONResponse({"object": "list", "data": [self._model_card()]})
+
+    async def retrieve_model(self, model: str) -> JSONResponse:
+        if not self._serves(model):
+            return _model_not_found(model, self.model_name)
+        return JSONResponse(self._model_card())
+
+    def _model_card(self) -> dict[str, Any]:
+        return {"id": self.model_name, "object": "model", "created": self.created,
+                "owned_by": "radixrt", "root": self.model_name, "parent": None,
                 "max_model_len": self.manager.info.context_length}
-        return JSONResponse({"object": "list", "data": [card]})
+
+    def _serves(self, model: str | None) -> bool:
+        """Whether `model` names the served model (see the module's docstring)."""
+        names = [self.model_name, getattr(self.manager.info, "model_path", None)]
+        names = [n for n in names if n]
+        if model is None or model == "default" or model in names:
+            return True
+        return _last_part(model) in {_last_part(n) for n in names}
 
     async def chat_completions(self, request: Request) -> Response:
         return await self._serve(request, self._prepare_chat)
@@ -117,6 +150,8 @@ class OpenAIServing:
             job = prepare(await read_json(request))
             names = job.names
             return await self._run(request, job)
+        except ModelNotFound as exc:
+            return _model_not_found(exc.model, self.model_name)
         except APIError as exc:
             return exception_response(exc)
         except ValueError as exc:
@@ -180,21 +215,22 @@ class OpenAIServing:
                    created=int(time.time()), model=self.model_name)
 
     def _check_model(self, model: str | None) -> None:
-        allowed = [self.model_name, "default"]
-        if model is not None and model not in allowed:
-            raise APIError(f"model {model!r} not found; available: {allowed}", "model")
+        if not self._serves(model):
+            raise ModelNotFound(model)
 
     def _chat_ids(self, req: ChatCompletionRequest) -> list[int]:
         """Token ids of the rendered chat template. The template's text is tokenized without
         adding special tokens: a BOS, where the model wants one, is in the template."""
         tokenizer = self.manager.tokenizer
         messages = [_template_message(m, i) for i, m in enumerate(req.messages)]
-        kwargs = dict(req.chat_template_kwargs or {})
+        # continue_final_message: the last (assistant) message stays open, no new header.
+        proceed = bool(req.continue_final_message)
+        kwargs = {"add_generation_prompt": not proceed and req.add_generation_prompt is not False,
+                  "continue_final_message": proceed, **(req.chat_template_kwargs or {})}
         if req.tools:
             kwargs["tools"] = [tool.model_dump(exclude_none=True) for tool in req.tools]
         try:
-            text = tokenizer.apply_chat_template(messages, tokenize=False,
-                                                 add_generation_prompt=True, **kwargs)
+            text = tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
         except Exception as e:  # noqa: BLE001 - no template, or the template's own raise
             raise APIError(f"the chat template cannot render these messages: {e}",
                            "messages") from None
@@ -255,7 +291,8 @@ class OpenAIServing:
                 logprobs = chat_logprobs(self.texts, meta["output_token_logprobs"],
                                          meta["output_top_logprobs"])
             parsed = read_calls(job.tools, out["text"])
-            message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+            message: dict[str, Any] = {"role": "assistant", "content": parsed.content,
+                                       "reasoning_content": None}
             if parsed.calls:
                 message["tool_calls"] = [call.to_openai() for call in parsed.calls]
             choices.append({"index": i, "message": message, "logprobs": logprobs,
@@ -273,7 +310,7 @@ class OpenAIServing:
             prefix = job.prompt_texts[i // req.n] if req.echo else ""
             logprobs = None
             if req.logprobs is not None:
-                entries = _completion_entries(meta, bool(req.echo))
+                entries = completion_entries(meta, bool(req.echo))
                 logprobs, _ = completion_logprobs(self.texts, *entries, offset=0)
             choices.append({"index": i, "text": prefix + out["text"], "logprobs": logprobs,
                             "finish_reason": proto.finish_reason(meta),
@@ -281,6 +318,27 @@ class OpenAIServing:
         return {"id": job.id, "object": "text_completion", "created": job.created,
                 "model": self.model_name, "choices": choices,
                 "usage": proto.usage([o["meta_info"] for o in outs], req.n)}
+
+
+class ModelNotFound(Exception):
+    """A request's `model` is not the served model."""
+
+    def __init__(self, model: str | None) -> None:
+        super().__init__(model)
+        self.model = model
+
+
+def _model_not_found(model: str | None, served: str) -> JSONResponse:
+    """OpenAI's 404 for an unknown model (code "model_not_found", as SGLang and vLLM)."""
+    message = (f"The model {model!r} does not exist: this server serves {served!r} "
+               "(also reachable as 'default')")
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": "model",
+                      "code": "model_not_found"}}
+    return JSONResponse(body, status_code=404)
+
+
+def _last_part(name: str) -> str:
+    return name.rstrip("/").rsplit("/", 1)[-1]
 
 
 def _tool_plan(req: ChatCompletionRequest) -> ToolPlan | None:
@@ -338,12 +396,3 @@ def _arguments_object(arguments: str | dict[str, Any], param: str) -> dict[str, 
         raise APIError(f"{param} must be JSON text of an object, got {arguments[:60]!r}",
                        param)
     return value
-
-
-def _completion_entries(meta: dict[str, Any], echo: bool) -> tuple[list, list]:
-    """(token logprobs, top logprobs) of a completion: the prompt's first with echo."""
-    tokens, tops = meta["output_token_logprobs"], meta["output_top_logprobs"]
-    if echo:
-        tokens = meta["input_token_logprobs"] + tokens
-        tops = meta["input_top_logprobs"] + tops
-    return tokens, tops

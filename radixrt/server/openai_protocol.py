@@ -116,6 +116,10 @@ class ChatCompletionRequest(_SamplingFields):
     # tool_calls.plan_tools, whose errors say what is allowed.
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    # vLLM's and SGLang's prompt controls: continue the last (assistant) message, or render
+    # the conversation without the assistant header that starts a new turn.
+    continue_final_message: bool | None = None
+    add_generation_prompt: bool | None = None
 
 
 class CompletionRequest(_SamplingFields):
@@ -197,6 +201,7 @@ def _check_common(req: _SamplingFields) -> None:
         if req.top_logprobs and not req.logprobs:
             raise APIError("top_logprobs needs logprobs set to true", "top_logprobs")
         _check_tool_messages(req.messages)
+        _check_continuation(req)
     _check_response_format(req)
 
 
@@ -205,6 +210,22 @@ def _check_tool_messages(messages: list[ChatMessage]) -> None:
         if msg.role == "tool" and not msg.tool_call_id:
             raise APIError(f"messages[{i}] has role 'tool' and needs the tool_call_id of the "
                            "call it answers", f"messages[{i}].tool_call_id")
+
+
+def _check_continuation(req: ChatCompletionRequest) -> None:
+    """continue_final_message continues the assistant's last message, so it needs one and
+    cannot be combined with a new assistant header (add_generation_prompt)."""
+    if not req.continue_final_message:
+        return
+    last = req.messages[-1].role
+    if last != "assistant":
+        raise APIError("continue_final_message continues the last message, which must be "
+                       f"the assistant's: messages[-1].role is {last!r}",
+                       "continue_final_message")
+    if req.add_generation_prompt:
+        raise APIError("continue_final_message and add_generation_prompt cannot both be "
+                       "true: the first continues the last assistant message, the second "
+                       "starts a new one", "continue_final_message")
 
 
 def constraint_extras(req: _SamplingFields) -> list[str]:

@@ -99,6 +99,15 @@ def completion_logprobs(texts: TokenTexts, token_lps: list, top_lps: list,
     return out, offset
 
 
+def completion_entries(meta: dict[str, Any], echo: bool) -> tuple[list, list]:
+    """(token logprobs, top logprobs) of a finished completion: the prompt's first with echo."""
+    tokens, tops = meta["output_token_logprobs"], meta["output_top_logprobs"]
+    if echo:
+        tokens = meta["input_token_logprobs"] + tokens
+        tops = meta["input_top_logprobs"] + tops
+    return tokens, tops
+
+
 # -- streams ------------------------------------------------------------------------------
 class _Progress:
     """Per output: how many logprob entries were sent, the text offset, the last meta_info."""
@@ -166,6 +175,8 @@ async def chat_events(job: Any, chunks: AsyncIterator[dict], texts: TokenTexts,
 
 def _chat_choice(i: int, delta: dict[str, Any], logprobs: dict | None = None,
                  meta: dict[str, Any] | None = None, calls: bool = False) -> dict[str, Any]:
+    # reasoning_content: SGLang's delta field, null where reasoning is not separated.
+    delta = {**delta, "reasoning_content": None}
     choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": None}
     if meta is not None:
         choice["finish_reason"] = proto.finish_reason(meta, calls)
@@ -232,27 +243,30 @@ def _args_delta(index: int, text: str) -> dict[str, Any]:
 
 async def completion_events(job: Any, chunks: AsyncIterator[dict], texts: TokenTexts,
                             ) -> AsyncIterator[dict[str, Any]]:
-    """text_completion chunks: the prompt first per choice (echo), text deltas with their
-    logprobs, a final chunk with finish_reason per choice, then usage (include_usage)."""
+    """text_completion chunks, one per engine update of a choice (as SGLang streams them):
+    the first one starts with the prompt (echo) and carries its logprobs; the last one carries
+    finish_reason with the last tokens' logprobs; then usage (include_usage)."""
     make, with_usage = _chunk_maker(job, "text_completion")
     req = job.req
     count = req.n * len(job.ids)
     progress = _Progress(count)
+    started = [False] * count
     async with aclosing(chunks):  # closing it aborts a request the client left
-        for i in range(count if req.echo else 0):
-            yield make([_text_choice(i, job.prompt_texts[i // req.n])])
         async for chunk in chunks:
             i, meta = chunk.get("index", 0), chunk["meta_info"]
+            text = chunk["text"]
+            if req.echo and not started[i]:
+                text = job.prompt_texts[i // req.n] + text
             logprobs = None
             if req.logprobs is not None:
                 entries = progress.new_entries(i, meta, prompt=bool(req.echo))
                 if entries[0]:
                     logprobs, progress.offset[i] = completion_logprobs(texts, *entries,
                                                                        progress.offset[i])
-            if chunk["text"] or logprobs:
-                yield make([_text_choice(i, chunk["text"], logprobs)])
-            if meta["finish_reason"] is not None:
-                yield make([_text_choice(i, "", None, meta)])
+            done = meta["finish_reason"] is not None
+            if text or logprobs or done:
+                yield make([_text_choice(i, text, logprobs, meta if done else None)])
+                started[i] = True
             progress.metas[i] = meta
     if with_usage:
         yield make([], proto.usage(progress.metas, req.n))

@@ -233,7 +233,6 @@ BAD_INPUTS = [
     ("completions", {"model": MODEL, "prompt": [5, 99999]}, "prompt", "token id"),
     ("completions", {"model": MODEL, "prompt": [[5], [-1]], "echo": True}, "prompt",
      "prompt[1][0] = -1 is not a token id"),
-    ("completions", {"model": "gpt-4", "prompt": "x"}, "model", "'gpt-4' not found"),
     ("completions", {"model": MODEL, "prompt": "x", "n": 0}, "n", ">= 1"),
     ("completions", {"model": MODEL, "prompt": "x", "temperature": -1}, "temperature", ">= 0"),
     ("completions", {"model": MODEL, "prompt": "x", "top_p": 2}, "top_p", "(0, 1]"),
@@ -278,6 +277,15 @@ def test_bad_input_is_a_400_naming_the_field(server, path, body, param, words):
     assert error["param"] == param, error
     assert words in error["message"], error
     assert error["type"] == "invalid_request_error"
+
+
+def test_unknown_model_is_a_404(server):
+    resp = httpx.post(f"{server[1]}/v1/completions", json={"model": "gpt-4", "prompt": "x"},
+                      timeout=30)
+    assert resp.status_code == 404, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == "model" and error["code"] == "model_not_found", error
+    assert "'gpt-4'" in error["message"] and MODEL in error["message"]
 
 
 def test_still_serving_after_bad_input(server, client):
