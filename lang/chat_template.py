@@ -24,6 +24,10 @@ class ChatTemplate:
     # (e.g. SmolLM2's "You are a helpful AI assistant named SmolLM ...").
     default_system: str = ""
     default_system_prompt: str | None = None  # its content, for messages(); None if none
+    # Stop strings added to every gen, as SGLang's named templates have (e.g. "<|im_end|>"
+    # for chatml); a model's own template needs none (its end-of-turn token is its EOS).
+    stop_str: tuple[str, ...] = ()
+    name: str | None = None  # the SGLang template name, when it is a named one
 
     @classmethod
     def plain(cls) -> "ChatTemplate":

@@ -16,9 +16,14 @@ from typing import Any
 from radixrt.lang import ir
 from radixrt.lang.backends.base import Backend
 from radixrt.lang.chat_template import ChatTemplate
+from radixrt.lang.global_config import global_config
+from radixrt.lang.reasoning import model_type_of, split_reasoning
+from radixrt.lang.speculative import Speculation
+from radixrt.lang.stream_meta import StreamMeta, merge_chunks, with_logprob_length
 
 _END = object()
-REQUEST_OPTIONS = ("return_logprob", "logprob_start_len", "top_logprobs_num")
+REQUEST_OPTIONS = ("return_logprob", "logprob_start_len", "top_logprobs_num",
+                   "return_text_in_logprobs")
 
 
 class ProgramLog:
@@ -46,8 +51,11 @@ def summarize(requests: list[dict[str, Any]]) -> dict[str, Any]:
 
 class StreamExecutor:
     def __init__(self, backend: Backend, chat_template: ChatTemplate, defaults: dict[str, Any],
-                 stream: bool = False, log: ProgramLog | None = None) -> None:
+                 stream: bool = False, log: ProgramLog | None = None,
+                 spec_tokens: int | None = None) -> None:
         self.backend = backend
+        # num_api_spec_tokens (radixrt.lang.speculative); not inherited by forks, as SGLang's
+        self.speculation = Speculation(spec_tokens) if spec_tokens and not stream else None
         self.chat_template = chat_template
         self.defaults = defaults  # sampling defaults from run(...); gen's own values win
         self.stream = stream
@@ -62,7 +70,8 @@ class StreamExecutor:
         self.fork_start = 0
         self.error: BaseException | None = None
         self.children: list[StreamExecutor] = []
-        self.chunks: list[tuple[str | None, str]] = []  # (variable or None, text) as appended
+        # (variable or None, text, that chunk's meta_info or None), as appended
+        self.chunks: list[tuple[str | None, str, dict | None]] = []
         self._cond = threading.Condition()
         self._pending = 0
         self._queue: queue.Queue = queue.Queue()
@@ -137,17 +146,25 @@ class StreamExecutor:
         self.children.extend(children)
         return children
 
-    def iter_chunks(self, var: str | None) -> Iterator[str]:
+    def iter_chunks(self, var: str | None, with_meta: bool = False) -> Iterator[Any]:
         """The text as it is appended (only `var`'s, when given) until the program ends (or
-        `var` is complete)."""
-        pos = 0
+        `var` is complete); with_meta: (text, that chunk's meta_info) pairs of `var`, a chunk
+        without text merged into the next (as SGLang's)."""
+        pos, pending = 0, None
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: pos < len(self.chunks) or self._finished(var))
                 new, pos = self.chunks[pos:], len(self.chunks)
                 finished = self._finished(var) and pos == len(self.chunks)
-            for name, text in new:
-                if var is None or name == var:
+            for name, text, meta in new:
+                if var is not None and name != var:
+                    continue
+                if with_meta and meta is not None and not text:
+                    pending = merge_chunks(pending, meta)
+                elif with_meta and text:
+                    yield text, merge_chunks(pending, meta or {})
+                    pending = None
+                elif text:
                     yield text
             if finished:
                 if self.error is not None:
@@ -193,7 +210,7 @@ class StreamExecutor:
             for item in expr.items:
                 self._execute(item)
         elif isinstance(expr, ir.Text):
-            self._append(expr.value)
+            self._fill(expr.value)
         elif isinstance(expr, ir.Gen):
             self._gen(expr)
         elif isinstance(expr, ir.Select):
@@ -206,6 +223,8 @@ class StreamExecutor:
             self.scopes[expr.name] = len(self.text_)
         elif isinstance(expr, ir.VarScopeEnd):
             self.set_var(expr.name, self.text_[self.scopes.pop(expr.name):])
+        elif isinstance(expr, ir.SeparateReasoning):
+            self._separate_reasoning(expr)
         elif isinstance(expr, ir.ConcatAndAppend):
             for fork in expr.forks:
                 fork.sync()
@@ -213,10 +232,16 @@ class StreamExecutor:
         else:
             raise TypeError(f"unknown expression {expr!r}")
 
-    def _append(self, text: str, var: str | None = None) -> None:
+    def _fill(self, text: str) -> None:
+        """Constant text (the program's own, or a role's markers)."""
+        if self.speculation is not None:
+            self.speculation.on_fill(text)
+        self._append(text)
+
+    def _append(self, text: str, var: str | None = None, meta: dict | None = None) -> None:
         with self._cond:
             self.text_ += text
-            self.chunks.append((var, text))
+            self.chunks.append((var, text, meta))
             self._cond.notify_all()
 
     def _role_begin(self, role: str) -> None:
@@ -224,11 +249,11 @@ class StreamExecutor:
             raise ValueError(f"cannot begin a {role} turn inside the {self.cur_role} turn")
         template = self.chat_template
         if not self.messages_ and role != "system":
-            self._append(template.default_system)
+            self._fill(template.default_system)
             if template.default_system_prompt is not None:
                 self.messages_.append({"role": "system",
                                        "content": template.default_system_prompt})
-        self._append(template.begin(role))
+        self._fill(template.begin(role))
         self.cur_role, self.role_start = role, len(self.text_)
 
     def _role_end(self, role: str) -> None:
@@ -236,36 +261,82 @@ class StreamExecutor:
             raise ValueError(f"cannot end a {role} turn: the current turn is {self.cur_role}")
         self.messages_.append({"role": role, "content": self.text_[self.role_start:]})
         self.cur_role = None
-        self._append(self.chat_template.end(role))
+        self._fill(self.chat_template.end(role))
 
     def _gen(self, expr: ir.Gen) -> None:
-        params = {**self.defaults, **expr.params}
+        params = self._sampling_params(expr)
         options = {k: params.pop(k) for k in REQUEST_OPTIONS if k in params}
         name = expr.name or f"gen_{len(self.variables)}"
         if self.stream and params.get("n", 1) == 1:
-            value, meta = "", None
-            for chunk in self.backend.generate_stream(self.text_, params, **options):
-                value += chunk["text"]
-                meta = chunk["meta_info"]
-                self._append(chunk["text"], name)
+            value, meta = self._gen_stream(name, params, options)
             metas = [meta] if meta else []
+        elif self.speculation is not None and params.get("n", 1) == 1:
+            value, meta = self.speculation.gen(
+                lambda p: self.backend.generate(self.text_, p, **options), params)
+            metas = [meta] if meta else []
+            self._append(value, name, meta)
         else:
             result = self.backend.generate(self.text_, params, **options)
             results = result if isinstance(result, list) else [result]
             texts = [r["text"] for r in results]
-            metas = [r["meta_info"] for r in results]
+            metas = [with_logprob_length(r["meta_info"]) for r in results]
             value, meta = (texts, metas) if len(results) > 1 else (texts[0], metas[0])
-            self._append(texts[0], name)  # with n > 1 the text goes on with the first sample
+            self._append(texts[0], name, metas[0])  # n > 1: the text goes on with sample 0
         self.log.add(metas)
         self.meta_info[name] = meta
         self.set_var(name, value)
+
+    def _gen_stream(self, name: str, params: dict, options: dict) -> tuple[str, dict | None]:
+        """Stream one gen: the variable's meta_info is updated with every chunk."""
+        value, folded = "", StreamMeta()
+        for chunk in self.backend.generate_stream(self.text_, params, **options):
+            own = folded.add(chunk["meta_info"]) if chunk.get("meta_info") else None
+            value += chunk["text"]
+            self.meta_info[name] = folded.total
+            self._append(chunk["text"], name, own)
+        return value, folded.total
+
+    def _sampling_params(self, expr: ir.Gen) -> dict[str, Any]:
+        """run's defaults, the gen's own values over them, then SGLang's additions: the
+        dtype's and the chat template's stop strings, and global_config's detokenization."""
+        params = {**self.defaults, **expr.params}
+        extra = [*expr.extra_stop, *self.chat_template.stop_str]
+        if extra:
+            stop = params.get("stop") or []
+            stop = [stop] if isinstance(stop, str) else list(stop)
+            params["stop"] = stop + [s for s in extra if s not in stop]
+        if not params.get("stop_regex"):
+            params.pop("stop_regex", None)
+        params.setdefault("skip_special_tokens", global_config.skip_special_tokens_in_output)
+        params.setdefault("spaces_between_special_tokens",
+                          global_config.spaces_between_special_tokens_in_out)
+        return params
+
+    def _separate_reasoning(self, expr: ir.SeparateReasoning) -> None:
+        """As SGLang's: each variable keeps the answer, `<name>_reasoning_content` gets the
+        reasoning, and the turn's text goes on with the answer alone."""
+        model_type = expr.model_type or model_type_of(self.backend.model_path())
+        if model_type is None:
+            raise ValueError(f"separate_reasoning: the served model "
+                             f"({self.backend.model_path()}) has no known reasoning format; "
+                             f"give model_type= (radixrt.lang.reasoning.REASONING_FORMATS)")
+        for name in expr.names:
+            original = self.variables[name]
+            reasoning, answer = split_reasoning(original, model_type)
+            with self._cond:
+                if self.cur_role is not None:  # the turn so far becomes the answer
+                    self.text_ = self.text_[:self.role_start] + answer
+                elif self.text_.endswith(original):
+                    self.text_ = self.text_[:len(self.text_) - len(original)] + answer
+            self.set_var(name + "_reasoning_content", reasoning)
+            self.set_var(name, answer)
 
     def _select(self, expr: ir.Select) -> None:
         name = expr.name or f"select_{len(self.variables)}"
         decision = self.backend.select(self.text_, expr.choices, expr.temperature,
                                        expr.choices_method)
         self.log.add(decision.requests)
-        self._append(expr.choices[decision.index], name)
+        self._append(expr.choices[decision.index], name, decision.meta_info)
         self.meta_info[name] = decision.meta_info
         self.set_var(name, expr.choices[decision.index])
 

@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from radixrt.lang.backends.base import Backend
+from radixrt.lang.batch import ProgramBatch, batch_arguments, thread_count
 from radixrt.lang.default_backend import resolve_backend
 from radixrt.lang.executor import ProgramLog, StreamExecutor, summarize
-from radixrt.lang.state import ProgramState
+from radixrt.lang.global_config import global_config
+from radixrt.lang.state import Appending, ProgramState
 from radixrt.lang.tracer import Placeholder, ProgramIR, trace
 
 # run(...)'s sampling defaults, as SGLang's; a gen's own arguments win over them.
 SAMPLING_DEFAULTS: dict[str, Any] = {
-    "max_new_tokens": 128, "stop": None, "stop_token_ids": None, "temperature": 1.0,
-    "top_p": 1.0, "top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0,
+    "max_new_tokens": 128, "n": 1, "stop": None, "stop_token_ids": None, "stop_regex": None,
+    "temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0,
     "presence_penalty": 0.0, "ignore_eos": False, "seed": None, "return_logprob": False,
-    "logprob_start_len": None, "top_logprobs_num": None}
+    "logprob_start_len": None, "top_logprobs_num": None, "return_text_in_logprobs": None}
 MIN_SHARED_PREFIX_CHARS = 16  # shorter common text is not worth a request of its own
 
 
@@ -28,8 +31,10 @@ class Function:
     sampling defaults for its runs (e.g. temperature=0)."""
 
     def __init__(self, func: Callable, bind_arguments: dict[str, Any] | None = None,
-                 defaults: dict[str, Any] | None = None) -> None:
+                 defaults: dict[str, Any] | None = None,
+                 num_api_spec_tokens: int | None = None) -> None:
         self.func = func
+        self.num_api_spec_tokens = num_api_spec_tokens
         self.bind_arguments = bind_arguments or {}
         self.defaults = _check_defaults(defaults or {})
         params = list(inspect.signature(func).parameters)
@@ -43,49 +48,54 @@ class Function:
         if unknown:
             raise TypeError(f"{self.func.__name__}.bind: unknown arguments {sorted(unknown)}; "
                             f"it takes {self.arg_names}")
-        return Function(self.func, {**self.bind_arguments, **kwargs}, self.defaults)
+        return Function(self.func, {**self.bind_arguments, **kwargs}, self.defaults,
+                        self.num_api_spec_tokens)
 
-    def __call__(self, state: ProgramState, *args: Any, **kwargs: Any) -> Any:
-        """Run inside another program, on its state: `my_subprogram(s, x=1)`."""
-        return self.func(state, *args, **{**self.bind_arguments, **kwargs})
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Inside a program, `sub(s, x=1)` runs the body on that program's state s; anywhere
+        else `f(x=1, temperature=0)` is `f.run(x=1, temperature=0)`, as SGLang's."""
+        if args and isinstance(args[0], Appending):  # a ProgramState or a tracer's state
+            return self.func(args[0], *args[1:], **{**self.bind_arguments, **kwargs})
+        return self.run(*args, **kwargs)
 
     def run(self, *args: Any, stream: bool = False, backend: Any = None,
-            **kwargs: Any) -> ProgramState:
+            use_thread: bool = True, **kwargs: Any) -> ProgramState:
         """Run once. kwargs are the program's arguments and sampling defaults
-        (max_new_tokens=128, temperature=1.0, stop, top_p, ...: see SAMPLING_DEFAULTS). Returns
-        when it is done (with stream=True at once: iterate with state.text_iter()); raises
-        the program's error."""
+        (max_new_tokens=128, n=1, temperature=1.0, stop, stop_regex, top_p, ...: see
+        SAMPLING_DEFAULTS). Returns when it is done (with stream=True at once: iterate with
+        state.text_iter()); raises the program's error. use_thread is accepted for SGLang
+        programs: a program's expressions always run on a thread of their own here."""
         arguments, defaults = self._split(args, kwargs)
         return run_program(self.func, resolve_backend(backend), arguments, defaults, stream,
-                           raise_error=True)
+                           raise_error=True, spec_tokens=self.num_api_spec_tokens)
 
-    def run_batch(self, batch_kwargs: list[dict[str, Any]], *, backend: Any = None,
-                  num_threads: int | str = "auto", progress_bar: bool = False,
-                  **defaults: Any) -> "BatchResult":
-        """Run once per dict of arguments, num_threads at a time; states in input order. A
-        failed program's state raises its error when read. The text all the programs start
-        with is prefilled once first."""
+    def run_batch(self, batch_kwargs: list[dict[str, Any]] | list[list | tuple], *,
+                  backend: Any = None, num_threads: int | str = "auto",
+                  progress_bar: bool = False, generator_style: bool = False,
+                  **defaults: Any) -> "BatchResult | Iterator[ProgramState]":
+        """Run once per item of batch_kwargs (a dict of arguments, or a list of them in the
+        program's order), num_threads at a time ("auto": as SGLang, up to max(96, 16 per
+        CPU)); defaults are the sampling defaults, as run's. Returns the states in input
+        order; with generator_style=True, an iterator that yields each state, in input order,
+        as soon as it has finished. A failed program's state raises its error when read. With
+        global_config.enable_precache_with_tracing, the text all the programs start with is
+        prefilled once first."""
         backend = resolve_backend(backend)
         _check_defaults(defaults)
-        runs = [self._split((), {**kw, **defaults}) for kw in _check_batch(batch_kwargs)]
-        prefix_metas = self._cache_common_prefix(backend, [a for a, _ in runs])
-        workers = _thread_count(num_threads, len(runs))
-        states: list[ProgramState | None] = [None] * len(runs)
-        bar = _progress(len(runs)) if progress_bar else None
-        with ThreadPoolExecutor(workers, thread_name_prefix="radixrt-batch") as pool:
-            futures = {pool.submit(run_program, self.func, backend, a, d, False, False): i
-                       for i, (a, d) in enumerate(runs)}
-            for future in as_completed(futures):
-                states[futures[future]] = future.result()
-                if bar is not None:
-                    bar.update(1)
-        if bar is not None:
-            bar.close()
-        return BatchResult(states, prefix_metas)
+        runs = [self._split((), {**kw, **defaults})
+                for kw in batch_arguments(batch_kwargs, self.func, self.arg_names)]
+        prefix_metas = []
+        if global_config.enable_precache_with_tracing:
+            prefix_metas = self._cache_common_prefix(backend, [a for a, _ in runs])
+        runner = functools.partial(_run_in_batch, self.func, backend, self.num_api_spec_tokens)
+        batch = ProgramBatch(runner, runs, thread_count(num_threads, len(runs)), progress_bar)
+        if generator_style:
+            return batch.iterate()
+        return BatchResult(batch.run_all(), prefix_metas)
 
-    def trace(self, **kwargs: Any) -> ProgramIR:
+    def trace(self, *, backend: Any = None, **kwargs: Any) -> ProgramIR:
         """The program's IR; arguments not given (and without a default) are placeholders
-        like "{docs}"."""
+        like "{docs}". backend is accepted for SGLang programs (tracing needs none)."""
         params = inspect.signature(self.func).parameters
         arguments = {name: Placeholder("{" + name + "}") for name in self.arg_names
                      if params[name].default is inspect.Parameter.empty
@@ -133,9 +143,10 @@ class Function:
 
 
 def run_program(func: Callable, backend: Backend, arguments: dict[str, Any],
-                defaults: dict[str, Any], stream: bool, raise_error: bool) -> ProgramState:
+                defaults: dict[str, Any], stream: bool, raise_error: bool,
+                spec_tokens: int | None = None) -> ProgramState:
     executor = StreamExecutor(backend, backend.get_chat_template(), defaults, stream,
-                              ProgramLog())
+                              ProgramLog(), spec_tokens)
     state = ProgramState(executor)
     try:
         state.ret_value = func(state, **arguments)
@@ -148,7 +159,28 @@ def run_program(func: Callable, backend: Backend, arguments: dict[str, Any],
     executor.end(wait=not stream)
     if raise_error and not stream:
         state.sync()
+    if global_config.verbosity >= 2:
+        _print_when_done(state, stream)
     return state
+
+
+def _run_in_batch(func: Callable, backend: Backend, spec_tokens: int | None,
+                  arguments: dict[str, Any], defaults: dict[str, Any]) -> ProgramState:
+    return run_program(func, backend, arguments, defaults, stream=False, raise_error=False,
+                       spec_tokens=spec_tokens)
+
+
+def _print_when_done(state: ProgramState, stream: bool) -> None:
+    """verbosity 2: the program's final text (after a stream too, once it has ended)."""
+    def show() -> None:
+        try:
+            print(state.text())
+        except Exception as exc:  # noqa: BLE001 - the program's error, read where it is used
+            print(f"(program failed: {exc!r})")
+    if stream:
+        threading.Thread(target=show, daemon=True, name="radixrt-verbose").start()
+    else:
+        show()
 
 
 class BatchResult(list):
@@ -173,11 +205,11 @@ class BatchResult(list):
 
 def function(func: Callable | None = None, *, num_api_spec_tokens: int | None = None,
              **defaults: Any) -> Any:
-    """`@function` or `@function(temperature=0, ...)`: make a program. num_api_spec_tokens is
-    accepted for SGLang programs (it only matters to API backends; radixrt's ignore it)."""
+    """`@function` or `@function(temperature=0, ...)`: make a program. num_api_spec_tokens
+    turns on SGLang's API speculative execution (radixrt.lang.speculative)."""
     if func is not None:
-        return Function(func, defaults=defaults)
-    return lambda f: Function(f, defaults=defaults)
+        return Function(func, defaults=defaults, num_api_spec_tokens=num_api_spec_tokens)
+    return lambda f: Function(f, defaults=defaults, num_api_spec_tokens=num_api_spec_tokens)
 
 
 def _check_defaults(defaults: dict[str, Any]) -> dict[str, Any]:
@@ -186,25 +218,3 @@ def _check_defaults(defaults: dict[str, Any]) -> dict[str, Any]:
         raise TypeError(f"unknown sampling defaults {sorted(unknown)}; allowed: "
                         f"{', '.join(SAMPLING_DEFAULTS)}")
     return defaults
-
-
-def _check_batch(batch_kwargs: Any) -> list[dict[str, Any]]:
-    if not isinstance(batch_kwargs, (list, tuple)) or not all(
-            isinstance(kw, dict) for kw in batch_kwargs):
-        raise TypeError("run_batch: batch_kwargs must be a list of dicts of arguments")
-    return list(batch_kwargs)
-
-
-def _thread_count(num_threads: int | str, jobs: int) -> int:
-    if num_threads == "auto":
-        return max(1, min(jobs, 64))
-    if not isinstance(num_threads, int) or num_threads < 1:
-        raise ValueError(f"run_batch: num_threads must be 'auto' or an int >= 1, "
-                         f"got {num_threads!r}")
-    return num_threads
-
-
-def _progress(total: int):
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc="programs")

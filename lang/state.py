@@ -120,8 +120,16 @@ class ProgramState(Appending):
         after the program ended, all of it."""
         return self.stream_executor.iter_chunks(var_name)
 
-    async def text_async_iter(self, var_name: str | None = None) -> AsyncIterator[str]:
-        chunks = self.text_iter(var_name)
+    async def text_async_iter(self, var_name: str | None = None,
+                              return_meta_data: bool = False) -> AsyncIterator[Any]:
+        """text_iter for asyncio. With return_meta_data (and a var_name), (text, meta_info)
+        pairs as SGLang's: each pair's output_token_logprobs (and output_top_logprobs) are
+        that chunk's new entries; completion_tokens and output_token_logprobs_length count
+        from the start of the gen."""
+        if return_meta_data and var_name is None:
+            raise ValueError("text_async_iter: return_meta_data needs a var_name (meta info "
+                             "belongs to one gen)")
+        chunks = self.stream_executor.iter_chunks(var_name, with_meta=return_meta_data)
         done = object()
         while (piece := await asyncio.to_thread(next, chunks, done)) is not done:
             yield piece
@@ -146,8 +154,19 @@ class ProgramStateGroup:
     def __iter__(self) -> Iterator[ProgramState]:
         return iter(self.states)
 
+    def __setitem__(self, i: int, value: Any) -> None:
+        """`forks[i] += expr` assigns the branch back to itself; nothing else may be put."""
+        if value is not self.states[i]:
+            raise TypeError(f"forks[{i}] = ...: a fork's branches cannot be replaced; append "
+                            f"to one with forks[{i}] += expr")
+
     def __iadd__(self, other: Any) -> "ProgramStateGroup":
-        if isinstance(other, (list, tuple)):
+        """An expression or str goes to every branch; a list or tuple gives one item per
+        branch; a callable is given each branch's index and returns what it gets."""
+        if callable(other) and not isinstance(other, ir.Expr):
+            for i, state in enumerate(self.states):
+                state += other(i)
+        elif isinstance(other, (list, tuple)):
             if len(other) != len(self.states):
                 raise ValueError(f"forks += list: expected {len(self.states)} items (one per "
                                  f"branch), got {len(other)}")

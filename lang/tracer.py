@@ -89,8 +89,15 @@ class TracerState(Appending):
 class _TracerGroup(list):
     def __iadd__(self, other: Any) -> "_TracerGroup":
         for i, state in enumerate(self):
-            state += other[i] if isinstance(other, (list, tuple)) else other
+            if callable(other) and not isinstance(other, ir.Expr):
+                state += other(i)
+            else:
+                state += other[i] if isinstance(other, (list, tuple)) else other
         return self
+
+    def __setitem__(self, i: int, value: Any) -> None:
+        if value is not self[i]:
+            raise TypeError(f"forks[{i}] = ...: a fork's branches cannot be replaced")
 
     def join(self, mode: str = "gather_variable") -> None:
         pass

@@ -13,6 +13,7 @@ from typing import Any
 
 from radixrt.lang.chat_template import ChatTemplate
 from radixrt.lang.choices import METHODS, decide, mean_logprob
+from radixrt.lang.speculative import TokenUsage
 
 
 @dataclass
@@ -45,15 +46,36 @@ class Backend:
     def shutdown(self) -> None:
         """Release what the backend holds (sockets, a server it started)."""
 
+    def model_path(self) -> str | None:
+        """The served model's path (what picks a reasoning format); None if unknown."""
+        return None
+
+    def uncache_prefix(self, rid: str | None = None) -> None:
+        """A no-op, as SGLang's: cached prefixes are evicted by the radix cache (LRU)."""
+
+    @property
+    def token_usage(self) -> TokenUsage:
+        """The tokens of every gen's request so far (SGLang's backend.token_usage)."""
+        if "_token_usage" not in self.__dict__:
+            self.__dict__.setdefault("_token_usage", TokenUsage())
+        return self.__dict__["_token_usage"]
+
     # -- built on the primitives --------------------------------------------------------------
     def generate(self, text: str, sampling_params: dict[str, Any],
                  **logprob_options: Any) -> Any:
-        return self._generate(text=text, sampling_params=sampling_params, **logprob_options)
+        result = self._generate(text=text, sampling_params=sampling_params, **logprob_options)
+        for r in result if isinstance(result, list) else [result]:
+            self.token_usage.add(r.get("meta_info") or {})
+        return result
 
     def generate_stream(self, text: str, sampling_params: dict[str, Any],
                         **logprob_options: Any) -> Iterator[dict[str, Any]]:
-        return self._generate_stream(text=text, sampling_params=sampling_params,
-                                     **logprob_options)
+        meta = None
+        for chunk in self._generate_stream(text=text, sampling_params=sampling_params,
+                                           **logprob_options):
+            meta = chunk.get("meta_info") or meta
+            yield chunk
+        self.token_usage.add(meta or {})
 
     def cache_prefix(self, text: str) -> dict[str, Any]:
         """Prefill `text` into the radix cache without generating; its meta_info."""

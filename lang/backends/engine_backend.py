@@ -44,6 +44,9 @@ class EngineBackend(Backend):
     def get_server_info(self) -> dict[str, Any]:
         return self.engine.get_server_info()
 
+    def model_path(self) -> str | None:
+        return getattr(getattr(self.engine, "info", None), "model_path", None)
+
     def shutdown(self) -> None:
         if self._owned:
             self.engine.shutdown()

@@ -18,12 +18,17 @@ from radixrt.lang.backends.runtime_endpoint import RuntimeEndpoint
 
 
 class Runtime(RuntimeEndpoint):
-    """Every ServerArgs field is a keyword (model_path, disable_radix_cache, ...; the default
-    model when model_path is None). The server is a child process on a free loopback port,
-    stopped by `shutdown()` or when this process exits."""
+    """Every ServerArgs field is a keyword (model_path, disable_radix_cache, log_level, ...;
+    the default model when model_path is None). The server is a child process on a free
+    loopback port, stopped by `shutdown()` or when this process exits. As SGLang's Runtime it
+    has `.url` and `.endpoint` (itself: it is the RuntimeEndpoint); launch_timeout is SGLang's
+    name for startup_timeout_s. transport is RuntimeEndpoint's."""
 
     def __init__(self, model_path: str | None = None, *, startup_timeout_s: float = 300,
+                 launch_timeout: float | None = None, transport: str = "auto",
                  **engine_args: Any) -> None:
+        startup_timeout_s = launch_timeout if launch_timeout is not None else startup_timeout_s
+        self.process = None
         port = engine_args.pop("port", None) or _free_port()
         host = engine_args.get("host", "127.0.0.1")
         cmd = [sys.executable, "-m", "radixrt.cli", "launch", "--port", str(port),
@@ -38,21 +43,20 @@ class Runtime(RuntimeEndpoint):
         self.url = f"http://{host}:{port}"
         try:
             self._wait_healthy(startup_timeout_s)
-            super().__init__(self.url, api_key=engine_args.get("api_key"))
+            super().__init__(self.url, api_key=engine_args.get("api_key"), transport=transport)
         except BaseException:
             self.shutdown()
             raise
 
-    @property
-    def endpoint(self) -> RuntimeEndpoint:
-        return self
-
     def shutdown(self) -> None:
-        """Close the socket and stop the server (SIGTERM: it stops its children in order)."""
+        """Close the connections and stop the server (SIGTERM: it stops its children in
+        order). Safe to call twice."""
         atexit.unregister(self.shutdown)
-        if getattr(self, "client", None) is not None:
-            self.client.close()
-            self.client = None
+        if getattr(self, "http", None) is not None:
+            super().shutdown()
+            self.http = None
+        if self.process is None:
+            return
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:

@@ -33,8 +33,8 @@ def test_gen_constraints():
     assert json.loads(rt.gen("j", json_schema=schema).params["json_schema"]) == schema
     with pytest.raises(ValueError, match="at most one of regex and json_schema"):
         rt.gen("j", regex="a", json_schema="{}")
-    with pytest.raises(ValueError, match="dtype must be int or str"):
-        rt.gen("j", dtype=float)
+    with pytest.raises(ValueError, match="dtype must be one of int, float, bool, str"):
+        rt.gen("j", dtype=complex)
     with pytest.raises(TypeError, match="json_schema must be"):
         rt.gen("j", json_schema=3)
 
