@@ -13,7 +13,7 @@ def few_shot(s, question):
     s += "Q: What is the capital of France?\nA: Paris\n"
     s += "Q: What is the capital of Germany?\nA: Berlin\n"
     s += "Q: " + question + "\n"
-    s += "A:" + sgl.gen("answer", stop="\n", temperature=0, max_tokens=8)
+    s += "A:" + sgl.gen("answer", stop="\n", temperature=0, max_tokens=6)
 
 
 @sgl.function
@@ -24,8 +24,9 @@ def pick(s, statement):
 
 @sgl.function
 def typed(s):
-    s += "The number of hours in a day is " + sgl.gen_int("hours") + "\n"
-    s += "A: " + sgl.gen("ip", regex=r"[0-9]{1,3}\.[0-9]{1,3}", temperature=0)
+    s += "The number of hours in a day is " + sgl.gen_int("hours", max_tokens=4) + "\n"
+    s += "A: " + sgl.gen("ip", regex=r"[0-9]{1,3}\.[0-9]{1,3}", temperature=0,
+                          max_tokens=8)
 
 
 @sgl.function
