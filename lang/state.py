@@ -64,8 +64,19 @@ class ProgramState(Appending):
                                  self)
 
     def copy(self) -> "ProgramState":
-        """An independent continuation of this state."""
-        return self.fork(1)[0]
+        """An independent continuation of this state. Also SGLang's form, a context manager:
+        `with s.copy() as c: ...` joins c's new variables back into s at the end."""
+        group = self.fork(1)
+        group[0]._copied_from = group
+        return group[0]
+
+    def __enter__(self) -> "ProgramState":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        group = getattr(self, "_copied_from", None)
+        if group is not None and exc[0] is None:
+            group.join()
 
     # -- reading ----------------------------------------------------------------------------
     def __getitem__(self, name: str) -> Any:

@@ -10,6 +10,8 @@ transports fail the same way.
 from __future__ import annotations
 
 import json
+import os
+import ssl
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,7 +28,7 @@ class HttpClient:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.base_url = base_url.rstrip("/")
         self.client = httpx.Client(base_url=self.base_url, headers=headers,
-                                   verify=True if verify is None else verify,
+                                   verify=_tls(verify),
                                    timeout=httpx.Timeout(timeout_s, connect=30))
 
     def get(self, *paths: str) -> dict[str, Any]:
@@ -82,6 +84,18 @@ class HttpClient:
             return self.client.post(path, json=body)
         except httpx.HTTPError as exc:
             raise ConnectionError(f"cannot reach the server at {self.base_url}: {exc}") from exc
+
+
+def _tls(verify: Any) -> bool | ssl.SSLContext:
+    """httpx's verify: a CA bundle file or folder becomes an SSL context (httpx 0.28 has
+    deprecated plain paths)."""
+    if verify is None:
+        return True
+    if not isinstance(verify, (str, os.PathLike)):  # a bool, or an SSLContext already
+        return verify
+    if os.path.isdir(verify):
+        return ssl.create_default_context(capath=verify)
+    return ssl.create_default_context(cafile=verify)
 
 
 def _body(fields: dict[str, Any]) -> dict[str, Any]:

@@ -172,9 +172,9 @@ def test_gen_regex_json_schema_int_and_string(endpoint):
         state = extract.run(temperature=1.0, backend=endpoint)
         jsonschema.validate(json.loads(state["info"]), schema)
         assert re.fullmatch(r"\d{3}-\d{4}", state["phone"])
-        assert re.fullmatch(r"[-+]?[0-9]+[ \n]?", state["age"])
+        assert re.fullmatch(r"[-+]?[0-9]+", state["age"])  # its stops " ", "\n" trimmed
         if state.get_meta_info("name")["finish_reason"]["type"] != "length":
-            assert re.fullmatch(r'"[^"\\\n]*"', state["name"])
+            assert re.fullmatch(rt.lang.ir.REGEX_STR, state["name"])
 
 
 def test_errors_surface_from_run_and_reads(backend):

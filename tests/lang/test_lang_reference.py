@@ -111,6 +111,11 @@ def test_runtime_starts_serves_checks_the_key_reports_death_and_stops():
         state = two_turns.run(q1="Hi!", q2="Bye!", max_new_tokens=4, temperature=0)
         assert state["a2"] and rt.get_server_info()["zmq_frontend_address"]
         assert rt.flush_cache() is True
+        # SGLang's Runtime shape: .url, .endpoint (a RuntimeEndpoint), accepted by the helpers.
+        assert runtime.endpoint.get_model_name() == runtime.model_info["model_path"]
+        assert isinstance(runtime.endpoint, rt.RuntimeEndpoint) and runtime.url.startswith("http")
+        assert rt.get_server_info(runtime)["port"] and rt.flush_cache(runtime) is True
+        assert rt.global_config.default_backend.endpoint is runtime
         runtime.process.kill()  # the server dies under a running program
         start = time.monotonic()
         with pytest.raises(ConnectionError, match="is gone"):

@@ -296,3 +296,16 @@ def test_api_speculative_execution_answers_later_gens_from_one_request():
     assert len(backend.calls) == 4 and backend.token_usage.prompt_tokens == 12
     backend.token_usage.reset()
     assert backend.token_usage.prompt_tokens == 0
+
+
+def test_copy_is_also_sglangs_context_manager():
+    backend = Recorder(reply=lambda text: "!")
+
+    @rt.function
+    def prog(s):
+        s += "base"
+        with s.copy() as c:
+            c += rt.gen("x")
+        s += "|" + s["x"][0]
+
+    assert prog.run(backend=backend).text() == "base|!"
