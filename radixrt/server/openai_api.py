@@ -185,7 +185,8 @@ class OpenAIServing:
         return {"input_ids": job.ids if job.batch else job.ids[0],
                 "sampling_params": params,
                 "return_logprob": want_logprobs, "top_logprobs_num": top,
-                "logprob_start_len": 0 if echo_logprobs else None, "rid": rid}
+                "logprob_start_len": 0 if echo_logprobs else None, "rid": rid,
+                **proto.request_extras(req)}
 
     # -- preparing requests -------------------------------------------------------------------
     def _prepare_chat(self, body: dict[str, Any]) -> Job:

@@ -59,6 +59,8 @@ class _SamplingFields(_Strict):
     repetition_penalty: float | None = None
     min_tokens: int | None = Field(None, ge=0)
     stop_token_ids: list[int] | None = None
+    stop_regex: str | list[str] | None = None
+    custom_params: dict[str, Any] | None = None
     ignore_eos: bool | None = None
     skip_special_tokens: bool | None = None
     no_stop_trim: bool | None = None
@@ -251,8 +253,18 @@ def _check_response_format(req: _SamplingFields) -> None:
 # -- translation to the engine ------------------------------------------------------------
 _SAME_NAMES = ("n", "stop", "temperature", "top_p", "seed", "frequency_penalty",
                "presence_penalty", "logit_bias", "top_k", "min_p", "repetition_penalty",
-               "stop_token_ids", "ignore_eos", "skip_special_tokens", "no_stop_trim", "regex",
-               "json_schema", "ebnf")
+               "stop_token_ids", "stop_regex", "custom_params", "ignore_eos",
+               "skip_special_tokens", "no_stop_trim", "regex", "json_schema", "ebnf")
+# Request-level fields of SGLang's OpenAI requests, handed to the engine as they are: it
+# serves them, or refuses by name the ones it does not support when they ask for something.
+REQUEST_EXTRAS = ("lora_path", "custom_logit_processor", "return_hidden_states",
+                  "session_params")
+
+
+def request_extras(req: _SamplingFields) -> dict[str, Any]:
+    """The REQUEST_EXTRAS the client sent (unknown fields land in pydantic's model_extra)."""
+    extra = req.model_extra or {}
+    return {name: extra[name] for name in REQUEST_EXTRAS if extra.get(name) is not None}
 
 
 def sampling_params(req: _SamplingFields, max_new_tokens: int) -> dict[str, Any]:
@@ -313,6 +325,8 @@ def rename_engine_error(exc: ValueError, names: dict[str, str]) -> APIError:
     message = str(exc).replace("sampling param ", "")
     for sgl, oai in names.items():
         message = re.sub(rf"\b{sgl}\b", oai, message)
+    if isinstance(getattr(exc, "param", None), str):  # the engine named the field
+        return APIError(message, names.get(exc.param, exc.param))
     param = None
     quoted = re.search(r"'(\w+)'", message)
     known = set(names.values()) | set(_SAME_NAMES) | _ENGINE_ONLY

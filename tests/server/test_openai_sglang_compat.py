@@ -8,6 +8,7 @@ continue_final_message."""
 from __future__ import annotations
 
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 from itertools import product
 
@@ -51,6 +52,11 @@ def events(server, path: str, body: dict) -> list[dict]:
                 return out
             out.append(json.loads(line[len("data: "):]))
     raise AssertionError(f"the stream ended without [DONE] after {len(out)} events")
+
+
+def counts(usage: dict) -> tuple[int, int, int]:
+    """Usage without cached_tokens (which depends on what earlier requests left cached)."""
+    return usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]
 
 
 # -- models ----------------------------------------------------------------------------------
@@ -139,7 +145,7 @@ def test_completion_combination(combo_results, combo):
     _check_unstreamed(full, echo, logprobs, count, 2 * len(PROMPT_IDS) if use_list
                       else len(PROMPT_IDS))
     *chunks, last = stream
-    assert last["choices"] == [] and last["usage"] == full["usage"]
+    assert last["choices"] == [] and counts(last["usage"]) == counts(full["usage"])
     assert all(c["usage"] is None and len(c["choices"]) == 1 for c in chunks)
     for i in range(count):
         mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == i]
@@ -201,7 +207,7 @@ def test_chat_stream_shape(server, logprobs, n):
             "stream_options": {"include_usage": True}}
     full = post(server, "chat/completions", {**body, "stream_options": None}).json()
     *chunks, last = events(server, "chat/completions", body)
-    assert last["choices"] == [] and last["usage"] == full["usage"]
+    assert last["choices"] == [] and counts(last["usage"]) == counts(full["usage"])
     for i in range(n):
         mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == i]
         assert mine[0]["delta"]["role"] == "assistant"
@@ -293,3 +299,29 @@ def test_continue_final_message_errors(server, messages, extra, words):
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
     assert error["param"] == "continue_final_message" and words in error["message"], error
+
+
+# -- SGLang's extra request fields -------------------------------------------------------------
+def test_stop_regex_ends_the_output(server):
+    body = {"model": MODEL, "prompt": PROMPT, "temperature": 0, "max_tokens": 12,
+            "ignore_eos": True}
+    text = post(server, "completions", body).json()["choices"][0]["text"]
+    word = next(w for w in text.split()[1:] if w.isalpha())
+    cut = post(server, "completions", {**body, "stop_regex": rf"\b{word}\b"}).json()
+    choice = cut["choices"][0]
+    start = re.search(rf"\b{word}\b", text).start()
+    assert choice["finish_reason"] == "stop" and choice["text"] == text[:start]
+
+
+@pytest.mark.parametrize("field,value", [("custom_logit_processor", "{}"),
+                                         ("lora_path", "adapter")])
+def test_unsupported_sglang_fields_are_refused_by_name(server, field, value):
+    resp = post(server, "chat/completions", {"model": MODEL, "messages": ASK, "max_tokens": 1,
+                                             field: value})
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == field and "not supported" in error["message"], error
+    # At their null value they ask for nothing.
+    ok = post(server, "chat/completions", {"model": MODEL, "messages": ASK, "max_tokens": 1,
+                                           field: None})
+    assert ok.status_code == 200, ok.text
