@@ -2,15 +2,15 @@
 
 Heavy names (Engine, which loads torch) are imported lazily (PEP 562), so that
 `import radixrt` and `import radixrt.lang` stay light. The frontend language's names
-(radixrt.lang.__all__: gen, select, function, RuntimeEndpoint, ...) are re-exported here,
-loaded on first use.
+(radixrt.lang.__all__: gen, select, function, RuntimeEndpoint, global_config, ...) are
+re-exported here, loaded on first use, so `import radixrt as sgl` runs SGLang programs.
 """
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["Engine", "ServerArgs", "SamplingParams"]  # and, lazily, radixrt.lang.__all__
+__all__ = ["Engine", "ServerArgs", "SamplingParams", "__version__"]  # + radixrt.lang.__all__
 
 if TYPE_CHECKING:
     from radixrt.engine import Engine
@@ -25,6 +25,9 @@ _LAZY = {
 }
 
 
+_SGLANG_API_BACKENDS = ("OpenAI", "Anthropic", "LiteLLM", "VertexAI", "Crusoe")
+
+
 def _lang_names() -> list[str]:
     return importlib.import_module("radixrt.lang").__all__
 
@@ -34,6 +37,11 @@ def __getattr__(name: str) -> Any:
         return getattr(importlib.import_module(_LAZY[name]), name)
     if not name.startswith("_") and name in _lang_names():
         return getattr(importlib.import_module("radixrt.lang"), name)
+    if name in _SGLANG_API_BACKENDS:
+        raise AttributeError(f"module 'radixrt' has no attribute {name!r}: radixrt runs "
+                             "programs on its own runtime (RuntimeEndpoint, Runtime, "
+                             "EngineBackend), not on API backends such as SGLang's "
+                             f"{', '.join(_SGLANG_API_BACKENDS)}")
     raise AttributeError(f"module 'radixrt' has no attribute {name!r}")
 
 
