@@ -227,3 +227,10 @@ def test_the_zeromq_frontend_takes_the_same_fields(server, full, tokenizer):
         assert e.value.status == 400
         with pytest.raises(TypeError, match="'lora_paths'"):
             client.generate(text="Hi", lora_paths="a")
+
+
+def test_stream_interval_sends_a_chunk_every_k_tokens(server, full):
+    chunks = stream(server, {"text": PROMPT, "sampling_params": {**GREEDY, "stream_interval": 5}})
+    sizes = [len(c["output_ids"]) for c in chunks]
+    assert all(n >= 5 for n in sizes[:-1]) and sum(sizes) == len(full["output_ids"]), sizes
+    assert "".join(c["text"] for c in chunks) == full["text"]
