@@ -16,10 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-try:  # partial matching (is this text the start of a match?); installed with transformers
-    import regex as _partial_re
-except ImportError:  # pragma: no cover - then matches are only trimmed at the end
-    _partial_re = None
+import regex as _partial_re  # partial matching: is this text the start of a match?
 
 
 class IncrementalDetokenizer:
@@ -120,9 +117,7 @@ class IncrementalDetokenizer:
 
 
 def _partial(pattern: str):
-    """The pattern for partial matching, or None where that is not available."""
-    if _partial_re is None:
-        return None
+    """The pattern for partial matching, or None where `regex` does not take it."""
     try:
         return _partial_re.compile(pattern)
     except _partial_re.error:  # a pattern `re` takes and `regex` does not: trim at the end
