@@ -51,21 +51,21 @@ def add_native_info_routes(app: FastAPI, state: Any) -> None:
     async def health_generate() -> Response:
         return await _health_generate(state)
 
-    @app.post("/tokenize")
-    @app.post("/v1/tokenize")
-    async def tokenize(request: Request) -> Response:
+    for path in ("/tokenize", "/v1/tokenize"):
+        app.post(path)(_json_route(engine, tokenize_body))
+    for path in ("/detokenize", "/v1/detokenize"):
+        app.post(path)(_json_route(engine, detokenize_body))
+
+
+def _json_route(engine: Any, compute: Any) -> Any:
+    """A POST route answering `compute(engine, body)` as JSON, or the error it raised."""
+    async def route(request: Request) -> Response:
         try:
-            return JSONResponse(tokenize_body(engine, await read_json(request)))
+            return JSONResponse(compute(engine, await read_json(request)))
         except Exception as exc:  # noqa: BLE001 - every error becomes an HTTP error
             return exception_response(exc)
 
-    @app.post("/detokenize")
-    @app.post("/v1/detokenize")
-    async def detokenize(request: Request) -> Response:
-        try:
-            return JSONResponse(detokenize_body(engine, await read_json(request)))
-        except Exception as exc:  # noqa: BLE001 - every error becomes an HTTP error
-            return exception_response(exc)
+    return route
 
 
 def served_model_path(engine: Any) -> str:
