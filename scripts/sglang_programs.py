@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import os
+import threading
 import traceback
 import types
 from pathlib import Path
@@ -44,10 +45,21 @@ def load_programs(path: Path, client: str) -> types.ModuleType:
     return module
 
 
-def run_one(module: types.ModuleType, name: str) -> dict:
+def run_one(module: types.ModuleType, name: str, timeout_s: float) -> dict:
+    """Run one program on a thread; one that has not ended after timeout_s is a hang."""
+    result: dict = {"name": name, "outcome": "API failure", "detail": f"no end after "
+                    f"{timeout_s:.0f} s (a hang)"}
+    thread = threading.Thread(target=lambda: result.update(_outcome(module, name)),
+                              daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    return result
+
+
+def _outcome(module: types.ModuleType, name: str) -> dict:
     try:
         getattr(module, name)(**ARGS.get(name, {}))
-        return {"name": name, "outcome": "passed"}
+        return {"name": name, "outcome": "passed", "detail": ""}
     except AssertionError as exc:
         return {"name": name, "outcome": "model answer", "detail": str(exc)[:300]}
     except Exception as exc:  # noqa: BLE001 - the point is to sort them
@@ -63,6 +75,7 @@ def main() -> None:
     parser.add_argument("--programs", type=Path, help="test_programs.py (default: the one "
                         "of the importable sglang package)")
     parser.add_argument("--only", nargs="*", default=PROGRAMS)
+    parser.add_argument("--timeout-s", type=float, default=300, help="per program")
     args = parser.parse_args()
     path = args.programs
     if path is None:
@@ -75,11 +88,14 @@ def main() -> None:
         import radixrt as sgl
     sgl.set_default_backend(sgl.RuntimeEndpoint(args.url))
     module = load_programs(path, args.client)
-    results = [run_one(module, name) for name in args.only]
-    for r in results:
-        print(f"{r['outcome']:>12}  {r['name']}  {r.get('detail', '')[:160]}")
-    print("JSON " + json.dumps(results))
-    sys.exit(1 if any(r["outcome"] == "API failure" for r in results) else 0)
+    results = []
+    for name in args.only:
+        results.append(run_one(module, name, args.timeout_s))
+        r = results[-1]
+        print(f"{r['outcome']:>12}  {r['name']}  {r['detail'][:160]}", flush=True)
+    print("JSON " + json.dumps(results), flush=True)
+    # A hung program's thread cannot be joined: leave without waiting for it.
+    os._exit(1 if any(r["outcome"] == "API failure" for r in results) else 0)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """SGLang 0.5's native information endpoints: /server_info and /model_info (with the older
 /get_* names as aliases), /health_generate, /version, /tokenize and /detokenize (also under
-/v1/, as SGLang). Generation itself is /generate in http_server.py."""
+/v1/, as SGLang), and the /concate_and_append_request SGLang's client sends when forks join.
+Generation itself is /generate in http_server.py."""
 
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ def add_native_info_routes(app: FastAPI, state: Any) -> None:
     async def health_generate() -> Response:
         return await _health_generate(state)
 
+    app.post("/concate_and_append_request")(_json_route(engine, concat_and_append_body))
     for path in ("/tokenize", "/v1/tokenize"):
         app.post(path)(_json_route(engine, tokenize_body))
     for path in ("/detokenize", "/v1/detokenize"):
@@ -187,6 +189,21 @@ def detokenize_body(engine: Any, body: dict[str, Any]) -> dict[str, Any]:
         return {"text": [tokenizer.decode(ids, skip_special_tokens=skip) for ids in tokens]}
     _check_ids(tokens, vocab)
     return {"text": tokenizer.decode(tokens, skip_special_tokens=skip)}
+
+
+def concat_and_append_body(engine: Any, body: dict[str, Any]) -> dict[str, Any]:
+    """SGLang's client calls this when a fork joins with mode="concate_and_append" (its
+    "parallel encoding"), after it has appended the branches' text itself. radixrt does not
+    splice the branches' KV together: the next request holds the joined text, its common
+    prefix comes from the radix cache and the rest is prefilled. So this only checks the body
+    and says so."""
+    src, dst = body.get("src_rids"), body.get("dst_rid")
+    if not isinstance(src, list) or not all(isinstance(r, str) for r in src):
+        raise APIError("src_rids must be a list of request ids (strings)", "src_rids")
+    if not isinstance(dst, str):
+        raise APIError("dst_rid must be a request id (a string)", "dst_rid")
+    return {"success": True, "message": "nothing to splice: the joined text is prefilled "
+            "over the radix cache by the next request"}
 
 
 def _check_ids(ids: Any, vocab: int) -> None:

@@ -39,6 +39,15 @@ def forked(s):
 
 
 @sgl.function
+def encoded(s):
+    s += "Facts:\n"
+    forks = s.fork(2)
+    forks += lambda i: f"Fact {i}: item {i}.\n"
+    forks.join(mode="concate_and_append")  # SGLang's client asks the server to splice KV
+    s += "Summary:" + sgl.gen("summary", max_tokens=4, temperature=0)
+
+
+@sgl.function
 def chat(s, question):
     s += sgl.user(question)
     s += sgl.assistant(sgl.gen("answer", max_tokens=12, temperature=0))
@@ -58,6 +67,7 @@ def main(url: str) -> None:
     state = typed.run(temperature=0)
     out["hours"], out["ip"] = state["hours"], state["ip"]
     out["colors"] = forked.run()["color"]
+    out["encoded_text"] = encoded.run().text()
     stream = chat.run(question="Say hello.", stream=True)
     out["stream_chunks"] = list(stream.text_iter("answer"))
     out["chat_text"] = stream.text()

@@ -1,6 +1,7 @@
 """SGLang's own, unmodified frontend client (the real `sglang` 0.5.23 wheel, installed with
 --no-deps into a throw-away venv that reuses this venv's packages) against `radixrt launch`:
-gen, select, run_batch, fork, gen_int, regex, streaming, get_server_info, flush_cache."""
+gen, select, run_batch, fork (both joins), gen_int, regex, streaming, get_server_info and
+flush_cache."""
 
 from __future__ import annotations
 
@@ -89,6 +90,11 @@ def test_gen_int_and_regex(results):
 
 def test_fork_join_gathers_both_branches(results):
     assert len(results["colors"]) == 2 and all(isinstance(c, str) for c in results["colors"])
+
+
+def test_fork_concate_and_append_joins_the_branches_text(results):
+    assert results["encoded_text"].startswith("Facts:\nFact 0: item 0.\nFact 1: item 1.\n"
+                                              "Summary:")
 
 
 def test_streaming_chunks_make_the_answer(results):

@@ -104,3 +104,10 @@ def test_bad_tokenize_input_is_a_400_naming_the_field(server, path, body, field)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == field
     assert get(server, "/health_generate").status_code == 200
+
+
+def test_concate_and_append_request_is_acknowledged_and_checked(server):
+    ok = post(server, "/concate_and_append_request", {"src_rids": ["a", "b"], "dst_rid": "c"})
+    assert ok.status_code == 200 and ok.json()["success"] is True
+    bad = post(server, "/concate_and_append_request", {"src_rids": "a", "dst_rid": "c"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "src_rids"
