@@ -36,13 +36,24 @@ def load_programs(path: Path, client: str) -> types.ModuleType:
     source = (path.read_text()
               .replace("from sglang.srt.utils import is_hip", "is_hip = lambda: False")
               .replace("from sglang.srt.utils.hf_transformers_utils import get_tokenizer",
-                       "from radixrt.loader.tokenizer import load_tokenizer as get_tokenizer"))
+                       "get_tokenizer = _harness_get_tokenizer"))
     if client == "radixrt":
         source = (source.replace("import sglang as sgl", "import radixrt as sgl")
                   .replace("from sglang.lang.ir import", "from radixrt.lang.ir import"))
     module = types.ModuleType("sglang_test_programs")
+    module.__dict__["_harness_get_tokenizer"] = _get_tokenizer
     exec(compile(source, str(path), "exec"), module.__dict__)
     return module
+
+
+def _get_tokenizer(model_path: str):
+    """transformers' tokenizer of a model folder or a .gguf file (what /model_info reports)."""
+    from transformers import AutoTokenizer
+
+    if model_path.endswith(".gguf"):
+        return AutoTokenizer.from_pretrained(os.path.dirname(model_path),
+                                             gguf_file=os.path.basename(model_path))
+    return AutoTokenizer.from_pretrained(model_path)
 
 
 def run_one(module: types.ModuleType, name: str, timeout_s: float) -> dict:
