@@ -26,7 +26,8 @@ PROGRAMS = ["test_few_shot_qa", "test_mt_bench", "test_select", "test_decode_int
             "test_decode_json_regex", "test_decode_json", "test_expert_answer",
             "test_tool_use", "test_react", "test_parallel_decoding", "test_parallel_encoding",
             "test_stream", "test_stream_logprobs", "test_regex", "test_dtype_gen",
-            "test_gen_min_new_tokens"]
+            "test_gen_min_new_tokens", "test_completion_speculative",
+            "test_chat_completion_speculative"]
 ARGS = {"test_select": {"check_answer": False}}
 
 
