@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import openai
 import pytest
 from launch_helpers import LaunchedServer, launch
 
@@ -19,3 +20,16 @@ def launch_server(tmp_path_factory):
     yield start
     for server in servers:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def server(launch_server) -> LaunchedServer:
+    """The default model in float32 (greedy text is the same whatever the batch); modules that
+    need other flags define their own `server`."""
+    return launch_server("--dtype", "float32", "--max-total-tokens", "16384",
+                         "--log-level", "warning")
+
+
+@pytest.fixture(scope="module")
+def oai(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)

@@ -24,17 +24,6 @@ SYSTEM = {"role": "system", "content": "You are a helpful AI assistant"}
 ASK = [SYSTEM, {"role": "user", "content": "What is the capital of France?"}]
 
 
-@pytest.fixture(scope="module")
-def server(launch_server):
-    return launch_server("--dtype", "float32", "--max-total-tokens", "16384",
-                         "--log-level", "warning")
-
-
-@pytest.fixture(scope="module")
-def oai(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-
-
 def post(server, path: str, body: dict) -> httpx.Response:
     return httpx.post(f"{server.url}/v1/{path}", json=body, timeout=120)
 

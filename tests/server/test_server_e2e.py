@@ -22,17 +22,6 @@ pytestmark = pytest.mark.slow
 MODEL = "SmolLM2-135M-Instruct"
 
 
-@pytest.fixture(scope="module")
-def server(launch_server):
-    return launch_server("--dtype", "float32", "--max-total-tokens", "16384",
-                         "--log-level", "warning")
-
-
-@pytest.fixture(scope="module")
-def oai(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-
-
 def stats(server) -> dict:
     return httpx.get(server.url + "/get_server_info", timeout=30).json()
 
