@@ -5,6 +5,7 @@ flush_cache."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import site
@@ -33,13 +34,18 @@ def _imports_sglang() -> bool:
         [str(_python()), "-c", "import sglang"], capture_output=True).returncode == 0
 
 
-def _build_venv() -> None:
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
+def _see_this_venvs_packages() -> None:
+    """The venv sees this venv's packages (torch, transformers, requests, ...) through a .pth
+    (rewritten each run: the cached venv may have been built from another checkout)."""
     purelib = subprocess.run([str(_python()), "-c", "import sysconfig; print(sysconfig."
                               "get_paths()['purelib'])"], capture_output=True, text=True,
                              check=True).stdout.strip()
-    # The venv sees this venv's packages (torch, transformers, requests, ...) through a .pth.
     Path(purelib, "radixrt_test_packages.pth").write_text("\n".join(site.getsitepackages()))
+
+
+def _build_venv() -> None:
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
+    _see_this_venvs_packages()
     pip = [str(_python()), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     subprocess.run([*pip, "--no-deps", SGLANG], check=True, timeout=600)
     subprocess.run([*pip, *EXTRA], check=True, timeout=600)
@@ -47,6 +53,9 @@ def _build_venv() -> None:
 
 @pytest.fixture(scope="module")
 def sglang_python() -> Path:
+    if _python().exists():
+        with contextlib.suppress(subprocess.CalledProcessError):  # a broken one is rebuilt
+            _see_this_venvs_packages()
     if not _imports_sglang():
         try:
             _build_venv()
