@@ -2,9 +2,9 @@
 to show: no split UTF-8 character, no stop string, not even the start of one.
 
 Stop regexes (SGLang's stop_regex) are held back the same way: text from where a match could
-still begin is not shown (the `regex` module's partial matching; without that module the text
-is only trimmed at the end). The final text ends before the first match, or after it with
-no_stop_trim.
+still begin is not shown (the `regex` module's partial matching; a pattern that module does
+not take is only trimmed at the end). The final text ends before the first match, or after it
+with no_stop_trim.
 
 Each step decodes only a short window of ids, so a long output costs O(length) in all, not
 O(length^2): the text of the newest ids is decode(ids[surr:]) minus decode(ids[surr:read]),

@@ -172,8 +172,11 @@ def check_supported(req: GenerateReqInput) -> None:
 
 
 def is_unset(value: Any, default: Any) -> bool:
-    """None, the default, an empty value, or a list of such (one per prompt of a batch)."""
+    """None, False, 0, the default, an empty value, or a list of such (one per prompt of a
+    batch)."""
     if value is None or value is False or value == default:
+        return True
+    if type(value) in (int, float) and value == 0:  # e.g. priority 0: no priority asked for
         return True
     if isinstance(value, (str, list, tuple, dict)) and len(value) == 0:
         return True

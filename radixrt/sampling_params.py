@@ -58,7 +58,7 @@ class SamplingParams:
     sampling_seed: int | None = None  # SGLang's name for the seed (mapped onto seed)
     # Keys are token ids written as strings (JSON object keys), values are added to the logits.
     logit_bias: dict[str, float] | None = None
-    # Structured generation: accepted names, not implemented yet (verify rejects them).
+    # Structured generation (xgrammar): at most one of the three.
     regex: str | None = None
     json_schema: str | None = None  # a JSON schema as text (a dict is turned into text)
     ebnf: str | None = None

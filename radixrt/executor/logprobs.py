@@ -17,6 +17,7 @@ class LogprobsResult(NamedTuple):
     token_logprobs: torch.Tensor  # [N] float32, logprob of token_ids[i] in row i
     top_values: torch.Tensor  # [N, k] float32, descending
     top_indices: torch.Tensor  # [N, k] int64, token ids of top_values
+    all_logprobs: torch.Tensor  # [N, V] float32, every token's (for token_ids_logprob)
 
 
 def compute_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, top_k: int) -> LogprobsResult:
@@ -34,4 +35,4 @@ def compute_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, top_k: int) 
     chosen = logprobs.gather(1, token_ids.long().unsqueeze(1)).squeeze(1)  # [N]
     k = min(top_k, logprobs.shape[-1])
     top_values, top_indices = logprobs.topk(k, dim=-1, sorted=True)
-    return LogprobsResult(chosen, top_values, top_indices)
+    return LogprobsResult(chosen, top_values, top_indices, logprobs)

@@ -131,12 +131,13 @@ class OutputProcessor:
 
     def _record_prompt_logprobs(self, req: Req, first_t: int, logits: torch.Tensor) -> None:
         tokens = req.origin_input_ids[first_t:first_t + logits.shape[0]]
-        lp, top_v, top_i = compute_logprobs(logits, torch.tensor(tokens), req.top_logprobs_num)
+        lp, top_v, top_i, every = compute_logprobs(logits, torch.tensor(tokens),
+                                                   req.top_logprobs_num)
         req.input_token_logprobs.extend(zip(lp.tolist(), tokens))
         req.input_top_logprobs.extend(_top_pairs(top_v, top_i, req.top_logprobs_num))
         req.input_logprobs_count += len(tokens)
         if req.token_ids_logprob:
-            req.input_token_ids_logprobs.extend(_ids_pairs(logits, req.token_ids_logprob))
+            req.input_token_ids_logprobs.extend(_ids_pairs(every, req.token_ids_logprob))
 
     def _record_output_logprobs(self, reqs: list[Req], logits: torch.Tensor,
                                 next_ids: list[int]) -> None:
@@ -144,7 +145,7 @@ class OutputProcessor:
         if not rows:
             return
         k = max(reqs[i].top_logprobs_num for i in rows)
-        lp, top_v, top_i = compute_logprobs(logits[rows], torch.tensor(next_ids)[rows], k)
+        lp, top_v, top_i, every = compute_logprobs(logits[rows], torch.tensor(next_ids)[rows], k)
         for j, i in enumerate(rows):
             req = reqs[i]
             req.output_token_logprobs.append((float(lp[j]), next_ids[i]))
@@ -152,7 +153,7 @@ class OutputProcessor:
                 _top_pairs(top_v[j:j + 1], top_i[j:j + 1], req.top_logprobs_num))
             if req.token_ids_logprob:
                 req.output_token_ids_logprobs.extend(
-                    _ids_pairs(logits[i:i + 1], req.token_ids_logprob))
+                    _ids_pairs(every[j:j + 1], req.token_ids_logprob))
 
     def _check_finished(self, req: Req, tok: int) -> None:
         sp = req.sampling_params
@@ -212,10 +213,9 @@ def _compiled_stop_regex(pattern: str) -> tuple[re.Pattern, int | None]:
     return rx, (None if width >= _MAX_STOP_REGEX_WIDTH else width)
 
 
-def _ids_pairs(logits: torch.Tensor, ids: list[int]) -> list[list[tuple[float, int]]]:
-    """Per row of logits [N, V], the (logprob, id) of each of `ids`."""
-    lp = torch.log_softmax(logits.to(torch.float32), dim=-1)[:, ids]  # [N, len(ids)]
-    return [list(zip(row, ids)) for row in lp.tolist()]
+def _ids_pairs(logprobs: torch.Tensor, ids: list[int]) -> list[list[tuple[float, int]]]:
+    """Per row of logprobs [N, V], the (logprob, id) of each of `ids`."""
+    return [list(zip(row, ids)) for row in logprobs[:, ids].tolist()]
 
 
 def _top_pairs(values: torch.Tensor, indices: torch.Tensor, k: int) -> list:

@@ -15,7 +15,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 import radixrt
 from radixrt.engine import Engine
-from radixrt.request_input import GenerateReqInput
 from radixrt.request_input import from_dict as request_from_dict
 from radixrt.server.http_utils import (
     APIError,
@@ -95,7 +94,8 @@ def _add_native_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/generate")
     async def generate(request: Request) -> Response:
         try:
-            req = _generate_request(await read_json(request))
+            # SGLang's GenerateReqInput; an unknown name or a wrong type is a 400 naming it.
+            req = request_from_dict(await read_json(request))
             if req.stream:
                 chunks = await engine.async_generate_request(req)
                 events = _stream_chunks(chunks, state.args.incremental_streaming_output)
@@ -130,12 +130,6 @@ def _add_native_routes(app: FastAPI, state: ServerState) -> None:
     async def metrics() -> Response:
         body = await asyncio.to_thread(state.metrics.render)
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
-
-
-def _generate_request(body: dict[str, Any]) -> GenerateReqInput:
-    """The body of /generate: SGLang's GenerateReqInput (radixrt/request_input.py); an unknown
-    name or a wrong type is a 400 naming the field."""
-    return request_from_dict(body)
 
 
 async def _stream_chunks(chunks: AsyncIterator[dict[str, Any]],

@@ -80,10 +80,12 @@ class ZmqFrontend:
         """A message that does not decode: a 400 if it names its request_id, else dropped."""
         try:
             raw = msgspec.msgpack.decode(data)
-            request_id = raw.get("request_id") if isinstance(raw, dict) else None
         except msgspec.DecodeError:
-            request_id = None
-        if not isinstance(request_id, str) or not self._authorized(raw.get("api_key")):
+            raw = None
+        fields = raw if isinstance(raw, dict) else {}
+        request_id, api_key = fields.get("request_id"), fields.get("api_key")
+        if not isinstance(request_id, str) or not self._authorized(
+                api_key if isinstance(api_key, str) else None):
             logger.warning("dropped a malformed message on the ZeroMQ frontend: %s", error)
             return
         self._reply(identity, ClientReply(request_id, "error", error=f"bad request: {error}",

@@ -234,3 +234,25 @@ def test_stream_interval_sends_a_chunk_every_k_tokens(server, full):
     sizes = [len(c["output_ids"]) for c in chunks]
     assert all(n >= 5 for n in sizes[:-1]) and sum(sizes) == len(full["output_ids"]), sizes
     assert "".join(c["text"] for c in chunks) == full["text"]
+
+
+def test_undecodable_zeromq_messages_are_dropped_and_the_frontend_keeps_serving(server):
+    import msgspec
+    import zmq
+
+    address = httpx.get(server.url + "/server_info", timeout=30).json()["zmq_frontend_address"]
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    try:
+        for junk in (b"\xc1 not msgpack", msgspec.msgpack.encode([1, 2]),
+                     msgspec.msgpack.encode({"type": "client_generate", "api_key": 5})):
+            sock.send(junk)
+        assert sock.poll(1000) == 0  # nothing to answer: no request_id to answer to
+    finally:
+        sock.close()
+        ctx.term()
+    with ZmqClient(address) as client:
+        out = client.generate(text="Hi", sampling_params={"max_new_tokens": 2})
+        assert out["meta_info"]["completion_tokens"] == 2

@@ -71,9 +71,10 @@ def test_an_unsupported_field_that_asks_for_something_names_itself(name):
     assert e.value.param == name
 
 
-def test_empty_and_all_null_batch_values_count_as_unset():
+def test_empty_zero_and_all_null_batch_values_count_as_unset():
     ri.check_supported(ri.from_dict({"text": ["a", "b"], "lora_path": [None, None],
-                                     "extra_key": "", "modalities": [], "image_data": []}))
+                                     "extra_key": "", "modalities": [], "image_data": [],
+                                     "priority": 0}))
 
 
 def test_dp_rank_zero_is_the_one_rank_and_others_are_refused():

@@ -262,5 +262,6 @@ def test_logprobs_match_log_softmax_and_top_k_sorted() -> None:
     assert torch.all(res.top_values[:, :-1] >= res.top_values[:, 1:])
     assert torch.equal(res.top_indices[:, 0], logits.argmax(-1))
     assert torch.allclose(res.top_values, ref.gather(1, res.top_indices))
-    token_logprobs, top_values, top_indices = compute_logprobs(logits, tokens, top_k=0)
+    assert torch.allclose(res.all_logprobs, ref)
+    token_logprobs, top_values, top_indices, _ = compute_logprobs(logits, tokens, top_k=0)
     assert top_values.shape == (5, 0) and token_logprobs.dtype == torch.float32
