@@ -2,9 +2,11 @@
 radixrt's ZeroMQ frontend (a real SGLang server) or when HTTP is asked for.
 
 `POST /generate` takes GenerateReqInput's fields as JSON (a list of texts for a batch); a
-stream is server-sent events `data: {...}` whose "text" is the text so far, ending with
-`data: [DONE]`. Refusals raise radixrt.zmq_client.FrontendError with the HTTP status, so both
-transports fail the same way.
+stream is server-sent events `data: {...}` ending with `data: [DONE]`, whose "text" and
+"output_ids" are those so far, or only the new ones on a server started with
+--incremental-streaming-output (`incremental`, read from /server_info by RuntimeEndpoint).
+Refusals raise radixrt.zmq_client.FrontendError with the HTTP status, so both transports fail
+the same way.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class HttpClient:
         None is True."""
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.base_url = base_url.rstrip("/")
+        self.incremental = False  # the server's streams carry only the new text and ids
         self.client = httpx.Client(base_url=self.base_url, headers=headers,
                                    verify=_tls(verify),
                                    timeout=httpx.Timeout(timeout_s, connect=30))
@@ -61,12 +64,13 @@ class HttpClient:
             if resp.status_code != 200:
                 resp.read()
                 _raise_for_status(resp)
-            sofar = ""
+            text_sent, ids_sent = 0, 0
             for data in _events(resp.iter_lines()):
-                text = data.get("text", "")
-                yield {"text": text[len(sofar):], "output_ids": data.get("output_ids", []),
-                       "meta_info": data.get("meta_info", {})}
-                sofar = text
+                text, ids = data.get("text", ""), data.get("output_ids", [])
+                if not self.incremental:
+                    text, ids = text[text_sent:], ids[ids_sent:]
+                    text_sent, ids_sent = text_sent + len(text), ids_sent + len(ids)
+                yield {"text": text, "output_ids": ids, "meta_info": data.get("meta_info", {})}
 
     def flush_cache(self) -> bool:
         """POST /flush_cache; False when the server refuses (requests are running)."""

@@ -53,6 +53,7 @@ class RuntimeEndpoint(Backend):
     def _connect(self, transport: str, timeout_s: float, chat_template_name: str | None) -> None:
         server_info = self.get_server_info()
         self.model_info = self.http.get("/model_info", "/get_model_info")
+        self.http.incremental = bool(server_info.get("incremental_streaming_output"))
         self.chat_template = self._pick_template(chat_template_name)
         address = server_info.get("zmq_frontend_address")
         if transport == "zmq" and not address:

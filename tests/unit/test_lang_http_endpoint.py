@@ -16,6 +16,7 @@ import radixrt as rt
 
 class FakeSGLang(BaseHTTPRequestHandler):
     bodies: list[dict] = []
+    incremental = False  # as SGLang's --incremental-streaming-output
 
     def log_message(self, *args) -> None:  # quiet
         pass
@@ -30,7 +31,8 @@ class FakeSGLang(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path == "/get_server_info":
-            self._json(200, {"version": "0.5.23", "port": 30000})
+            self._json(200, {"version": "0.5.23", "port": 30000,
+                             "incremental_streaming_output": FakeSGLang.incremental})
         elif self.path == "/get_model_info":
             self._json(200, {"model_path": "Qwen/Qwen2-7B-Instruct", "is_generation": True})
         else:
@@ -52,12 +54,14 @@ class FakeSGLang(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
-        text = ""
+        text, ids = "", []
         for i, piece in enumerate(["Hel", "lo", " there"]):
-            text += piece  # SGLang streams the text so far, and only the new logprobs
+            # SGLang streams the text and ids so far (only the new ones when incremental),
+            # and here only the new logprobs.
+            text, ids = (piece, [i]) if FakeSGLang.incremental else (text + piece, ids + [i])
             meta = {"completion_tokens": i + 1, "output_token_logprobs": [[-0.5, i, None]]}
-            self.wfile.write(f"data: {json.dumps({'text': text, 'meta_info': meta})}\n\n"
-                             .encode())
+            event = {"text": text, "output_ids": ids, "meta_info": meta}
+            self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
         self.wfile.write(b"data: [DONE]\n\n")
 
 
@@ -93,7 +97,10 @@ def test_a_server_without_zeromq_is_driven_over_http(sglang_url):
         backend.shutdown()
 
 
-def test_sse_streams_give_new_text_and_per_chunk_logprobs(sglang_url):
+@pytest.mark.parametrize("incremental", [False, True])
+def test_sse_streams_give_new_text_and_per_chunk_logprobs(sglang_url, incremental,
+                                                          monkeypatch):
+    monkeypatch.setattr(FakeSGLang, "incremental", incremental)
     backend = rt.RuntimeEndpoint(sglang_url, transport="http")
 
     @rt.function
@@ -112,6 +119,8 @@ def test_sse_streams_give_new_text_and_per_chunk_logprobs(sglang_url):
         assert state["a"] == "Hello there"
         assert len(state.get_meta_info("a")["output_token_logprobs"]) == 3
         assert FakeSGLang.bodies[-1]["stream"] is True
+        chunks = list(backend.http.generate_stream(text="x", sampling_params={}))
+        assert [c["output_ids"] for c in chunks] == [[0], [1], [2]]
     finally:
         backend.shutdown()
 
