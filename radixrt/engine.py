@@ -30,6 +30,7 @@ from radixrt.messages import (
     encode,
 )
 from radixrt.request_input import GenerateReqInput, make_request
+from radixrt.request_registry import RequestRegistry
 from radixrt.request_state import ReqState, SchedulerDied, ServerOverloaded, new_queues
 from radixrt.server_args import ServerArgs
 
@@ -79,8 +80,7 @@ class Engine:
             if wait_ready is not None:
                 _abandon(wait_ready)
             raise
-        self._states: dict[str, ReqState] = {}
-        self._lock = threading.Lock()  # guards _states
+        self._requests = RequestRegistry()
         self._send_lock = threading.Lock()  # sockets are not thread-safe
         self._control_lock = threading.Lock()  # one control request at a time
         self._control_replies: queue.Queue = queue.Queue()
@@ -143,8 +143,16 @@ class Engine:
         return results if batch or len(results) > 1 else results[0]
 
     async def async_generate_request(self, req: GenerateReqInput) -> Any:
-        """async_generate, given the request struct itself."""
-        states, batch = self._submit(req, loop=asyncio.get_running_loop())
+        """async_generate, given the request struct itself. Tokenizing and validating run on a
+        worker thread: a long prompt must not hold up the caller's event loop (an HTTP
+        server's other requests and its /health)."""
+        loop = asyncio.get_running_loop()
+        submitted = loop.run_in_executor(None, self._submit, req, loop)
+        try:
+            states, batch = await asyncio.shield(submitted)
+        except asyncio.CancelledError:  # gone before its requests were sent: end them then
+            submitted.add_done_callback(self._abort_submitted)
+            raise
         if req.stream:
             return self._stream_async(states)
         try:
@@ -155,6 +163,11 @@ class Engine:
                     self.abort_request(state.rid)
             raise
         return results if batch or len(results) > 1 else results[0]
+
+    def _abort_submitted(self, submitted: asyncio.Future) -> None:
+        if not submitted.cancelled() and submitted.exception() is None:
+            for state in submitted.result()[0]:
+                self.abort_request(state.rid)
 
     def flush_cache(self) -> bool:
         """Empty the radix cache; refused (False) while requests run."""
@@ -168,10 +181,11 @@ class Engine:
             raise AssertionError(reply.message)
         return reply.stats
 
-    def abort_request(self, rid: str) -> None:
-        with self._lock:
-            rids = [r for r in self._states if r == rid or r.startswith(rid + "-")]
-        for r in rids:
+    def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
+        """SGLang's abort_request: the request with exactly this rid, or the requests made
+        from it (its n samples, a batch given one rid); with abort_all, every request. An
+        unknown rid is ignored (it may have just finished)."""
+        for r in self._requests.abort_targets(rid, abort_all):
             self._send(AbortReq(r))
 
     def get_server_info(self) -> dict[str, Any]:
@@ -212,15 +226,10 @@ class Engine:
         reqs, is_batch = build_requests(self, req)
         self._check_queue(len(reqs))
         shared = new_queues(loop) if req.stream else None  # one iterator streams them all
-        states: list[ReqState] = []
-        try:
-            for i, planned in enumerate(reqs):
-                states.append(self._register(planned, loop, i, shared))
-        except ValueError:
-            with self._lock:
-                for state in states:
-                    self._states.pop(state.rid, None)
-            raise
+        states = [self._new_state(planned, loop, i, shared) for i, planned in enumerate(reqs)]
+        batch_rid = {req.rid} if isinstance(req.rid, str) else set()
+        self._requests.add([(state, {planned.parent_rid} | batch_rid)
+                            for state, planned in zip(states, reqs)])
         if self._error is not None:  # the scheduler died while these were registered
             for state in states:
                 state.push(self._error)
@@ -234,14 +243,13 @@ class Engine:
         if args.max_queued_requests is None:
             return
         limit = args.max_running_requests + args.max_queued_requests
-        with self._lock:
-            outstanding = len(self._states)
+        outstanding = len(self._requests)
         if outstanding + count > limit:
             raise ServerOverloaded(
                 f"the server is at capacity ({outstanding} requests running or queued; "
                 f"max_running_requests + max_queued_requests = {limit}): retry later")
 
-    def _register(self, planned: PlannedReq, loop, index: int, queues) -> ReqState:
+    def _new_state(self, planned: PlannedReq, loop, index: int, queues) -> ReqState:
         msg, params = planned.msg, planned.params
         detok = None
         if self.tokenizer is not None and self._detok_here:
@@ -251,16 +259,11 @@ class Engine:
         token_text = None
         if planned.return_text_in_logprobs and self.tokenizer is not None:
             token_text = self._token_text
-        state = ReqState(msg.rid, detok, msg.return_logprob, loop, index, queues,
-                         token_text=token_text, log_metrics=planned.log_metrics,
-                         stream_interval=params.stream_interval or 1,
-                         ids_logprob=msg.token_ids_logprob is not None,
-                         prompt_ids=msg.input_ids if planned.return_prompt_token_ids else None)
-        with self._lock:
-            if msg.rid in self._states:
-                raise ValueError(f"rid {msg.rid!r} is already in use by a running request")
-            self._states[msg.rid] = state
-        return state
+        return ReqState(msg.rid, detok, msg.return_logprob, loop, index, queues,
+                        token_text=token_text, log_metrics=planned.log_metrics,
+                        stream_interval=params.stream_interval or 1,
+                        ids_logprob=msg.token_ids_logprob is not None,
+                        prompt_ids=msg.input_ids if planned.return_prompt_token_ids else None)
 
     def _token_text(self, token_id: int) -> str:
         """A token's text as SGLang reports it in logprobs: the id decoded alone."""
@@ -338,10 +341,7 @@ class Engine:
                                          f"{msg.error}"))
         elif isinstance(msg, BatchOutput):
             for out in msg.outputs:
-                with self._lock:
-                    state = self._states.get(out.rid)
-                    if out.finished:
-                        self._states.pop(out.rid, None)
+                state = self._requests.get(out.rid, finished=out.finished)
                 if state is not None:
                     if self.observer is not None and state.log_metrics:
                         self.observer(state, out)
@@ -351,10 +351,7 @@ class Engine:
         logger.error("%s", error)
         first = self._error is None
         self._error = error
-        with self._lock:
-            states = list(self._states.values())
-            self._states.clear()
-        for s in states:
+        for s in self._requests.pop_all():
             s.push(error)
         self._control_replies.put(error)
         if first and self.on_death is not None:

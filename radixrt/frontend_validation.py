@@ -32,6 +32,7 @@ class PlannedReq:
     return_text_in_logprobs: bool
     return_prompt_token_ids: bool
     log_metrics: bool
+    parent_rid: str  # the rid the caller gave or was given (n > 1: the samples' common rid)
 
 
 def build_requests(engine: Any, req: GenerateReqInput) -> tuple[list[PlannedReq], bool]:
@@ -60,7 +61,8 @@ def build_requests(engine: Any, req: GenerateReqInput) -> tuple[list[PlannedReq]
             msg = GenerateReq(sub_rid, ids, sample.to_dict(), bool(want_lp[i]), start, top_n,
                               bool(req.stream), id_lists[i])
             out.append(PlannedReq(msg, sample, bool(req.return_text_in_logprobs),
-                                  bool(req.return_prompt_token_ids), req.log_metrics is not False))
+                                  bool(req.return_prompt_token_ids), req.log_metrics is not False,
+                                  rids[i]))
     return out, is_batch
 
 

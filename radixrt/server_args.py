@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,11 +65,27 @@ class ServerArgs:
     host: str = _f("127.0.0.1", "address the HTTP server binds; 0.0.0.0 exposes it")
     port: int = _f(30000, "HTTP port")
     api_key: str | None = _f(None, "when set, every endpoint but /health needs "
-                             "'Authorization: Bearer KEY'")
+                             "'Authorization: Bearer KEY'; default: $RADIXRT_API_KEY (keeps "
+                             "the key out of `ps`)")
     served_model_name: str | None = _f(None, "model name of the OpenAI API; default: the "
                                        "model path, or SmolLM2-135M-Instruct")
     max_queued_requests: int | None = _f(None, "requests waiting beyond max_running_requests "
                                          "before new ones get 503; default: no limit")
+    max_request_bytes: int = _f(4 * 1024 * 1024, "largest HTTP request body (and ZeroMQ "
+                                "message) in bytes; a larger one gets 413 before it is parsed")
+    max_prompt_chars: int = _f(1_000_000, "longest prompt (or chat conversation) in characters, "
+                               "checked before tokenization")
+    max_request_batch_size: int = _f(1024, "most requests one /generate call may make (prompts "
+                                     "times n)")
+    max_logprobs: int = _f(20, "largest top_logprobs_num (OpenAI's top_logprobs / logprobs) a "
+                           "request may ask for, as vLLM's --max-logprobs")
+    max_logprob_entries: int = _f(1_000_000, "most (token, logprob) entries one request may "
+                                  "produce: (prompt tokens scored + max_new_tokens) times "
+                                  "(1 + top_logprobs_num + len(token_ids_logprob))")
+    grammar_compile_timeout: float = _f(10.0, "seconds a regex / json_schema / ebnf may take to "
+                                        "check and compile; longer is a 400 naming the field")
+    graceful_shutdown_timeout: float = _f(0.0, "on SIGTERM, seconds to let running requests "
+                                          "finish before they are ended (new ones get 503)")
     incremental_streaming_output: bool = _f(False, "streamed /generate chunks carry only the "
                                             "new text, output_ids and output logprobs "
                                             "(default: everything so far, as SGLang)")
@@ -77,6 +94,8 @@ class ServerArgs:
     log_level: str = _f("info", "logging level", ("debug", "info", "warning", "error"))
 
     def __post_init__(self) -> None:
+        if self.api_key is None:
+            self.api_key = os.environ.get("RADIXRT_API_KEY") or None
         self.validate()
 
     def validate(self) -> None:
@@ -99,6 +118,16 @@ class ServerArgs:
             raise ValueError(f"max_queued_requests must be >= 0, got {self.max_queued_requests}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
+        for name in ("max_request_bytes", "max_prompt_chars", "max_request_batch_size",
+                     "max_logprob_entries"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_logprobs < 0:
+            raise ValueError(f"max_logprobs must be >= 0, got {self.max_logprobs}")
+        if self.grammar_compile_timeout <= 0 or self.graceful_shutdown_timeout < 0:
+            raise ValueError("grammar_compile_timeout must be > 0 and graceful_shutdown_timeout "
+                             f">= 0, got {self.grammar_compile_timeout} and "
+                             f"{self.graceful_shutdown_timeout}")
         if not 0 < self.mem_fraction_static <= 1:
             raise ValueError("mem_fraction_static must be in (0, 1], "
                              f"got {self.mem_fraction_static}")
