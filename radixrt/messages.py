@@ -135,18 +135,27 @@ def decode_from_scheduler(data: bytes) -> FromScheduler:
 
 
 # -- the server's ZeroMQ frontend socket (the DSL's runtime backend talks to it) ---------------
+# A client message is three frames: [request_id, api_key, payload]. The id and the key travel
+# outside the payload so that the server checks the key (and can answer a wrong one by id)
+# before it decodes anything a stranger sent; the payload's own request_id must match.
+MAX_REQUEST_ID_BYTES = 256
+
+
+def client_frames(msg: "ClientGenerate | ClientAbort | ClientControl",
+                  api_key: str | None) -> list[bytes]:
+    return [msg.request_id.encode(), (api_key or "").encode(), encode(msg)]
+
+
 class ClientGenerate(msgspec.Struct, tag="client_generate"):
     """One request (the struct /generate takes); replies carry the same request_id (chosen by
     the client)."""
 
     request_id: str
     request: GenerateReqInput
-    api_key: str | None = None
 
 
 class ClientAbort(msgspec.Struct, tag="client_abort"):
     request_id: str
-    api_key: str | None = None
 
 
 class ClientControl(msgspec.Struct, tag="client_control"):
@@ -154,7 +163,6 @@ class ClientControl(msgspec.Struct, tag="client_control"):
 
     request_id: str
     kind: str
-    api_key: str | None = None
 
 
 class ClientReply(msgspec.Struct, tag="client_reply"):

@@ -22,8 +22,8 @@ from radixrt.messages import (
     ClientControl,
     ClientGenerate,
     ClientReply,
+    client_frames,
     decode_client_reply,
-    encode,
 )
 from radixrt.request_input import make_request
 
@@ -83,13 +83,13 @@ class ZmqClient:
     def _message(self, text, sampling_params, input_ids, fields) -> ClientGenerate:
         req = make_request(text=text, sampling_params=sampling_params, input_ids=input_ids,
                            **fields)
-        return ClientGenerate(_new_id(), req, self.api_key)
+        return ClientGenerate(_new_id(), req)
 
     def flush_cache(self) -> bool:
-        return next(self._exchange(ClientControl(_new_id(), "flush_cache", self.api_key)))
+        return next(self._exchange(ClientControl(_new_id(), "flush_cache")))
 
     def get_server_info(self) -> dict[str, Any]:
-        return next(self._exchange(ClientControl(_new_id(), "get_server_info", self.api_key)))
+        return next(self._exchange(ClientControl(_new_id(), "get_server_info")))
 
     def close(self) -> None:
         self._closed.set()
@@ -128,7 +128,7 @@ class ZmqClient:
         finally:
             self._waiting.pop(msg.request_id, None)
             if not done and not self._closed.is_set():
-                self._send(ClientAbort(msg.request_id, self.api_key))
+                self._send(ClientAbort(msg.request_id))
 
     def _next_reply(self, inbox: queue.Queue) -> ClientReply:
         deadline = time.monotonic() + self.timeout_s
@@ -152,7 +152,7 @@ class ZmqClient:
             return self._last_alive
 
     def _send(self, msg) -> None:
-        self._outbox.put(encode(msg))
+        self._outbox.put(client_frames(msg, self.api_key))
         os.write(self._wake_w, b"x")
 
     def _receive(self) -> None:
@@ -164,7 +164,7 @@ class ZmqClient:
             if self._wake_r in events:
                 os.read(self._wake_r, 4096)
                 while not self._outbox.empty():
-                    self._sock.send(self._outbox.get())
+                    self._sock.send_multipart(self._outbox.get())
             while self._sock.poll(0):
                 reply = decode_client_reply(self._sock.recv())
                 inbox = self._waiting.get(reply.request_id)

@@ -16,6 +16,7 @@ import zmq.asyncio
 
 from radixrt.engine import Engine
 from radixrt.messages import (
+    MAX_REQUEST_ID_BYTES,
     ClientAbort,
     ClientControl,
     ClientGenerate,
@@ -29,12 +30,19 @@ logger = logging.getLogger(__name__)
 
 
 class ZmqFrontend:
+    """Binds a ROUTER on `host` (loopback when `host` is every interface and no API key is set:
+    the socket would otherwise take generations from anyone on the network, unauthenticated).
+    A message part larger than the engine's max_request_bytes drops the sender's connection
+    (zmq.MAXMSGSIZE): nothing that size is read into memory."""
+
     def __init__(self, engine: Engine, host: str, api_key: str | None) -> None:
         self.engine = engine
         self.api_key = api_key
         self.ctx = zmq.asyncio.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, engine.server_args.max_request_bytes)
+        host = _bind_host(host, api_key)
         port = self.sock.bind_to_random_port(f"tcp://{host}")
         self.address = f"tcp://{host}:{port}"
         self.tasks: dict[tuple[bytes, str], asyncio.Task] = {}
@@ -44,8 +52,10 @@ class ZmqFrontend:
         try:
             while True:
                 frames = await self.sock.recv_multipart()
-                if len(frames) == 2:  # [client identity, message]; anything else is noise
+                if len(frames) == 4:  # [client identity, request_id, api_key, payload]
                     self._dispatch(*frames)
+                else:  # anything else is noise: there is no request id to answer to
+                    logger.debug("dropped a ZeroMQ message of %d frames", len(frames))
         except asyncio.CancelledError:
             for task in list(self.tasks.values()):
                 task.cancel()
@@ -54,17 +64,30 @@ class ZmqFrontend:
             self.sock.close()
             self.ctx.term()
 
-    def _dispatch(self, identity: bytes, data: bytes) -> None:
+    def _dispatch(self, identity: bytes, rid_frame: bytes, key_frame: bytes,
+                  data: bytes) -> None:
+        try:
+            request_id = rid_frame.decode()
+        except UnicodeDecodeError:
+            return
+        if not request_id or len(rid_frame) > MAX_REQUEST_ID_BYTES:
+            return
+        if not self._authorized(key_frame):  # before a byte of the payload is decoded
+            self._reply(identity, ClientReply(request_id, "error", error="missing or "
+                                              "wrong API key", status=401))
+            return
         try:
             msg = decode_from_client(data)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            self._refuse(identity, data, e)
+            self._reply(identity, ClientReply(request_id, "error", error=f"bad request: {e}",
+                                              status=400))
             return
-        if not self._authorized(msg.api_key):
-            self._reply(identity, ClientReply(msg.request_id, "error", error="missing or "
-                                              "wrong API key", status=401))
+        if msg.request_id != request_id:
+            self._reply(identity, ClientReply(request_id, "error", status=400, error="bad "
+                                              "request: the payload's request_id differs "
+                                              "from its frame's"))
             return
-        key = (identity, msg.request_id)
+        key = (identity, request_id)
         if isinstance(msg, ClientAbort):
             task = self.tasks.get(key)
             if task is not None:
@@ -76,25 +99,10 @@ class ZmqFrontend:
         self.tasks[key] = task
         task.add_done_callback(lambda _: self.tasks.pop(key, None))
 
-    def _refuse(self, identity: bytes, data: bytes, error: Exception) -> None:
-        """A message that does not decode: a 400 if it names its request_id, else dropped."""
-        try:
-            raw = msgspec.msgpack.decode(data)
-        except msgspec.DecodeError:
-            raw = None
-        fields = raw if isinstance(raw, dict) else {}
-        request_id, api_key = fields.get("request_id"), fields.get("api_key")
-        if not isinstance(request_id, str) or not self._authorized(
-                api_key if isinstance(api_key, str) else None):
-            logger.warning("dropped a malformed message on the ZeroMQ frontend: %s", error)
-            return
-        self._reply(identity, ClientReply(request_id, "error", error=f"bad request: {error}",
-                                          status=400))
-
-    def _authorized(self, given: str | None) -> bool:
+    def _authorized(self, given: bytes) -> bool:
         if not self.api_key:
             return True
-        return given is not None and hmac.compare_digest(given.encode(), self.api_key.encode())
+        return hmac.compare_digest(given, self.api_key.encode())
 
     async def _generate(self, identity: bytes, msg: ClientGenerate) -> None:
         try:
@@ -131,3 +139,11 @@ class ZmqFrontend:
 
 def _error_reply(request_id: str, exc: BaseException) -> ClientReply:
     return ClientReply(request_id, "error", error=f"{exc}", status=status_of(exc)[0])
+
+
+def _bind_host(host: str, api_key: str | None) -> str:
+    if host in ("0.0.0.0", "::", "") and not api_key:
+        logger.warning("the ZeroMQ frontend binds 127.0.0.1, not %r: without --api-key it would "
+                       "serve anyone on the network (set --api-key to expose it)", host)
+        return "127.0.0.1"
+    return host
