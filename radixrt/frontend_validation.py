@@ -8,7 +8,9 @@ rid, return_logprob, logprob_start_len, top_logprobs_num and token_ids_logprob.
 
 from __future__ import annotations
 
+import threading
 import uuid
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,8 +21,8 @@ from radixrt.request_input import (
     check_supported,
     check_types,
 )
+from radixrt.request_limits import validate_logprobs, validate_request_size, validate_token_ids
 from radixrt.sampling_params import SamplingParams
-from radixrt.scheduler.scheduler import validate_request_size
 
 
 @dataclass(frozen=True)
@@ -36,25 +38,38 @@ class PlannedReq:
 
 
 def build_requests(engine: Any, req: GenerateReqInput) -> tuple[list[PlannedReq], bool]:
-    """Returns ([planned request], is_batch); n > 1 becomes n messages with rids rid-0..."""
+    """Returns ([planned request], is_batch); n > 1 becomes n messages with rids rid-0...
+
+    Sizes are checked before anything is tokenized (characters, prompts x n); a constraint
+    is compiled, within --grammar-compile-timeout, before its request is queued. So this may
+    block for that long: async callers run it on a worker thread."""
     req = check_types(req)
     check_supported(req)
-    token_lists, is_batch = _token_lists(engine.tokenizer, req.text, req.input_ids)
-    count, vocab = len(token_lists), engine.info.vocab_size
+    limits = engine.server_args
+    prompt_field = "text" if req.text is not None else "input_ids"
+    count, is_batch = _prompt_shape(req.text, req.input_ids, limits.max_prompt_chars)
     params_list = _per_prompt(req.sampling_params, count, "sampling_params", dict_ok=True)
+    _check_batch_size(count, params_list, limits.max_request_batch_size, prompt_field)
     rids = _rids(req.rid, count, is_batch)
     want_lp = _per_prompt(req.return_logprob, count, "return_logprob")
     starts = _per_prompt(req.logprob_start_len, count, "logprob_start_len")
     tops = _per_prompt(req.top_logprobs_num, count, "top_logprobs_num")
+    vocab = engine.info.vocab_size
     id_lists = _token_ids_logprob(req.token_ids_logprob, count, vocab)
     out = []
-    for i, ids in enumerate(token_lists):
+    for i, ids in enumerate(_token_lists(engine.tokenizer, req.text, req.input_ids)):
         params = _checked_params(params_list[i], engine, len(ids))
-        _check_ids(ids, vocab)
+        validate_token_ids(ids, vocab)
         validate_request_size(len(ids), params.max_new_tokens, engine.info.context_length,
-                              engine.info.pool_tokens)
-        start = _start(starts[i], len(ids))
-        top_n = _top_n(tops[i], vocab)
+                              engine.info.pool_tokens, prompt_field)
+        start = -1 if starts[i] is None else starts[i]
+        top_n = tops[i] or 0
+        validate_logprobs(top_logprobs_num=top_n, token_ids_logprob=id_lists[i],
+                          logprob_start_len=start, return_logprob=bool(want_lp[i]),
+                          prompt_len=len(ids), max_new_tokens=params.max_new_tokens,
+                          max_logprobs=limits.max_logprobs,
+                          max_entries=limits.max_logprob_entries)
+        _check_constraint(engine, params)
         for j in range(params.n):
             sample = _sample_params(params, j)
             sub_rid = rids[i] if params.n == 1 else f"{rids[i]}-{j}"
@@ -66,7 +81,9 @@ def build_requests(engine: Any, req: GenerateReqInput) -> tuple[list[PlannedReq]
     return out, is_batch
 
 
-def _token_lists(tokenizer, prompt, input_ids) -> tuple[list[list[int]], bool]:
+def _prompt_shape(prompt, input_ids, max_chars: int) -> tuple[int, bool]:
+    """(how many prompts, is_batch), before anything is tokenized; each text prompt has at
+    most `max_chars` characters."""
     if (prompt is None) == (input_ids is None):
         raise RequestFieldError("give exactly one of text (the prompt) or input_ids "
                                 "(token ids)", "text")
@@ -75,16 +92,53 @@ def _token_lists(tokenizer, prompt, input_ids) -> tuple[list[list[int]], bool]:
             raise RequestFieldError("input_ids must be a list of ints or a list of lists of "
                                     "ints", "input_ids")
         if input_ids and isinstance(input_ids[0], list):
-            return [list(x) for x in input_ids], True
-        return [list(input_ids)], False
+            if not all(isinstance(x, list) for x in input_ids):
+                raise RequestFieldError("input_ids must be a list of ints or a list of lists "
+                                        "of ints, not a mix", "input_ids")
+            return len(input_ids), True
+        return 1, False
+    texts = [prompt] if isinstance(prompt, str) else prompt
+    if not (isinstance(texts, list) and texts and all(isinstance(p, str) for p in texts)):
+        raise RequestFieldError("text (the prompt) must be a string or a non-empty list of "
+                                f"strings, got {type(prompt).__name__}", "text")
+    for i, text in enumerate(texts):
+        if len(text) > max_chars:
+            where = "text" if isinstance(prompt, str) else f"text[{i}]"
+            raise RequestFieldError(f"{where} has {len(text)} characters; the server's "
+                                    f"--max-prompt-chars is {max_chars}", "text")
+    return len(texts), isinstance(prompt, list)
+
+
+def _check_batch_size(count: int, params_list: list, limit: int, prompt_field: str) -> None:
+    """One call makes at most `limit` requests: prompts x n."""
+    if count > limit:
+        raise RequestFieldError(f"{prompt_field} holds {count} prompts; one request may make "
+                                f"at most {limit} (the server's --max-request-batch-size)",
+                                prompt_field)
+    total = sum(_n_of(raw) for raw in params_list)
+    if total > limit:
+        raise RequestFieldError(f"{count} prompt(s) x n make {total} requests; one request "
+                                f"may make at most {limit} (the server's "
+                                "--max-request-batch-size)", "n")
+
+
+def _n_of(raw) -> int:
+    """The n a sampling_params value asks for (1 if unset or invalid: verify says which)."""
+    n = raw.n if isinstance(raw, SamplingParams) else (raw or {}).get("n", 1)
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
+
+
+def _token_lists(tokenizer, prompt, input_ids) -> list[list[int]]:
+    """The prompts' token ids (_prompt_shape checked their shape)."""
+    if input_ids is not None:
+        if input_ids and isinstance(input_ids[0], list):
+            return [list(x) for x in input_ids]
+        return [list(input_ids)]
     if tokenizer is None:
         raise ValueError("this engine was started with skip_tokenizer_init=True: pass input_ids")
     if isinstance(prompt, str):
-        return [tokenizer.encode(prompt)], False
-    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        return [tokenizer.encode(p) for p in prompt], True
-    raise RequestFieldError("text (the prompt) must be a string or a non-empty list of "
-                            f"strings, got {type(prompt).__name__}", "text")
+        return [tokenizer.encode(prompt)]
+    return [tokenizer.encode(p) for p in prompt]
 
 
 def _per_prompt(value, count: int, name: str, dict_ok: bool = False) -> list:
@@ -114,23 +168,6 @@ def _rids(rid, count: int, is_batch: bool) -> list[str]:
     return rids
 
 
-def _start(value, prompt_len: int) -> int:
-    start = -1 if value is None else value
-    if isinstance(start, bool) or not isinstance(start, int) or not -1 <= start < prompt_len:
-        raise RequestFieldError(f"logprob_start_len must be -1 or in [0, {prompt_len - 1}] for "
-                                f"a prompt of {prompt_len} tokens, got {start!r}",
-                                "logprob_start_len")
-    return start
-
-
-def _top_n(value, vocab: int) -> int:
-    top_n = value or 0
-    if isinstance(top_n, bool) or not isinstance(top_n, int) or not 0 <= top_n <= vocab:
-        raise RequestFieldError(f"top_logprobs_num must be an int in [0, {vocab}], got "
-                                f"{top_n!r}", "top_logprobs_num")
-    return top_n
-
-
 def _token_ids_logprob(value, count: int, vocab: int) -> list[list[int] | None]:
     """SGLang: a flat list of ids (for every prompt), or one list (or None) per prompt."""
     if not value:
@@ -138,10 +175,15 @@ def _token_ids_logprob(value, count: int, vocab: int) -> list[list[int] | None]:
     lists = value if isinstance(value[0], list) or value[0] is None else [value] * count
     lists = _per_prompt(lists, count, "token_ids_logprob")
     for ids in lists:
-        if ids is not None and not all(
-                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids):
+        if ids is not None and not isinstance(ids, list):
+            raise RequestFieldError("token_ids_logprob must be a list of token ids, or one "
+                                    f"list (or null) per prompt, got {ids!r:.80}",
+                                    "token_ids_logprob")
+        bad = next((t for t in ids or () if isinstance(t, bool) or not isinstance(t, int)
+                    or not 0 <= t < vocab), None)
+        if bad is not None:
             raise RequestFieldError(f"token_ids_logprob must hold token ids in [0, {vocab}), "
-                                    f"got {ids!r}", "token_ids_logprob")
+                                    f"got {bad!r:.80}", "token_ids_logprob")
     return [list(ids) if ids else None for ids in lists]
 
 
@@ -157,11 +199,44 @@ def _checked_params(raw, engine: Any, prompt_len: int) -> SamplingParams:
     return params
 
 
-def _check_ids(ids: list[int], vocab: int) -> None:
-    for i, t in enumerate(ids):
-        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
-            raise RequestFieldError(f"input_ids[{i}] = {t!r} is not a token id in "
-                                    f"[0, {vocab})", "input_ids")
+def _check_constraint(engine: Any, params: SamplingParams) -> None:
+    """A regex / json_schema / ebnf compiles in time and some token can start its text."""
+    from radixrt.grammar.checker import GrammarBusy
+    from radixrt.grammar.constraint import constraint_of
+
+    found = constraint_of(params)
+    if found is None:
+        return
+    if engine.tokenizer is None:
+        raise RequestFieldError("structured generation (regex, json_schema, ebnf) needs a "
+                                "tokenizer: this server runs with skip_tokenizer_init",
+                                found[0])
+    try:
+        _checker(engine).check(*found)
+    except GrammarBusy as e:
+        from radixrt.request_state import ServerOverloaded
+
+        raise ServerOverloaded(str(e)) from None
+
+
+# One ConstraintChecker (xgrammar compiler and verdict cache) per engine, made at its first
+# constraint; closed when the engine is collected.
+_CHECKERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_CHECKERS_LOCK = threading.Lock()
+
+
+def _checker(engine: Any):
+    from radixrt.grammar.checker import ConstraintChecker
+
+    with _CHECKERS_LOCK:
+        checker = _CHECKERS.get(engine)
+        if checker is None:
+            args = engine.server_args
+            checker = ConstraintChecker(engine.tokenizer, engine.info.vocab_size,
+                                        args.grammar_compile_timeout, args.json_any_whitespace)
+            _CHECKERS[engine] = checker
+            weakref.finalize(engine, checker.close)
+        return checker
 
 
 def _sample_params(params: SamplingParams, i: int) -> SamplingParams:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import re
+import reprlib
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from radixrt.request_input import RequestFieldError
 
 # Below this temperature a row is sampled greedily (softmax(x / 1e-6) is argmax in float32).
 GREEDY_TEMPERATURE = 1e-6
@@ -81,12 +83,13 @@ class SamplingParams:
         """
         d = d or {}
         if not isinstance(d, dict):
-            raise ValueError(f"sampling_params must be a dict, got {type(d).__name__}")
+            raise RequestFieldError(f"sampling_params must be a dict, got {type(d).__name__}",
+                                    "sampling_params")
         allowed = [f.name for f in dataclasses.fields(cls)]
         d = {k: v for k, v in d.items() if not _internal_at_default(k, v)}
         for key in d:
             if key not in allowed:
-                raise ValueError(_unknown_key_message(key, allowed))
+                raise RequestFieldError(_unknown_key_message(key, allowed), "sampling_params")
         # As SGLang: null for a parameter that is not optional means its default.
         params = cls(**{k: v for k, v in d.items() if v is not None or _DEFAULTS[k] is None
                         or k == "max_new_tokens"})
@@ -101,16 +104,16 @@ class SamplingParams:
         for name, (check, expected) in _FIELD_TYPES.items():
             value = getattr(self, name)
             if not check(value):
-                raise ValueError(
-                    f"sampling param {name!r} must be {expected}, "
-                    f"got {type(value).__name__} {value!r}"
-                )
+                raise RequestFieldError(f"sampling param {name!r} must be {expected}, got "
+                                        f"{type(value).__name__} {_short(value)}", name)
         for name in _FLOAT_FIELDS:
             setattr(self, name, float(getattr(self, name)))
         if isinstance(self.stop_token_ids, tuple):
             self.stop_token_ids = list(self.stop_token_ids)
         if isinstance(self.json_schema, dict):  # a schema object travels as its JSON text
-            self.json_schema = json.dumps(self.json_schema)
+            from radixrt.grammar.constraint import schema_object_text
+
+            self.json_schema = schema_object_text(self.json_schema)
         for name in ("regex", "json_schema", "ebnf", "structural_tag"):
             setattr(self, name, getattr(self, name) or None)  # SGLang: empty = unset
         if isinstance(self.stop_regex, tuple):
@@ -172,6 +175,11 @@ class SamplingParams:
         return dataclasses.asdict(self)
 
 
+def _short(value: object) -> str:
+    """repr for an error message: bounded in length and depth, whatever the value holds."""
+    return reprlib.repr(value)
+
+
 def _unknown_key_message(key: object, allowed: list[str]) -> str:
     close = difflib.get_close_matches(str(key), allowed, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
@@ -184,8 +192,9 @@ def _internal_at_default(key: str, value: object) -> bool:
         return False
     if value is None or value == _SGLANG_INTERNAL[key]:
         return True
-    raise ValueError(f"sampling param {key!r} is internal to SGLang and cannot be set "
-                     f"(allowed: {_SGLANG_INTERNAL[key]!r} or null), got {value!r}")
+    raise RequestFieldError(f"sampling param {key!r} is internal to SGLang and cannot be set "
+                            f"(allowed: {_SGLANG_INTERNAL[key]!r} or null), got "
+                            f"{_short(value)}", key)
 
 
 def _is_int(v: object) -> bool:
@@ -254,7 +263,8 @@ _DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
 
 def _require(ok: bool, field: str, allowed: str, value: object) -> None:
     if not ok:
-        raise ValueError(f"sampling param {field!r} must be {allowed}, got {value!r}")
+        raise RequestFieldError(f"sampling param {field!r} must be {allowed}, got "
+                                f"{_short(value)}", field)
 
 
 def _check_lengths(p: SamplingParams, max_context: int | None) -> None:
@@ -318,8 +328,8 @@ def _check_stop_regex(p: SamplingParams) -> None:
         try:
             compiled = re.compile(pattern)
         except (re.error, RecursionError, OverflowError) as e:
-            raise ValueError(f"sampling param 'stop_regex' {pattern!r} does not compile: "
-                             f"{e}") from None
+            raise RequestFieldError(f"sampling param 'stop_regex' {pattern!r} does not "
+                                    f"compile: {e}", "stop_regex") from None
         _require(compiled.search("") is None, "stop_regex",
                  "regexes that cannot match the empty string (that would stop at once)",
                  pattern)
@@ -331,13 +341,15 @@ def _check_unsupported(p: SamplingParams) -> None:
     if p.beam_width is not None:
         _require(p.beam_width >= 1, "beam_width", ">= 1 or None", p.beam_width)
         if p.beam_width > 1:
-            raise ValueError("sampling param 'beam_width' > 1 (beam search) is not supported "
-                             f"by this server, got {p.beam_width}: use n for several samples")
+            raise RequestFieldError("sampling param 'beam_width' > 1 (beam search) is not "
+                                    f"supported by this server, got {p.beam_width}: use n for "
+                                    "several samples", "beam_width")
     if p.structural_tag is not None:
-        raise ValueError("sampling param 'structural_tag' is not supported by this server: "
-                         "use json_schema, regex or ebnf")
+        raise RequestFieldError("sampling param 'structural_tag' is not supported by this "
+                                "server: use json_schema, regex or ebnf", "structural_tag")
     if p.watermark not in (None, {}, False):
-        raise ValueError("sampling param 'watermark' is not supported by this server")
+        raise RequestFieldError("sampling param 'watermark' is not supported by this server",
+                                "watermark")
 
 
 def _parse_int(text: str) -> int | None:
@@ -360,9 +372,11 @@ def _check_misc(p: SamplingParams, vocab_size: int) -> None:
 
 
 def _check_constraint(p: SamplingParams) -> None:
-    """At most one of regex / json_schema / ebnf, and a valid one (xgrammar parses it)."""
-    from radixrt.grammar.constraint import check_constraint, constraint_of
+    """At most one of regex / json_schema / ebnf, of a bounded size (a schema: JSON text of an
+    object, nested a bounded depth). Parsing it with xgrammar can take seconds: that is left
+    to the frontend's ConstraintChecker and the scheduler's compile, bounded in time."""
+    from radixrt.grammar.constraint import check_constraint_size, constraint_of
 
     found = constraint_of(p)
     if found is not None:
-        check_constraint(*found)
+        check_constraint_size(*found)

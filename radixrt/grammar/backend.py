@@ -3,52 +3,62 @@
 A compiled grammar depends only on the constraint text (and the tokenizer), so compiled ones
 are cached by text: the 64 requests of a batch with one schema compile it once. Compilation
 runs on a worker thread; the scheduler keeps a request in its grammar queue until its future
-is done, so a slow schema delays only its own request.
+is done, so a slow schema delays only its own request (and the scheduler gives up on it after
+--grammar-compile-timeout). The frontend's ConstraintChecker compiles with the same code.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import torch
 
+from radixrt.grammar.constraint import parse_constraint
+from radixrt.grammar.workers import DaemonExecutor
+
 CACHE_SIZE = 256
-# xgrammar 0.2 writes the characters of a string with maxLength as [^"\\\r\n], which admits
-# raw control characters (a tab, \x01) that JSON forbids inside strings; we tighten it.
-_LOOSE_STRING_CHAR = r'[^\"\\\r\n]'
-_JSON_STRING_CHAR = r'[^\0-\x1f\"\\]'
+
+
+def make_compiler(tokenizer: Any, vocab_size: int) -> tuple[Any, Any]:
+    """(the xgrammar module, a GrammarCompiler for `tokenizer`): a transformers tokenizer or
+    a LazyTokenizer. Takes most of a second (importing xgrammar, reading the vocabulary)."""
+    import xgrammar as xgr
+
+    from radixrt.loader.tokenizer import LazyTokenizer
+
+    if isinstance(tokenizer, LazyTokenizer):  # loading it may take seconds
+        tokenizer = tokenizer.get()
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+    return xgr, xgr.GrammarCompiler(info, cache_enabled=False)  # callers cache by text
+
+
+def allows_some_token(xgr: Any, compiled: Any, vocab_size: int) -> bool:
+    """Whether a fresh matcher of `compiled` allows any first token. False means no text of
+    this vocabulary starts the language (a grammar that may end at once allows the stop
+    token, so it is True there)."""
+    bitmask = xgr.allocate_token_bitmask(1, vocab_size)
+    xgr.GrammarMatcher(compiled).fill_next_token_bitmask(bitmask, 0)
+    return bool((bitmask != 0).any())
 
 
 class GrammarBackend:
     def __init__(self, tokenizer: Any, vocab_size: int, json_any_whitespace: bool = False) -> None:
         self.vocab_size = vocab_size
         self.json_any_whitespace = json_any_whitespace
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="radixrt-grammar")
+        self.pool = DaemonExecutor(1, "radixrt-grammar")
         self.cache: OrderedDict[tuple[str, str], Future] = OrderedDict()
-        # Importing xgrammar and reading the vocabulary take most of a second: on the worker
-        # too, which runs this before any compile (one thread, tasks in order). `tokenizer`:
-        # a transformers tokenizer or a LazyTokenizer.
-        self._setup = self.pool.submit(self._make_compiler, tokenizer)
-
-    def _make_compiler(self, tokenizer: Any):
-        import xgrammar as xgr
-
-        from radixrt.loader.tokenizer import LazyTokenizer
-
-        if isinstance(tokenizer, LazyTokenizer):  # loading it may take seconds: here, too
-            tokenizer = tokenizer.get()
-
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size)
-        return xgr, xgr.GrammarCompiler(info, cache_enabled=False)  # we cache by text
+        # On the worker too, which runs this before any compile (one thread, tasks in order).
+        self._setup = self.pool.submit(make_compiler, tokenizer, vocab_size)
 
     @property
     def xgr(self):
         return self._setup.result()[0]
 
     def compile(self, kind: str, text: str) -> Future:
-        """A future of the compiled grammar (from the cache when the text was seen)."""
+        """A future of the compiled grammar (from the cache when the text was seen). Its
+        `started_at` says when the compile began (None: still queued)."""
         key = (kind, text)
         future = self.cache.get(key)
         if future is None or (future.done() and future.exception() is not None):
@@ -60,30 +70,34 @@ class GrammarBackend:
         return future
 
     def _compile(self, kind: str, text: str):
-        c = self._setup.result()[1]
-        if kind == "regex":
-            return c.compile_regex(text)
-        if kind == "ebnf":
-            return c.compile_grammar(text)
-        # JSON: json.dumps' spacing unless any whitespace is allowed (small models given the
-        # freedom tend to loop on newlines until max_new_tokens cuts the JSON short).
-        grammar = self.xgr.Grammar.from_json_schema(text, any_whitespace=self.json_any_whitespace)
-        ebnf = str(grammar)
-        if _LOOSE_STRING_CHAR in ebnf:
-            grammar = self.xgr.Grammar.from_ebnf(ebnf.replace(_LOOSE_STRING_CHAR,
-                                                              _JSON_STRING_CHAR))
-        return c.compile_grammar(grammar)
+        xgr, compiler = self._setup.result()
+        return compiler.compile_grammar(parse_constraint(xgr, kind, text,
+                                                         self.json_any_whitespace))
+
+    def allows_some_token(self, compiled) -> bool:
+        return allows_some_token(self.xgr, compiled, self.vocab_size)
 
     def matcher(self, compiled) -> Any:
         return self.xgr.GrammarMatcher(compiled)
 
+    def new_bitmask(self, rows: int) -> torch.Tensor:
+        """An int32 bitmask [rows, ceil(vocab / 32)] for `fill_next_token_bitmask`."""
+        return self.xgr.allocate_token_bitmask(rows, self.vocab_size)
+
+    def apply_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor,
+                      rows: list[int]) -> None:
+        """Mask, in place, the tokens forbidden in bitmask[row] in logits[row] for each row."""
+        if rows:
+            self.xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device),
+                                                 indices=rows)
+
     def apply_masks(self, logits: torch.Tensor, matchers: list[Any], rows: list[int]) -> None:
         """Mask, in place, the tokens each matcher forbids next in its row of `logits`
         ([B, vocab] float32). One bitmask for the batch, filled for the constrained rows."""
-        bitmask = self.xgr.allocate_token_bitmask(logits.shape[0], self.vocab_size)
+        bitmask = self.new_bitmask(logits.shape[0])
         for matcher, row in zip(matchers, rows):
             matcher.fill_next_token_bitmask(bitmask, row)
-        self.xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=rows)
+        self.apply_bitmask(logits, bitmask, rows)
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.pool.shutdown()

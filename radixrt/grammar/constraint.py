@@ -1,46 +1,139 @@
-"""Which constraint a request carries, and whether its text is valid: checked in the frontend
-so that a bad regex or schema is a clear error in the caller's frame (a 400 from the server),
-before the request reaches the scheduler. Needs xgrammar, imported on first use."""
+"""Which constraint a request carries, and whether its text is acceptable.
+
+Two levels, so that nothing slow or unbounded runs where it must not:
+- `check_constraint_size` (cheap, linear, no xgrammar): at most MAX_CONSTRAINT_CHARS, a JSON
+  schema that is JSON text of an object nested at most MAX_SCHEMA_DEPTH deep. SamplingParams
+  runs it on every request, in the frontend and in the scheduler.
+- `parse_constraint` (xgrammar's parser; a deep schema takes seconds): the frontend's
+  ConstraintChecker and the scheduler's GrammarBackend run it on worker threads, bounded in
+  time by --grammar-compile-timeout. `check_constraint` is both, cached by text.
+Errors are RequestFieldError naming the field (regex, json_schema or ebnf): HTTP 400s.
+"""
 
 from __future__ import annotations
 
 import functools
 import json
 import re
+from typing import Any
+
+from radixrt.request_input import RequestFieldError
 
 CONSTRAINT_FIELDS = ("regex", "json_schema", "ebnf")
 _WHAT = {"regex": "regular expression", "json_schema": "JSON schema",
          "ebnf": "EBNF grammar (xgrammar's dialect)"}
+# Sizes past which a constraint is refused before anything parses it. Real schemas (tool
+# parameters, response formats) are a few KB and nest a few levels; OpenAI's structured
+# outputs allow 10 levels of nesting. Each schema level is two JSON levels (the schema object
+# and its "properties"), so 128 JSON levels is 64 schema levels; xgrammar takes ~20 ms there,
+# 0.7 s at 200 levels and grows as the cube, and Python's json recurses (RecursionError
+# near 1,000).
+MAX_CONSTRAINT_CHARS = 200_000
+MAX_SCHEMA_DEPTH = 128
+# xgrammar 0.2 writes the characters of a string with maxLength as [^"\\\r\n], which admits
+# raw control characters (a tab, \x01) that JSON forbids inside strings; we tighten it.
+_LOOSE_STRING_CHAR = r'[^\"\\\r\n]'
+_JSON_STRING_CHAR = r'[^\0-\x1f\"\\]'
+_JSON_TOKEN = re.compile(r'[\[\]{}"]')
+_STRING_REST = re.compile(r'(?:[^"\\]|\\.)*"', re.DOTALL)  # after the opening quote
 
 
 def constraint_of(params) -> tuple[str, str] | None:
-    """(kind, text) of the one constraint in SamplingParams, or None; ValueError if several."""
+    """(kind, text) of the one constraint in SamplingParams, or None; error if several."""
     given = [name for name in CONSTRAINT_FIELDS if getattr(params, name) is not None]
     if len(given) > 1:
-        raise ValueError(f"give at most one of the sampling params {list(CONSTRAINT_FIELDS)}; "
-                         f"got {given}")
+        raise RequestFieldError(f"give at most one of the sampling params "
+                                f"{list(CONSTRAINT_FIELDS)}; got {given}", given[1])
     return (given[0], getattr(params, given[0])) if given else None
+
+
+def check_constraint_size(kind: str, text: str) -> None:
+    """RequestFieldError unless `text` is short enough and, for a JSON schema, JSON text of an
+    object (or a bool) nested at most MAX_SCHEMA_DEPTH deep. Linear in len(text)."""
+    if len(text) > MAX_CONSTRAINT_CHARS:
+        raise RequestFieldError(f"sampling param {kind!r} has {len(text)} characters; at most "
+                                f"{MAX_CONSTRAINT_CHARS} are allowed", kind)
+    if kind != "json_schema":
+        return
+    depth = json_text_depth(text)
+    if depth > MAX_SCHEMA_DEPTH:
+        raise _too_deep(depth)
+    try:
+        schema = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise RequestFieldError(f"sampling param 'json_schema' is not valid JSON: {e}",
+                                kind) from None
+    if not isinstance(schema, (dict, bool)):
+        raise RequestFieldError("sampling param 'json_schema' must be a JSON object (a "
+                                f"schema), got {type(schema).__name__}", kind)
+
+
+def json_text_depth(text: str) -> int:
+    """How deep objects and arrays nest in JSON text (strings skipped), without recursion and
+    in one pass (an unterminated string ends the scan: json.loads refuses the text anyway)."""
+    depth = deepest = pos = 0
+    while (found := _JSON_TOKEN.search(text, pos)) is not None:
+        char, pos = found.group(), found.end()
+        if char == '"':
+            rest = _STRING_REST.match(text, pos)
+            if rest is None:
+                break
+            pos = rest.end()
+        else:
+            depth += 1 if char in "[{" else -1
+            deepest = max(deepest, depth)
+    return deepest
+
+
+def schema_object_text(schema: dict) -> str:
+    """A schema given as a dict, as JSON text; RequestFieldError if it nests past
+    MAX_SCHEMA_DEPTH (measured without recursion, before json.dumps recurses into it)."""
+    stack: list[tuple[Any, int]] = [(schema, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_SCHEMA_DEPTH:
+            raise _too_deep(f"more than {MAX_SCHEMA_DEPTH}")
+        children = value.values() if isinstance(value, dict) else value
+        stack.extend((v, depth + 1) for v in children if isinstance(v, (dict, list)))
+    try:
+        return json.dumps(schema)
+    except (TypeError, ValueError) as e:  # a value JSON cannot hold, a cycle
+        raise RequestFieldError(f"sampling param 'json_schema' is not JSON: {e}",
+                                "json_schema") from None
+
+
+def _too_deep(depth: object) -> RequestFieldError:
+    return RequestFieldError(f"sampling param 'json_schema' nests {depth} levels deep; at "
+                             f"most {MAX_SCHEMA_DEPTH} (objects and arrays inside one another) "
+                             "are allowed", "json_schema")
+
+
+def parse_constraint(xgr: Any, kind: str, text: str, any_whitespace: bool = False) -> Any:
+    """The xgrammar Grammar of a constraint; RequestFieldError naming the field if `text` is
+    not a valid one. JSON schemas get json.dumps' spacing unless `any_whitespace` (small models
+    given the freedom tend to loop on newlines until max_new_tokens cuts the JSON short)."""
+    check_constraint_size(kind, text)
+    try:
+        if kind == "regex":
+            return xgr.Grammar.from_regex(text)
+        if kind == "ebnf":
+            return xgr.Grammar.from_ebnf(text)
+        grammar = xgr.Grammar.from_json_schema(text, any_whitespace=any_whitespace)
+    except Exception as e:  # noqa: BLE001 - xgrammar raises several types for bad input
+        # xgrammar prefixes its messages with a time and a C++ source location.
+        reason = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", str(e).strip()) or type(e).__name__
+        raise RequestFieldError(f"sampling param {kind!r} is not a valid {_WHAT[kind]}: "
+                                f"{reason}", kind) from None
+    ebnf = str(grammar)
+    if _LOOSE_STRING_CHAR in ebnf:
+        grammar = xgr.Grammar.from_ebnf(ebnf.replace(_LOOSE_STRING_CHAR, _JSON_STRING_CHAR))
+    return grammar
 
 
 @functools.lru_cache(maxsize=1024)
 def check_constraint(kind: str, text: str) -> None:
-    """ValueError naming the field if `text` is not a valid constraint of `kind`."""
+    """RequestFieldError naming the field if `text` is not a valid constraint of `kind`.
+    Runs xgrammar's parser in the caller's thread: unbounded in time for large inputs."""
     import xgrammar as xgr
 
-    if kind == "json_schema":
-        try:
-            schema = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"sampling param 'json_schema' is not valid JSON: {e}") from None
-        if not isinstance(schema, (dict, bool)):
-            raise ValueError("sampling param 'json_schema' must be a JSON object (a schema), "
-                             f"got {type(schema).__name__}")
-    build = {"regex": xgr.Grammar.from_regex, "json_schema": xgr.Grammar.from_json_schema,
-             "ebnf": xgr.Grammar.from_ebnf}[kind]
-    try:
-        build(text)
-    except Exception as e:  # noqa: BLE001 - xgrammar raises several types for bad input
-        # xgrammar prefixes its messages with a time and a C++ source location.
-        reason = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", str(e).strip()) or type(e).__name__
-        raise ValueError(f"sampling param {kind!r} is not a valid {_WHAT[kind]}: "
-                         f"{reason}") from None
+    parse_constraint(xgr, kind, text)

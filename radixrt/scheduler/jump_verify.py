@@ -16,15 +16,16 @@ from typing import Any
 
 import torch
 
-from radixrt.executor.sampler import SamplingBatch, sample
-from radixrt.scheduler.req import Req
+from radixrt.executor.sampler import NO_TOKEN, SamplingBatch, sample
+from radixrt.scheduler.req import Req, RequestFailed
 
 
 def verify_proposal(req: Req, logits: torch.Tensor, grammar: Any, vocab_size: int,
                     eos_token_ids: list[int],
                     truncate_kv: Callable[[Req, int], None]) -> tuple[int, int]:
     """`logits` [k+1, vocab]: rows for the last k proposals and the token after. Settles the
-    proposal in req.output_ids and the matcher; returns (the new token, proposals kept)."""
+    proposal in req.output_ids and the matcher; returns (the new token, proposals kept).
+    RequestFailed if no token may follow the kept proposal (the request cannot go on)."""
     k = logits.shape[0] - 1
     assert k == req.num_unverified, (k, req.num_unverified)
     out, matcher = req.output_ids, req.grammar
@@ -46,6 +47,8 @@ def verify_proposal(req: Req, logits: torch.Tensor, grammar: Any, vocab_size: in
         del out[len(out) - dropped:]
         truncate_kv(req, req.kv_len - dropped)
     req.num_unverified = 0
+    if picks[kept] == NO_TOKEN:  # the kept proposal stands; nothing may follow it
+        raise RequestFailed(req.no_token_message(bool(torch.isfinite(logits[kept]).any())))
     out.append(picks[kept])
     return picks[kept], kept
 

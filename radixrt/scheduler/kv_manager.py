@@ -82,10 +82,11 @@ class KVManager:
             return
         self._insert_computed(req)
 
-    def release(self, req: Req) -> None:
+    def release(self, req: Req, publish: bool = True) -> None:
         """Give back everything the request holds (finished, aborted or retracted): its computed
-        pages go to the tree (unlocked, so evictable), the rest to the allocator."""
-        keep = req.tree_len if self.disabled else self._insert_computed(req)
+        pages go to the tree (unlocked, so evictable), the rest to the allocator. Without
+        `publish` (a request that failed midway), all its private pages go to the allocator."""
+        keep = req.tree_len if self.disabled or not publish else self._insert_computed(req)
         if req.kv_slots.numel() > keep:
             self.allocator.free_slots(req.kv_slots[keep:])
         if req.last_node is not None:

@@ -1,20 +1,31 @@
-"""After a forward: pick the logit rows, sample, record logprobs, decide who finished."""
+"""After a forward: pick the logit rows, sample, record logprobs, decide who finished.
+
+Whatever goes wrong for one request here (its grammar refuses a token or allows none, a stop
+regex runs away, its logprobs cannot be recorded) ends that request alone, with finish reason
+abort and a message; the rest of the batch goes on and the step loop keeps serving.
+"""
 
 from __future__ import annotations
 
-import functools
-import re
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from radixrt.executor.logprobs import compute_logprobs
-from radixrt.executor.sampler import SamplingBatch, sample
+from radixrt.executor.sampler import NO_TOKEN, SamplingBatch, sample
 from radixrt.grammar.jump_forward import propose
 from radixrt.messages import DetokParams, ReqOutput
 from radixrt.scheduler.jump_verify import verify_proposal
-from radixrt.scheduler.req import Req
+from radixrt.scheduler.req import Req, RequestFailed
+from radixrt.scheduler.stops import matched_stop_regex, matched_stop_string
+
+logger = logging.getLogger(__name__)
+# Prompt logprobs are computed this many rows at a time: a [rows, vocab] float32 log_softmax
+# per slice (50 MB for a 49k vocabulary), not one for the whole prefill chunk.
+PROMPT_LOGPROB_ROWS = 256
 
 
 @dataclass
@@ -81,43 +92,114 @@ class OutputProcessor:
         self.context_length = context_length
         self.tokenizer = tokenizer
         self.device = device
+        self.num_failed = 0  # requests ended by a failure of their own
 
     def process(self, plan: RowPlan, logits: torch.Tensor) -> None:
+        """Record logprobs, settle proposals, sample; a request that fails is ended alone."""
         for req, first_t, idx in plan.prompt_lp:
-            self._record_prompt_logprobs(req, first_t, logits[idx])
+            self._guarded(req, "recording its prompt logprobs", self._record_prompt_logprobs,
+                          req, first_t, logits[idx])
         for req in plan.prefill_only:
-            req.finish_reason = {"type": "length", "length": 0}
+            if not req.finished:
+                req.finish_reason = {"type": "length", "length": 0}
         for req, idx in plan.verify:
-            tok, kept = verify_proposal(req, logits[idx], self.grammar, self.vocab_size,
-                                        sorted(self.eos_token_ids), self.truncate_kv)
-            self.jump_forward_tokens += kept
-            self._advance_grammar(req, tok)
-        if not plan.sample_reqs:
+            if not req.finished:
+                self._guarded(req, "checking its jump-forward proposal", self._verify, req,
+                              logits[idx])
+        live = [i for i, r in enumerate(plan.sample_reqs) if not r.finished]
+        if not live:
             return
-        reqs = plan.sample_reqs
-        sample_logits = logits[plan.sample_rows]
+        reqs = [plan.sample_reqs[i] for i in live]
+        sample_logits = logits[[plan.sample_rows[i] for i in live]]
+        self._apply_masks(reqs, sample_logits)
+        next_ids = self._sample(reqs, sample_logits)
+        self._record_output_logprobs(reqs, sample_logits, next_ids)
+        for i, (req, tok) in enumerate(zip(reqs, next_ids)):
+            if req.finished:  # its mask or its logprobs failed
+                continue
+            if tok == NO_TOKEN:
+                allows = bool(torch.isfinite(sample_logits[i]).any())
+                self.fail(req, req.no_token_message(allows))
+                continue
+            self._guarded(req, "taking its next token", self._take_token, req, tok)
+
+    def fail(self, req: Req, message: str, exc: BaseException | None = None) -> None:
+        """End `req` alone (finish reason abort, `message`); the scheduler releases it."""
+        self.num_failed += 1
+        logger.warning("request %s ended with an error: %s", req.rid, message,
+                       exc_info=exc if exc is not None and not isinstance(exc, RequestFailed)
+                       else None)
+        req.fail(message)
+
+    def _guarded(self, req: Req, doing: str, fn: Callable[..., Any], *args: Any) -> bool:
+        """fn(*args); if it raises, `req` fails with a message that says what it was doing.
+        Returns whether fn succeeded."""
+        try:
+            fn(*args)
+            return True
+        except Exception as e:  # noqa: BLE001 - one request's failure must not stop the loop
+            message = str(e) if isinstance(e, RequestFailed) else \
+                f"internal error while {doing}: {type(e).__name__}: {e}"
+            self.fail(req, message, e)
+            return False
+
+    def _verify(self, req: Req, logits: torch.Tensor) -> None:
+        tok, kept = verify_proposal(req, logits, self.grammar, self.vocab_size,
+                                    sorted(self.eos_token_ids), self.truncate_kv)
+        self.jump_forward_tokens += kept
+        self._advance_grammar(req, tok)
+
+    def _apply_masks(self, reqs: list[Req], logits: torch.Tensor) -> None:
+        """Each constrained row of `logits` is masked by its grammar, in place (one bitmask
+        for the batch); a matcher that fails to fill its row fails its request."""
         constrained = [i for i, r in enumerate(reqs) if r.grammar is not None]
-        if constrained:
-            self.grammar.apply_masks(sample_logits, [reqs[i].grammar for i in constrained],
-                                     constrained)
-        batch = SamplingBatch.build(
+        if not constrained:
+            return
+        bitmask = self.grammar.new_bitmask(len(reqs))
+        filled = [i for i in constrained if self._guarded(
+            reqs[i], "filling its grammar's mask", reqs[i].grammar.fill_next_token_bitmask,
+            bitmask, i)]
+        self.grammar.apply_bitmask(logits, bitmask, filled)
+
+    def _sample(self, reqs: list[Req], logits: torch.Tensor) -> list[int]:
+        """One sample for the batch; if that raises, each row alone, so that only the rows
+        that fail by themselves fail their request."""
+        try:
+            return sample(logits, self._sampling_batch(reqs, logits.device)).tolist()
+        except Exception:  # noqa: BLE001 - find the request it came from
+            logger.warning("sampling the batch failed; sampling its rows one by one",
+                           exc_info=True)
+        ids = []
+        for i, req in enumerate(reqs):
+            try:
+                ids.append(int(sample(logits[i:i + 1],
+                                      self._sampling_batch([req], logits.device))))
+            except Exception as e:  # noqa: BLE001
+                self.fail(req, f"internal error while sampling: {type(e).__name__}: {e}", e)
+                ids.append(NO_TOKEN)
+        return ids
+
+    def _sampling_batch(self, reqs: list[Req], device) -> SamplingBatch:
+        return SamplingBatch.build(
             [r.sampling_params for r in reqs], [r.generator for r in reqs],
             [r.output_ids for r in reqs], [r.origin_input_ids for r in reqs],
-            self.vocab_size, sample_logits.device, eos_token_ids=sorted(self.eos_token_ids))
-        next_ids = sample(sample_logits, batch).tolist()
-        self._record_output_logprobs(reqs, sample_logits, next_ids)
-        for req, tok in zip(reqs, next_ids):
-            req.output_ids.append(tok)
-            if req.grammar is not None:
-                self._advance_grammar(req, tok)
-            else:
-                self._check_finished(req, tok)
+            self.vocab_size, device, eos_token_ids=sorted(self.eos_token_ids))
+
+    def _take_token(self, req: Req, tok: int) -> None:
+        req.output_ids.append(tok)
+        if req.grammar is not None:
+            self._advance_grammar(req, tok)
+        else:
+            self._check_finished(req, tok)
 
     def _advance_grammar(self, req: Req, tok: int) -> None:
-        """The matcher takes the sampled token; the request ends when its grammar is complete,
-        else the text the grammar now fixes is proposed at once (jump-forward)."""
-        accepted = req.grammar.accept_token(tok)
-        assert accepted, f"the grammar refused token {tok} its own mask allowed"
+        """The matcher takes the new token (already in output_ids); the request ends when its
+        grammar is complete, else the text the grammar now fixes is proposed at once
+        (jump-forward)."""
+        if not req.grammar.accept_token(tok):
+            req.output_ids.pop()
+            raise RequestFailed(f"the grammar of the request refused token {tok}, which its "
+                                "own mask allowed")
         if req.grammar.is_terminated():
             req.finish_reason = {"type": "stop", "matched": tok}
             return
@@ -130,6 +212,10 @@ class OutputProcessor:
         req.num_unverified = len(proposal)
 
     def _record_prompt_logprobs(self, req: Req, first_t: int, logits: torch.Tensor) -> None:
+        for lo in range(0, logits.shape[0], PROMPT_LOGPROB_ROWS):
+            self._record_prompt_slice(req, first_t + lo, logits[lo:lo + PROMPT_LOGPROB_ROWS])
+
+    def _record_prompt_slice(self, req: Req, first_t: int, logits: torch.Tensor) -> None:
         tokens = req.origin_input_ids[first_t:first_t + logits.shape[0]]
         lp, top_v, top_i, every = compute_logprobs(logits, torch.tensor(tokens),
                                                    req.top_logprobs_num)
@@ -141,19 +227,29 @@ class OutputProcessor:
 
     def _record_output_logprobs(self, reqs: list[Req], logits: torch.Tensor,
                                 next_ids: list[int]) -> None:
-        rows = [i for i, r in enumerate(reqs) if r.return_logprob]
+        rows = [i for i, r in enumerate(reqs)
+                if r.return_logprob and not r.finished and next_ids[i] != NO_TOKEN]
         if not rows:
             return
         k = max(reqs[i].top_logprobs_num for i in rows)
-        lp, top_v, top_i, every = compute_logprobs(logits[rows], torch.tensor(next_ids)[rows], k)
+        try:
+            lp, top_v, top_i, every = compute_logprobs(logits[rows],
+                                                       torch.tensor(next_ids)[rows], k)
+        except Exception as e:  # noqa: BLE001 - each request that asked fails alone
+            for i in rows:
+                self.fail(reqs[i], f"internal error while computing its logprobs: {e}", e)
+            return
         for j, i in enumerate(rows):
-            req = reqs[i]
-            req.output_token_logprobs.append((float(lp[j]), next_ids[i]))
-            req.output_top_logprobs.extend(
-                _top_pairs(top_v[j:j + 1], top_i[j:j + 1], req.top_logprobs_num))
-            if req.token_ids_logprob:
-                req.output_token_ids_logprobs.extend(
-                    _ids_pairs(every[j:j + 1], req.token_ids_logprob))
+            self._guarded(reqs[i], "recording its logprobs", self._record_output_row,
+                          reqs[i], next_ids[i], lp[j], top_v[j:j + 1], top_i[j:j + 1],
+                          every[j:j + 1])
+
+    def _record_output_row(self, req: Req, tok: int, lp: torch.Tensor, top_v: torch.Tensor,
+                           top_i: torch.Tensor, every: torch.Tensor) -> None:
+        req.output_token_logprobs.append((float(lp), tok))
+        req.output_top_logprobs.extend(_top_pairs(top_v, top_i, req.top_logprobs_num))
+        if req.token_ids_logprob:
+            req.output_token_ids_logprobs.extend(_ids_pairs(every, req.token_ids_logprob))
 
     def _check_finished(self, req: Req, tok: int) -> None:
         sp = req.sampling_params
@@ -163,9 +259,9 @@ class OutputProcessor:
             ):
                 req.finish_reason = {"type": "stop", "matched": tok}
                 return
-            matched = self._matched_stop_string(req)
+            matched = matched_stop_string(req, self.tokenizer)
             if matched is None:
-                matched = self._matched_stop_regex(req)
+                matched = matched_stop_regex(req, self.tokenizer)
             if matched is not None:  # SGLang: the stop string, or the regex's pattern
                 req.finish_reason = {"type": "stop", "matched": matched}
                 return
@@ -173,44 +269,6 @@ class OutputProcessor:
             req.finish_reason = {"type": "length", "length": sp.max_new_tokens}
         elif req.seq_len >= self.context_length:
             req.finish_reason = {"type": "length", "length": len(req.output_ids)}
-
-    def _matched_stop_string(self, req: Req) -> str | None:
-        stops = req.sampling_params.stop
-        if not stops or self.tokenizer is None:
-            return None
-        # A stop string can only newly appear in text ending with the newest token; a token
-        # holds at least one character, so this many tail tokens cover the longest stop.
-        tail = req.output_ids[-(max(len(s) for s in stops) + 2):]
-        text = self.tokenizer.decode(tail, skip_special_tokens=False)
-        return next((s for s in stops if s in text), None)
-
-    def _matched_stop_regex(self, req: Req) -> str | None:
-        patterns = req.sampling_params.stop_regex
-        if not patterns or self.tokenizer is None:
-            return None
-        compiled = [_compiled_stop_regex(p) for p in patterns]
-        # The tail that holds any match ending at the newest token (all of it when a regex's
-        # match has no bound), as for stop strings: a token holds at least one character.
-        widths = [w for _, w in compiled]
-        tail = req.output_ids if None in widths else req.output_ids[-(max(widths) + 2):]
-        text = self.tokenizer.decode(tail, skip_special_tokens=False)
-        return next((p for p, (rx, _) in zip(patterns, compiled) if rx.search(text)), None)
-
-
-_MAX_STOP_REGEX_WIDTH = 4096  # wider than this: decode the whole output to search it
-
-
-@functools.lru_cache(maxsize=1024)
-def _compiled_stop_regex(pattern: str) -> tuple[re.Pattern, int | None]:
-    """The compiled regex and the most characters a match can span (None: no bound)."""
-    try:  # CPython's regex parser: the width bounds of a pattern
-        from re import _parser
-    except ImportError:  # Python < 3.11
-        import sre_parse as _parser
-
-    rx = re.compile(pattern)
-    width = _parser.parse(pattern).getwidth()[1]
-    return rx, (None if width >= _MAX_STOP_REGEX_WIDTH else width)
 
 
 def _ids_pairs(logprobs: torch.Tensor, ids: list[int]) -> list[list[tuple[float, int]]]:

@@ -10,6 +10,11 @@ import torch
 from radixrt.sampling_params import SamplingParams
 
 
+class RequestFailed(Exception):
+    """This request cannot go on (its constraint admits no token, a stop regex runs away...):
+    it ends alone, with finish reason abort and this message; the others go on."""
+
+
 @dataclass
 class Req:
     rid: str
@@ -31,6 +36,9 @@ class Req:
     cached_tokens: int = 0  # prompt tokens reused from the cache, reported to the user
     prefix_match_len: int = 0  # set by the policy each time the request is considered
     finish_reason: dict[str, Any] | None = None
+    # Ended by a failure of its own (finish reason abort): its K/V may not match its tokens,
+    # so none of it is published to the cache.
+    failed: bool = False
     num_sent_ids: int = 0  # output ids already emitted (streaming deltas)
     # Logprob results not yet emitted.
     output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
@@ -76,6 +84,34 @@ class Req:
         if start >= n_in:
             return self.output_ids[start - n_in:end - n_in]
         return self.origin_input_ids[start:end] + self.output_ids[:max(end - n_in, 0)]
+
+    def fail(self, message: str) -> None:
+        """End the request with finish reason abort and `message`. An unchecked proposal is
+        dropped from the output (not from the matcher: it goes with the request)."""
+        if self.num_unverified:
+            del self.output_ids[-self.num_unverified:]
+            self.num_unverified = 0
+        self.failed = True
+        self.finish_reason = {"type": "abort", "message": message}
+
+    def no_token_message(self, grammar_allows_some: bool) -> str:
+        """Why no token could be drawn for this request: its grammar allows none here, or what
+        it allows is banned (min_new_tokens bans the end of sequence; stop_token_ids)."""
+        from radixrt.grammar.constraint import constraint_of
+
+        found = constraint_of(self.sampling_params)
+        kind, n = (found[0] if found else None), len(self.output_ids)
+        if kind is None:
+            return f"no token can follow output token {n}: the model's logits are not finite"
+        if not grammar_allows_some:
+            return (f"the {kind} constraint allows no token after {n} output tokens: no token "
+                    "of this model's vocabulary continues the text it has accepted")
+        min_new = self.sampling_params.min_new_tokens
+        if n < min_new:
+            return (f"min_new_tokens={min_new} bans the end of sequence until {min_new} tokens "
+                    f"are out, but the {kind} constraint allows nothing else after {n}")
+        return (f"every token the {kind} constraint allows after {n} output tokens is banned "
+                "by the sampling parameters")
 
     def drop_unverified(self) -> None:
         """Forget an unchecked jump-forward proposal (the matcher steps back too)."""

@@ -30,13 +30,14 @@ from radixrt.messages import (
     decode_to_scheduler,
     encode,
 )
+from radixrt.request_limits import validate_logprobs, validate_request_size, validate_token_ids
 from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.components import Components
 from radixrt.scheduler.kv_manager import KVManager
 from radixrt.scheduler.output import OutputProcessor, make_output, plan_rows
 from radixrt.scheduler.planner import Planner
 from radixrt.scheduler.policy import SchedulePolicy
-from radixrt.scheduler.req import Req
+from radixrt.scheduler.req import Req, RequestFailed
 from radixrt.scheduler.transport import Transport
 from radixrt.server_args import ServerArgs
 
@@ -63,7 +64,9 @@ class Scheduler:
         self.waiting: list[Req] = []
         # Constrained requests wait here while their grammar compiles (off the step loop).
         self.grammar_queue: list[tuple[Req, Future]] = []
+        self.grammar_timeout_s = args.grammar_compile_timeout
         self.arrivals = itertools.count()
+        self._failed_outputs: list[Req] = []
         self.stopped = False
         self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0, "steps": 0}
         self._log_mark = (time.monotonic(), 0)  # (time, decode tokens) at the last stats line
@@ -80,7 +83,7 @@ class Scheduler:
             else:  # idle: sleep on the socket, briefly while grammars compile
                 timeout = 0.005 if self.grammar_queue else (1.0 if orphaned else None)
             for data in self.transport.recv(timeout=timeout):
-                self.handle(decode_to_scheduler(data))
+                self._receive(data)
             self._admit_compiled()
             if self.running or self.waiting:
                 self.step()
@@ -133,22 +136,51 @@ class Scheduler:
         outs: list[ReqOutput] = []
         for req, n in work:
             if req.finished:
-                self.kv.release(req)
+                # A failed request's K/V may not match its tokens: none of it is cached.
+                self.kv.release(req, publish=not req.failed)
                 self.running.remove(req)
                 self.stats["generated_tokens"] += len(req.output_ids)
                 self.stats["cached_tokens"] += req.cached_tokens
             elif n > 1:
                 self.kv.cache_unfinished(req)
             if req.finished or (req.stream and req.num_emittable > req.num_sent_ids):
-                outs.append(make_output(req))
+                outs.append(self._output_of(req))
         if outs:
             self.transport.send(encode(BatchOutput(outs)))
+        self._end_failed_outputs()
+
+    def _output_of(self, req: Req) -> ReqOutput:
+        """make_output(req); if that fails, the request ends (released at the next settle)
+        and this output only says so."""
+        try:
+            return make_output(req)
+        except Exception as e:  # noqa: BLE001 - one request's output must not stop the loop
+            self.outputs.fail(req, f"internal error while emitting its output: {e}", e)
+            self._failed_outputs.append(req)
+            return ReqOutput(req.rid, [], True, req.finish_reason, len(req.origin_input_ids),
+                             0, 0)
+
+    def _end_failed_outputs(self) -> None:
+        """Requests whose output could not be made: released now if they still run."""
+        for req in self._failed_outputs:
+            if req in self.running:
+                self.kv.release(req, publish=False)
+                self.running.remove(req)
+        self._failed_outputs.clear()
 
     def check_kv(self) -> None:
         held = sum(r.private_pages(self.page_size) for r in self.running)
         check_kv_accounting(self.parts.allocator, self.parts.cache, held)
 
     # -- messages ---------------------------------------------------------------------------
+    def _receive(self, data: bytes) -> None:
+        try:
+            msg = decode_to_scheduler(data)
+        except Exception as e:  # noqa: BLE001 - a malformed message is dropped, not fatal
+            logger.warning("dropped a message the scheduler cannot decode: %s", e)
+            return
+        self.handle(msg)
+
     def handle(self, msg) -> None:
         if isinstance(msg, GenerateReq):
             self._add_request(msg)
@@ -172,6 +204,7 @@ class Scheduler:
         p = self.parts
         return {**self.stats, "num_preemptions": self.planner.num_preemptions,
                 "jump_forward_tokens": self.outputs.jump_forward_tokens,
+                "failed_requests": self.outputs.num_failed,
                 "grammar_queue": len(self.grammar_queue),
                 "cache_hit_rate": self.cache_hit_rate, "running": len(self.running),
                 "queued": len(self.waiting), "pool_tokens": p.pool_tokens,
@@ -192,8 +225,12 @@ class Scheduler:
     def _add_request(self, msg: GenerateReq) -> None:
         try:
             req = self._make_req(msg)
-        except ValueError as e:
+        except ValueError as e:  # a bad request: the frontend's checks, made again here
             self._send_abort(msg.rid, len(msg.input_ids), str(e))
+            return
+        except Exception as e:  # noqa: BLE001 - whatever it was, it ends this request only
+            logger.warning("request %s refused: %s", msg.rid, e, exc_info=True)
+            self._send_abort(msg.rid, len(msg.input_ids), f"the request is invalid: {e}")
             return
         self.stats["prompt_tokens"] += len(req.origin_input_ids)
         self.stats["requests"] = self.stats.get("requests", 0) + 1
@@ -213,16 +250,38 @@ class Scheduler:
         return self.outputs.grammar
 
     def _admit_compiled(self) -> None:
-        """Move requests whose grammar has compiled to the waiting queue (or fail them)."""
-        for item in [x for x in self.grammar_queue if x[1].done()]:
-            self.grammar_queue.remove(item)
+        """Move requests whose grammar has compiled to the waiting queue, or fail them: a
+        constraint that does not compile (within the timeout, counted from the start of its
+        compile), or that no token can start (the frontend refuses both; other frontends may
+        not)."""
+        now = time.monotonic()
+        for item in list(self.grammar_queue):
             req, future = item
-            if future.exception() is not None:
-                self._send_abort(req.rid, len(req.origin_input_ids), "the constraint did not "
-                                 f"compile: {future.exception()}")
+            started = getattr(future, "started_at", None)
+            late = started is not None and now - started > self.grammar_timeout_s
+            if not future.done() and not late:
                 continue
-            req.grammar = self.outputs.grammar.matcher(future.result())
+            self.grammar_queue.remove(item)
+            try:
+                req.grammar = self._matcher_of(req, future)
+            except Exception as e:  # noqa: BLE001 - xgrammar's errors end this request only
+                self._send_abort(req.rid, len(req.origin_input_ids), str(e))
+                continue
             self.waiting.append(req)
+
+    def _matcher_of(self, req: Req, future: Future):
+        """The matcher of a compiled constraint; RequestFailed saying why there is none."""
+        kind = constraint_of(req.sampling_params)[0]
+        if not future.done():
+            raise RequestFailed(f"sampling param {kind!r} did not compile within "
+                                f"{self.grammar_timeout_s:g} s (the server's "
+                                "--grammar-compile-timeout): simplify it")
+        if future.exception() is not None:
+            raise RequestFailed(f"the constraint did not compile: {future.exception()}")
+        if not self.outputs.grammar.allows_some_token(future.result()):
+            raise RequestFailed(f"sampling param {kind!r} can never be satisfied: no token of "
+                                "this model's vocabulary can start a text it accepts")
+        return self.outputs.grammar.matcher(future.result())
 
     def _make_req(self, msg: GenerateReq) -> Req:
         # The engine validated this already, but the scheduler's socket will also take requests
@@ -230,12 +289,22 @@ class Scheduler:
         params = SamplingParams.from_dict(msg.sampling_params)
         params.fill_max_new_tokens(min(self.parts.context_length, self.parts.pool_tokens)
                                    - len(msg.input_ids))
-        params.verify(self.parts.model_config.vocab_size)
+        vocab = self.parts.model_config.vocab_size
+        params.verify(vocab)
         if constraint_of(params) is not None and self.parts.tokenizer is None:
             raise ValueError("structured generation (regex, json_schema, ebnf) needs a "
                              "tokenizer: this server runs with skip_tokenizer_init")
         validate_request_size(len(msg.input_ids), params.max_new_tokens,
                               self.parts.context_length, self.parts.pool_tokens)
+        validate_token_ids(msg.input_ids, vocab)
+        validate_token_ids(msg.token_ids_logprob or [], vocab, "token_ids_logprob")
+        validate_logprobs(top_logprobs_num=msg.top_logprobs_num,
+                          token_ids_logprob=msg.token_ids_logprob,
+                          logprob_start_len=msg.logprob_start_len,
+                          return_logprob=msg.return_logprob, prompt_len=len(msg.input_ids),
+                          max_new_tokens=params.max_new_tokens,
+                          max_logprobs=self.args.max_logprobs,
+                          max_entries=self.args.max_logprob_entries)
         gen = None
         if params.seed is not None:
             gen = torch.Generator(device=self.parts.device).manual_seed(params.seed)
@@ -273,20 +342,3 @@ class Scheduler:
     def cache_hit_rate(self) -> float:
         return self.stats["cached_tokens"] / max(self.stats["prompt_tokens"], 1)
 
-
-def validate_request_size(prompt_len: int, max_new_tokens: int, context_length: int,
-                          pool_tokens: int) -> None:
-    """Errors name the limit; shared by the frontend (raise early) and the scheduler."""
-    if prompt_len == 0:
-        raise ValueError("the prompt is empty: give at least one token")
-    if prompt_len >= context_length:
-        raise ValueError(f"the prompt has {prompt_len} tokens; the model's context_length is "
-                         f"{context_length} and at least one token must be generated")
-    if prompt_len + max_new_tokens > context_length:
-        raise ValueError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) "
-                         f"exceed the model's context_length ({context_length}): lower "
-                         f"max_new_tokens to at most {context_length - prompt_len}")
-    if prompt_len + max_new_tokens > pool_tokens:
-        raise ValueError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) "
-                         f"exceed the KV pool ({pool_tokens} tokens): lower max_new_tokens or "
-                         "raise max_total_tokens")

@@ -115,9 +115,35 @@ def test_max_new_tokens_bounded_by_context() -> None:
     ("ebnf", "root ::= ", "not a valid EBNF"),
 ])
 def test_a_bad_constraint_names_its_field(field: str, bad: str, why: str) -> None:
-    p = SamplingParams.from_dict({field: bad})
-    with pytest.raises(ValueError, match=f"'{field}' .*{why}"):
-        p.verify(VOCAB)
+    from radixrt.grammar.constraint import check_constraint
+
+    # verify checks the size and the JSON (cheap); xgrammar's parse is check_constraint's
+    # (the frontend runs it bounded in time, the scheduler while compiling).
+    with pytest.raises(ValueError, match=f"'{field}' .*{why}") as err:
+        SamplingParams.from_dict({field: bad}).verify(VOCAB)
+        check_constraint(field, bad)
+    assert err.value.param == field
+
+
+def test_a_constraint_is_bounded_in_size_and_depth_as_text_or_dict() -> None:
+    from radixrt.grammar.constraint import MAX_CONSTRAINT_CHARS, MAX_SCHEMA_DEPTH
+
+    with pytest.raises(ValueError, match=f"'regex' has .* at most {MAX_CONSTRAINT_CHARS}"):
+        SamplingParams.from_dict({"regex": "a" * (MAX_CONSTRAINT_CHARS + 1)}).verify(VOCAB)
+    for depth in (MAX_SCHEMA_DEPTH + 1, 1500, 20000):
+        text = '{"enum": ' + "[" * depth + "]" * depth + "}"
+        with pytest.raises(ValueError, match="'json_schema' nests .* levels deep") as err:
+            SamplingParams.from_dict({"json_schema": text}).verify(VOCAB)
+        assert err.value.param == "json_schema"
+        deep: dict = {}
+        for _ in range(depth):
+            deep = {"items": deep}
+        with pytest.raises(ValueError, match="'json_schema' nests") as err:
+            SamplingParams.from_dict({"json_schema": deep})
+        assert err.value.param == "json_schema"
+    # Brackets inside strings do not count; an escaped quote does not end a string.
+    fine = '{"description": "[[[[{{{{ \\" [[[[", "type": "string"}'
+    SamplingParams.from_dict({"json_schema": fine}).verify(VOCAB)
 
 
 def test_one_constraint_at_most_and_schema_objects_become_text() -> None:

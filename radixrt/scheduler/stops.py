@@ -1,0 +1,76 @@
+"""Stop strings and stop regexes, searched in the tail of a request's output after each token.
+
+A stop regex is searched with the `regex` module under a time limit: a pattern that
+backtracks catastrophically ("(a+)+$" on a long run of a's takes seconds with `re`) ends its
+own request (RequestFailed) instead of stalling the step loop for everyone.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+import regex
+
+from radixrt.scheduler.req import Req, RequestFailed
+
+_MAX_STOP_REGEX_WIDTH = 4096  # wider than this: decode the whole output to search it
+STOP_REGEX_TIMEOUT_S = 0.05  # per search; real stop patterns take microseconds
+
+
+def matched_stop_string(req: Req, tokenizer: Any) -> str | None:
+    stops = req.sampling_params.stop
+    if not stops or tokenizer is None:
+        return None
+    # A stop string can only newly appear in text ending with the newest token; a token
+    # holds at least one character, so this many tail tokens cover the longest stop.
+    tail = req.output_ids[-(max(len(s) for s in stops) + 2):]
+    text = tokenizer.decode(tail, skip_special_tokens=False)
+    return next((s for s in stops if s in text), None)
+
+
+def matched_stop_regex(req: Req, tokenizer: Any) -> str | None:
+    """The first stop regex (its pattern) that matches the output's tail, or None; raises
+    RequestFailed when a search runs past STOP_REGEX_TIMEOUT_S."""
+    patterns = req.sampling_params.stop_regex
+    if not patterns or tokenizer is None:
+        return None
+    compiled = [_compiled_stop_regex(p) for p in patterns]
+    # The tail that holds any match ending at the newest token (all of it when a regex's
+    # match has no bound), as for stop strings: a token holds at least one character.
+    widths = [w for _, w in compiled]
+    tail = req.output_ids if None in widths else req.output_ids[-(max(widths) + 2):]
+    text = tokenizer.decode(tail, skip_special_tokens=False)
+    for pattern, (rx, _) in zip(patterns, compiled):
+        if _search(rx, pattern, text):
+            return pattern
+    return None
+
+
+def _search(rx: Any, pattern: str, text: str) -> bool:
+    if not isinstance(rx, regex.Pattern):  # a pattern only `re` takes: no time limit there
+        return rx.search(text) is not None
+    try:
+        return rx.search(text, timeout=STOP_REGEX_TIMEOUT_S) is not None
+    except TimeoutError:
+        raise RequestFailed(f"stop_regex {pattern!r} took over {STOP_REGEX_TIMEOUT_S:g} s to "
+                            "search the output (catastrophic backtracking): simplify it"
+                            ) from None
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled_stop_regex(pattern: str) -> tuple[Any, int | None]:
+    """The compiled regex (`regex`'s, else `re`'s) and the most characters a match can span
+    (None: no bound)."""
+    try:  # CPython's regex parser: the width bounds of a pattern
+        from re import _parser
+    except ImportError:  # Python < 3.11
+        import sre_parse as _parser
+
+    try:
+        rx = regex.compile(pattern)
+    except regex.error:
+        rx = re.compile(pattern)
+    width = _parser.parse(pattern).getwidth()[1]
+    return rx, (None if width >= _MAX_STOP_REGEX_WIDTH else width)
