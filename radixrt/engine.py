@@ -31,7 +31,13 @@ from radixrt.messages import (
 )
 from radixrt.request_input import GenerateReqInput, make_request
 from radixrt.request_registry import RequestRegistry
-from radixrt.request_state import ReqState, SchedulerDied, ServerOverloaded, new_queues
+from radixrt.request_state import (
+    ReqState,
+    SchedulerDied,
+    ServerOverloaded,
+    new_queues,
+    raise_if_error,
+)
 from radixrt.server_args import ServerArgs
 
 if TYPE_CHECKING:
@@ -41,6 +47,8 @@ logger = logging.getLogger(__name__)
 
 
 _LIVE_ENGINES: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+_DEATH_POLL_S = 0.1  # how soon the dispatcher notices a dead child process
+_SEND_POLL_S = 0.5  # how often a send that cannot go out checks that the scheduler lives
 
 
 @atexit.register
@@ -61,7 +69,7 @@ class Engine:
                  **kwargs: Any) -> None:
         from radixrt.loader.default_model import default_model_path
         from radixrt.loader.tokenizer import hand_over_tokenizer, load_tokenizer
-        from radixrt.scheduler.launcher import start_process, start_thread
+        from radixrt.scheduler.launcher import abandon, start_process, start_thread
 
         self.server_args = args = ServerArgs.from_kwargs(model_path=model_path, **kwargs)
         logging.basicConfig(level=args.log_level.upper())
@@ -78,13 +86,14 @@ class Engine:
                     hand_over_tokenizer(self.tokenizer, tokenizer_dir)
         except BaseException:
             if wait_ready is not None:
-                _abandon(wait_ready)
+                abandon(wait_ready)
             raise
         self._requests = RequestRegistry()
         self._send_lock = threading.Lock()  # sockets are not thread-safe
         self._control_lock = threading.Lock()  # one control request at a time
         self._control_replies: queue.Queue = queue.Queue()
         self._error: BaseException | None = None
+        self._refusal: SchedulerDied | None = None  # set once new requests are refused
         self._closed = False
         self._detok_here = in_process  # else the detokenizer process fills in the text
         self._token_texts: dict[int, str] = {}  # return_text_in_logprobs: id -> its text
@@ -139,7 +148,7 @@ class Engine:
         states, batch = self._submit(req, loop=None)
         if req.stream:
             return self._stream_sync(states)
-        results = [self._wait_sync(s) for s in states]
+        results = [s.wait() for s in states]
         return results if batch or len(results) > 1 else results[0]
 
     async def async_generate_request(self, req: GenerateReqInput) -> Any:
@@ -156,21 +165,19 @@ class Engine:
         if req.stream:
             return self._stream_async(states)
         try:
-            results = [await self._wait_async(s) for s in states]
+            results = [await s.wait_async() for s in states]
         except asyncio.CancelledError:  # the caller gave up (an HTTP client went away)
-            for state in states:
-                if not state.finished:
-                    self.abort_request(state.rid)
+            self._abort_unfinished(states)
             raise
         return results if batch or len(results) > 1 else results[0]
 
     def _abort_submitted(self, submitted: asyncio.Future) -> None:
         if not submitted.cancelled() and submitted.exception() is None:
-            for state in submitted.result()[0]:
-                self.abort_request(state.rid)
+            self._abort_unfinished(submitted.result()[0])
 
     def flush_cache(self) -> bool:
-        """Empty the radix cache; refused (False) while requests run."""
+        """Empty the radix cache; refused (False) while requests run. Every call to the engine
+        raises SchedulerDied, naming the process, once a child process has died."""
         return self._control(FlushCacheReq()).success
 
     def get_stats(self, check_kv: bool = False) -> dict[str, Any]:
@@ -185,6 +192,7 @@ class Engine:
         """SGLang's abort_request: the request with exactly this rid, or the requests made
         from it (its n samples, a batch given one rid); with abort_all, every request. An
         unknown rid is ignored (it may have just finished)."""
+        self._check_running()
         for r in self._requests.abort_targets(rid, abort_all):
             self._send(AbortReq(r))
 
@@ -195,15 +203,43 @@ class Engine:
                 "max_total_num_tokens": info.pool_tokens, "context_length": info.context_length,
                 **self.get_stats()}
 
-    def shutdown(self) -> None:
+    # -- stopping ---------------------------------------------------------------------------
+    def refuse_new_requests(self, error: SchedulerDied) -> None:
+        """Stop taking work (a server's SIGTERM): every later request raises `error` (a
+        ServerShuttingDown: HTTP 503); running requests go on."""
+        self._refusal = error
+
+    @property
+    def num_requests(self) -> int:
+        """Requests registered and not yet finished (running, queued or being submitted)."""
+        return len(self._requests)
+
+    def end_all_requests(self, error: SchedulerDied) -> int:
+        """End every request now: each caller gets `error` (a stream as its last item), and
+        the scheduler is told to drop them; later requests are refused (with `error` unless
+        refuse_new_requests came first). Returns how many there were."""
+        self._refusal = self._refusal or error
+        states = self._requests.pop_all()
+        for state in states:
+            state.push(error)
+        for state in states if self._error is None else ():
+            self._send(AbortReq(state.rid), quiet=True)
+        return len(states)
+
+    def shutdown(self, timeout: float = 30) -> None:
+        """Stop the scheduler and detokenizer (killed if the scheduler takes over `timeout`
+        seconds, at once if a child has died). Requests still running fail with SchedulerDied.
+        Safe to call twice."""
         if self._closed:
             return
         self._closed = True
+        self.end_all_requests(SchedulerDied("the engine was shut down"))
         # Also when a child has died: the scheduler may be the one still running (and if it is
         # the dead one, the send must not wait for it).
         with self._send_lock:
             self._handle.transport.send(encode(ShutdownReq()), block=False)
-        self._handle.stop(timeout=30)
+        self._handle.stop(timeout=timeout)
+        self._control_replies.put(SchedulerDied("the engine was shut down"))  # a waiter
         self._dispatch_thread.join(timeout=5)
         self._handle.close()
         # An in-process scheduler holds the weights and the KV pool: let them go now rather
@@ -219,8 +255,7 @@ class Engine:
 
     # -- submission -------------------------------------------------------------------------
     def _submit(self, req: GenerateReqInput, loop) -> tuple[list[ReqState], bool]:
-        if self._error is not None or self._closed:
-            raise SchedulerDied(f"the engine is not running ({self._error or 'shut down'})")
+        self._check_running(new_work=True)
         from radixrt.frontend_validation import build_requests
 
         reqs, is_batch = build_requests(self, req)
@@ -230,12 +265,23 @@ class Engine:
         batch_rid = {req.rid} if isinstance(req.rid, str) else set()
         self._requests.add([(state, {planned.parent_rid} | batch_rid)
                             for state, planned in zip(states, reqs)])
-        if self._error is not None:  # the scheduler died while these were registered
-            for state in states:
-                state.push(self._error)
+        stopped = self._error or self._refusal  # while these were being registered
+        if stopped is not None:
+            self._requests.remove(states)
+            raise stopped
         for planned in reqs:
             self._send(planned.msg)
         return states, is_batch
+
+    def _check_running(self, new_work: bool = False) -> None:
+        """SchedulerDied (its message names the dead process) once the engine has stopped;
+        with new_work, ServerShuttingDown once new requests are refused."""
+        if self._error is not None:
+            raise SchedulerDied(str(self._error))
+        if self._closed:
+            raise SchedulerDied("the engine was shut down")
+        if new_work and self._refusal is not None:
+            raise self._refusal
 
     def _check_queue(self, count: int) -> None:
         """503 territory: refuse work beyond max_running_requests + max_queued_requests."""
@@ -273,62 +319,63 @@ class Engine:
         return text
 
     # -- waiting for results ----------------------------------------------------------------
-    def _wait_sync(self, state: ReqState) -> dict[str, Any]:
-        while not state.finished:
-            state.absorb(_raise_if_error(state.sync_q.get()[1]))
-        return state.result()
-
     def _stream_sync(self, states: list[ReqState]) -> Iterator[dict[str, Any]]:
         try:
             while not all(s.finished for s in states):
                 state, item = states[0].sync_q.get()
-                chunk = state.stream_chunk(_raise_if_error(item))
+                chunk = state.stream_chunk(raise_if_error(item))
                 if chunk is not None:
-                    yield _indexed(state, chunk, len(states))
+                    yield state.indexed(chunk, len(states))
         finally:
-            for state in states:
-                if not state.finished:
-                    self.abort_request(state.rid)
-
-    async def _wait_async(self, state: ReqState) -> dict[str, Any]:
-        while not state.finished:
-            state.absorb(_raise_if_error((await state.async_q.get())[1]))
-        return state.result()
+            self._abort_unfinished(states)
 
     async def _stream_async(self, states: list[ReqState]) -> AsyncIterator[dict[str, Any]]:
         try:
             while not all(s.finished for s in states):
                 state, item = await states[0].async_q.get()
-                chunk = state.stream_chunk(_raise_if_error(item))
+                chunk = state.stream_chunk(raise_if_error(item))
                 if chunk is not None:
-                    yield _indexed(state, chunk, len(states))
+                    yield state.indexed(chunk, len(states))
         finally:
-            for state in states:
-                if not state.finished:
-                    self.abort_request(state.rid)
+            self._abort_unfinished(states)
 
     # -- plumbing ---------------------------------------------------------------------------
-    def _send(self, msg) -> None:
+    def _send(self, msg, quiet: bool = False) -> None:
+        """Send to the scheduler, or raise SchedulerDied once it is gone (a ZeroMQ send to a
+        dead peer would wait forever); `quiet`: return instead (nothing left to tell)."""
+        data = encode(msg)
         with self._send_lock:
-            self._handle.transport.send(encode(msg))
+            while not self._handle.transport.send(data, timeout=_SEND_POLL_S):
+                if self._error is not None or not self._handle.alive():
+                    if quiet:
+                        return
+                    raise SchedulerDied(str(self._error or self._death()))
+
+    def _abort_unfinished(self, states: list[ReqState]) -> None:
+        """The caller left early (a dropped stream, a cancelled wait): end its requests and
+        give back their KV. Silent once the engine has stopped: they are gone anyway."""
+        for state in states:
+            if self._error is None and self._requests.get(state.rid) is not None:
+                self._send(AbortReq(state.rid), quiet=True)
 
     def _control(self, msg) -> ControlReply:
         with self._control_lock:
-            if self._error is not None or self._closed:
-                raise SchedulerDied(f"the engine is not running ({self._error or 'shut down'})")
+            self._check_running()
             self._send(msg)
             reply = self._control_replies.get()
-        return _raise_if_error(reply)
+        return raise_if_error(reply)
+
+    def _death(self) -> SchedulerDied:
+        return SchedulerDied(f"a server process died: {self._handle.death_reason()}")
 
     def _dispatch(self) -> None:
         """Route the scheduler's messages to the requests waiting for them; notice its death."""
         transport = self._handle.transport
         while not (self._closed and not self._handle.alive()):
-            items = transport.recv(timeout=0.5)
+            items = transport.recv(timeout=_DEATH_POLL_S)
             if not items and not self._handle.alive():
                 if not self._closed:
-                    self._fail_all(SchedulerDied("the scheduler stopped unexpectedly: "
-                                                 + self._handle.death_reason()))
+                    self._fail_all(self._death())
                 return
             for item in items:
                 self._route(decode_from_scheduler(item))
@@ -351,8 +398,7 @@ class Engine:
         logger.error("%s", error)
         first = self._error is None
         self._error = error
-        for s in self._requests.pop_all():
-            s.push(error)
+        self.end_all_requests(error)
         self._control_replies.put(error)
         if first and self.on_death is not None:
             self.on_death(error)
@@ -366,27 +412,3 @@ def _request(prompt, sampling_params, input_ids, fields: dict[str, Any]) -> Gene
         raise TypeError("generate(): give prompt or text, not both")
     return make_request(text=prompt if prompt is not None else text,
                         sampling_params=sampling_params, input_ids=input_ids, **fields)
-
-
-def _indexed(state: ReqState, chunk: dict[str, Any], count: int) -> dict[str, Any]:
-    """With several requests in one stream, "index" says whose chunk it is."""
-    if count > 1:
-        chunk["index"] = state.index
-    return chunk
-
-
-def _abandon(wait_ready) -> None:
-    """Stop a scheduler process that is no longer wanted (the frontend failed to start)."""
-    try:
-        handle = wait_ready()
-    except Exception:
-        return  # it failed by itself and is cleaned up
-    handle.transport.send(encode(ShutdownReq()))
-    handle.stop(timeout=10)
-    handle.close()
-
-
-def _raise_if_error(item):
-    if isinstance(item, BaseException):
-        raise item
-    return item

@@ -13,7 +13,13 @@ from radixrt.messages import ReqOutput
 
 
 class SchedulerDied(RuntimeError):
-    """The scheduler process is gone; requests waiting on it fail with this."""
+    """The scheduler side is gone (a child process died, or the engine was shut down): every
+    request waiting on it fails with this, and so does every later call (HTTP 503)."""
+
+
+class ServerShuttingDown(SchedulerDied):
+    """The server is stopping (SIGTERM): new requests are refused and the requests still
+    running at the end of the grace period end with this (HTTP 503)."""
 
 
 class ServerOverloaded(RuntimeError):
@@ -68,6 +74,23 @@ class ReqState:
             self.loop.call_soon_threadsafe(self.async_q.put_nowait, (self, item))
         else:
             self.sync_q.put((self, item))
+
+    def wait(self) -> dict[str, Any]:
+        """For a sync caller: the result, once finished; raises the error pushed instead."""
+        while not self.finished:
+            self.absorb(raise_if_error(self.sync_q.get()[1]))
+        return self.result()
+
+    async def wait_async(self) -> dict[str, Any]:
+        while not self.finished:
+            self.absorb(raise_if_error((await self.async_q.get())[1]))
+        return self.result()
+
+    def indexed(self, chunk: dict[str, Any], count: int) -> dict[str, Any]:
+        """With several requests in one stream, "index" says whose chunk it is."""
+        if count > 1:
+            chunk["index"] = self.index
+        return chunk
 
     def absorb(self, out: ReqOutput) -> dict[str, Any]:
         """Fold one delta in; return the chunk a stream yields for it (delta text and ids)."""
@@ -138,3 +161,11 @@ class ReqState:
 
 def new_queues(loop: asyncio.AbstractEventLoop | None) -> tuple[queue.Queue, asyncio.Queue | None]:
     return queue.Queue(), (asyncio.Queue() if loop else None)
+
+
+def raise_if_error(item):
+    """An item pushed to a request: raise it if it is an exception (SchedulerDied), else pass
+    it on."""
+    if isinstance(item, BaseException):
+        raise item
+    return item

@@ -17,7 +17,7 @@ import sys
 import traceback
 
 from radixrt.messages import SchedulerFailed, encode
-from radixrt.scheduler.launcher import ignore_stop_signals
+from radixrt.scheduler.launcher import guard_parent, ignore_stop_signals
 from radixrt.scheduler.transport import ZmqTransport
 from radixrt.server_args import ServerArgs
 
@@ -25,11 +25,12 @@ logger = logging.getLogger("radixrt.scheduler")
 
 
 def run(config: dict) -> int:
+    ignore_stop_signals()
+    guard_parent(config["parent_pid"], config.get("ipc_dir"))  # before any thread starts
     args = ServerArgs(**config["server_args"])
     logging.basicConfig(level=args.log_level.upper(),
                         format="[%(asctime)s scheduler] %(message)s")
     transport = ZmqTransport(config["recv_addr"], config["send_addr"], bind=False)
-    ignore_stop_signals()
     try:
         from radixrt.loader.tokenizer import LazyTokenizer
         from radixrt.scheduler.components import build_components
@@ -41,11 +42,13 @@ def run(config: dict) -> int:
                                               config.get("tokenizer_dir"))
         scheduler = Scheduler(args, build_components(args, tokenizer), transport)
         transport.send(encode(scheduler.ready_message()))
-        parent = os.getppid()
+        parent = config["parent_pid"]
+        # guard_parent ends this process when the frontend dies, busy or idle; the loop's
+        # own check (while idle) is the slower second line.
         scheduler.run_forever(orphaned=lambda: os.getppid() != parent)
-        if os.getppid() != parent and config.get("tokenizer_dir"):
+        if os.getppid() != parent and config.get("ipc_dir"):
             # The frontend died without cleaning up the folder of our sockets: do it here.
-            shutil.rmtree(os.path.dirname(config["tokenizer_dir"]), ignore_errors=True)
+            shutil.rmtree(config["ipc_dir"], ignore_errors=True)
         return 0
     except BaseException as e:  # tell the frontend why, then die
         logger.error("scheduler failed:\n%s", traceback.format_exc())

@@ -17,7 +17,10 @@ class Transport(Protocol):
         """Every pending message; waits up to `timeout` seconds (None: forever) for the first."""
         ...
 
-    def send(self, data: bytes, block: bool = True) -> bool: ...
+    def send(self, data: bytes, block: bool = True, timeout: float | None = None) -> bool:
+        """Queue one message; False if it could not be queued (block=False: at once; else
+        within `timeout` seconds, None: wait as long as it takes)."""
+        ...
 
 
 class QueueTransport:
@@ -39,7 +42,7 @@ class QueueTransport:
             except queue.Empty:
                 return items
 
-    def send(self, data: bytes, block: bool = True) -> bool:
+    def send(self, data: bytes, block: bool = True, timeout: float | None = None) -> bool:
         self.outbox.put(data)
         return True
 
@@ -75,16 +78,21 @@ class ZmqTransport:
             items.append(self.pull.recv())
         return items
 
-    def send(self, data: bytes, block: bool = True) -> bool:
-        """Queue one message; with block=False, give up (False) rather than wait for a peer
-        that is gone (a PUSH socket without one blocks)."""
+    def send(self, data: bytes, block: bool = True, timeout: float | None = None) -> bool:
+        """Queue one message; with block=False or past `timeout` seconds, give up (False)
+        rather than wait for a peer that is gone (a PUSH socket without one blocks)."""
+        if block and timeout is not None and not self.push.poll(int(timeout * 1000),
+                                                                zmq.POLLOUT):
+            return False
         try:
-            self.push.send(data, 0 if block else zmq.NOBLOCK)
+            self.push.send(data, 0 if block and timeout is None else zmq.NOBLOCK)
         except zmq.Again:
             return False
         return True
 
-    def close(self) -> None:
-        self.pull.close()
-        self.push.close()
+    def close(self, linger_s: float = 1.0) -> None:
+        """Close the sockets, letting queued messages out for up to `linger_s` seconds (0 once
+        the peers are known to be gone: nothing would take them)."""
+        for sock in (self.pull, self.push):
+            sock.close(linger=int(linger_s * 1000))
         self.ctx.term()

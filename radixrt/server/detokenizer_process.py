@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import traceback
 from typing import Any
@@ -25,7 +24,7 @@ from radixrt.messages import (
     decode_from_scheduler,
     encode,
 )
-from radixrt.scheduler.launcher import ignore_stop_signals
+from radixrt.scheduler.launcher import guard_parent, ignore_stop_signals
 from radixrt.scheduler.transport import ZmqTransport
 
 logger = logging.getLogger("radixrt.detokenizer")
@@ -65,13 +64,15 @@ class Detokenizer:
 
 
 def run(config: dict) -> int:
+    ignore_stop_signals()
+    # It exits when the frontend dies (or kills it after the scheduler): it never has to
+    # look up from the socket.
+    guard_parent(config["parent_pid"], config.get("ipc_dir"))  # before any thread starts
     args = config["server_args"]
     logging.basicConfig(level=args["log_level"].upper(),
                         format="[%(asctime)s detokenizer] %(message)s")
     transport = ZmqTransport(config["recv_addr"], config["send_addr"], bind=True,
                              bind_send=False)
-    parent = os.getppid()
-    ignore_stop_signals()
     try:
         from radixrt.loader.tokenizer import LazyTokenizer
 
@@ -79,10 +80,7 @@ def run(config: dict) -> int:
             args["model_path"], args["tokenizer_path"], args["skip_tokenizer_init"],
             config.get("tokenizer_dir")))
         while True:
-            items = transport.recv(timeout=1.0)
-            if not items and os.getppid() != parent:
-                return 0  # the frontend is gone
-            for data in items:
+            for data in transport.recv(timeout=None):
                 transport.send(detok.process(data))
     except BaseException as e:  # tell the frontend why, then die
         logger.error("detokenizer failed:\n%s", traceback.format_exc())

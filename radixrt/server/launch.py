@@ -1,8 +1,15 @@
 """`radixrt launch`: the serving process.
 
 This process runs the HTTP server and the tokenizer manager (the engine's frontend) on one
-asyncio loop (uvloop); the engine starts the scheduler and detokenizer processes. SIGINT or
-SIGTERM stops all three in order; if a child dies, the server stops with an error naming it.
+asyncio loop (uvloop); the engine starts the scheduler and detokenizer processes, which die with
+this one however it ends.
+
+SIGINT or SIGTERM drains, then stops all three: new requests get 503 at once; running ones may
+finish for up to --graceful-shutdown-timeout seconds (default 0); the rest then end with an
+error (a stream gets an error event and [DONE], a plain request a 503); uvicorn sends those
+answers and closes the connections, and the children are stopped (killed past a moment). A
+second signal ends the wait. If a child dies, every request ends with a 503 naming it and the
+server stops the same way, with exit status 1.
 """
 
 from __future__ import annotations
@@ -15,18 +22,22 @@ import os
 import signal
 import socket
 import sys
+import time
 
+import uvicorn
+
+from radixrt.request_state import ServerShuttingDown
 from radixrt.server_args import ServerArgs
 
 logger = logging.getLogger("radixrt.server")
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+FLUSH_TIMEOUT_S = 1.5  # for uvicorn to send the ended requests' answers before it cancels
+CHILD_STOP_TIMEOUT_S = 2.0  # for the scheduler to exit by itself before it is killed
 
 
 def launch_server(args: ServerArgs) -> int:
     """Serve until stopped; the exit status is 0 after SIGINT/SIGTERM, 1 if a child died."""
-    import uvicorn
-
     from radixrt.engine import Engine
     from radixrt.server.http_server import ServerState, build_app
     from radixrt.server.metrics import ServerMetrics
@@ -38,21 +49,21 @@ def launch_server(args: ServerArgs) -> int:
         name = args.served_model_name or args.model_path or DEFAULT_MODEL_NAME
         state = ServerState(engine, args, name, ServerMetrics(engine.get_stats, name))
         app = build_app(state, lifespan=_lifespan(state))
-        server = uvicorn.Server(uvicorn.Config(
+        server = _DrainingServer(uvicorn.Config(
             app, host=args.host, port=args.port, log_level=args.log_level,
             loop="uvloop" if _has_uvloop() else "asyncio", access_log=False,
-            timeout_graceful_shutdown=5))
+            timeout_graceful_shutdown=FLUSH_TIMEOUT_S), state, args.graceful_shutdown_timeout)
         failure: list[str] = []
 
-        def on_death(error: Exception) -> None:
+        def on_death(error: Exception) -> None:  # on the engine's dispatcher thread
             failure.append(str(error))
             logger.error("stopping the server: %s", error)
-            server.should_exit = True
+            state.healthy = False
+            server.should_exit = True  # the engine has ended every request with the error
 
         engine.on_death = on_death
-        # uvicorn turns SIGINT/SIGTERM into a graceful stop, then re-raises the signal under
-        # the handler it found: make that one a no-op so that the engine below still shuts the
-        # scheduler and detokenizer down in order.
+        # Once uvicorn is done its signal handlers are put back: these, so that a signal
+        # during the children's stop below does not cut it short.
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: None)
         server.run()
@@ -60,7 +71,53 @@ def launch_server(args: ServerArgs) -> int:
             return 1
         return 0 if server.started else 1
     finally:
-        engine.shutdown()
+        engine.shutdown(timeout=CHILD_STOP_TIMEOUT_S)
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn's server with radixrt's SIGINT/SIGTERM (see the module docstring): the engine
+    refuses new requests at once, and uvicorn's own stop (closing the listener, waiting for
+    open connections) starts only once no request is left running, so that every answer goes
+    out whole instead of being cut off."""
+
+    def __init__(self, config: uvicorn.Config, state, grace_s: float) -> None:
+        super().__init__(config)
+        self.state = state
+        self.grace_s = grace_s
+        self.drain_until: float | None = None  # the end of the grace period, once signalled
+        self._announced = False
+
+    def handle_exit(self, sig: int, frame) -> None:
+        # A signal handler: set flags only; on_tick (on the event loop) does the work.
+        if not self.started:  # still warming up: nothing to drain, stop once it is done
+            self.should_exit = True
+        elif self.drain_until is None:
+            self.state.healthy = False
+            self.state.engine.refuse_new_requests(ServerShuttingDown(
+                f"the server is shutting down ({signal.Signals(sig).name}): it takes no new "
+                "requests"))
+            self.drain_until = time.monotonic() + self.grace_s
+        else:
+            self.drain_until = 0.0  # a second signal: end the running requests now
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.drain_until is not None and not self.should_exit:
+            self._drain_step()
+        return await super().on_tick(counter)
+
+    def _drain_step(self) -> None:
+        engine = self.state.engine
+        if not self._announced:
+            self._announced = True
+            logger.info("shutting down: new requests get 503; %d running %s", engine.num_requests,
+                        f"may finish within {self.grace_s:g} s" if self.grace_s else "end now")
+        if engine.num_requests and time.monotonic() < self.drain_until:
+            return
+        ended = engine.end_all_requests(ServerShuttingDown(
+            "the server is shutting down: the request was ended before it finished"))
+        if ended:
+            logger.warning("shutting down: ended %d running request(s) with an error", ended)
+        self.should_exit = True
 
 
 def _lifespan(state):
