@@ -28,6 +28,7 @@ LOGIT_BIAS_RANGE = (-100.0, 100.0)  # as in the OpenAI API
 MAX_SEED = 2**63
 MAX_STOP_REGEX_COUNT = 32  # SGLang's limits
 MAX_STOP_REGEX_BYTES = 256
+MAX_CUSTOM_DEPTH = 32  # custom_params: unused here, passed on; dicts inside dicts at most this
 # SGLang's internal SamplingParams fields: accepted (and dropped) at their defaults only.
 _SGLANG_INTERNAL = {"stop_strs": None, "stop_regex_strs": None, "stop_str_max_len": 0,
                     "stop_regex_max_len": 0, "is_normalized": False,
@@ -110,10 +111,14 @@ class SamplingParams:
             setattr(self, name, float(getattr(self, name)))
         if isinstance(self.stop_token_ids, tuple):
             self.stop_token_ids = list(self.stop_token_ids)
-        if isinstance(self.json_schema, dict):  # a schema object travels as its JSON text
-            from radixrt.grammar.constraint import schema_object_text
+        from radixrt.grammar.constraint import nests_deeper_than, schema_object_text
 
+        if isinstance(self.json_schema, dict):  # a schema object travels as its JSON text
             self.json_schema = schema_object_text(self.json_schema)
+        if self.custom_params and nests_deeper_than(self.custom_params, MAX_CUSTOM_DEPTH):
+            # to_dict (dataclasses.asdict) and the wire's encoders recurse into it.
+            raise RequestFieldError(f"sampling param 'custom_params' nests more than "
+                                    f"{MAX_CUSTOM_DEPTH} levels deep", "custom_params")
         for name in ("regex", "json_schema", "ebnf", "structural_tag"):
             setattr(self, name, getattr(self, name) or None)  # SGLang: empty = unset
         if isinstance(self.stop_regex, tuple):

@@ -85,16 +85,24 @@ def json_text_depth(text: str) -> int:
     return deepest
 
 
+def nests_deeper_than(value: Any, limit: int) -> bool:
+    """Whether dicts and lists inside `value` nest more than `limit` deep (without recursion,
+    stopping at the first path past the limit)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((v, depth + 1) for v in children if isinstance(v, (dict, list)))
+    return False
+
+
 def schema_object_text(schema: dict) -> str:
     """A schema given as a dict, as JSON text; RequestFieldError if it nests past
     MAX_SCHEMA_DEPTH (measured without recursion, before json.dumps recurses into it)."""
-    stack: list[tuple[Any, int]] = [(schema, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if depth > MAX_SCHEMA_DEPTH:
-            raise _too_deep(f"more than {MAX_SCHEMA_DEPTH}")
-        children = value.values() if isinstance(value, dict) else value
-        stack.extend((v, depth + 1) for v in children if isinstance(v, (dict, list)))
+    if nests_deeper_than(schema, MAX_SCHEMA_DEPTH):
+        raise _too_deep(f"more than {MAX_SCHEMA_DEPTH}")
     try:
         return json.dumps(schema)
     except (TypeError, ValueError) as e:  # a value JSON cannot hold, a cycle

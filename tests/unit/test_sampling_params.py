@@ -141,6 +141,9 @@ def test_a_constraint_is_bounded_in_size_and_depth_as_text_or_dict() -> None:
         with pytest.raises(ValueError, match="'json_schema' nests") as err:
             SamplingParams.from_dict({"json_schema": deep})
         assert err.value.param == "json_schema"
+    with pytest.raises(ValueError, match="'custom_params' nests more than 32") as err:
+        SamplingParams.from_dict({"custom_params": deep})  # asdict would recurse into it
+    assert err.value.param == "custom_params"
     # Brackets inside strings do not count; an escaped quote does not end a string.
     fine = '{"description": "[[[[{{{{ \\" [[[[", "type": "string"}'
     SamplingParams.from_dict({"json_schema": fine}).verify(VOCAB)
