@@ -46,6 +46,14 @@ class LaunchedServer:
                 self.proc.wait()
 
 
+def _stop_with_pytest() -> None:
+    """In the server: SIGTERM when pytest dies (a killed test run must not leave servers)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -61,7 +69,8 @@ def launch(tmp_dir: Path, *args: str, api_key: str | None = None) -> LaunchedSer
         cmd += ["--api-key", api_key]
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                preexec_fn=_stop_with_pytest)
     server = LaunchedServer(proc, f"http://127.0.0.1:{port}", log, api_key)
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
