@@ -2,9 +2,10 @@
 to show: no split UTF-8 character, no stop string, not even the start of one.
 
 Stop regexes (SGLang's stop_regex) are held back the same way: text from where a match could
-still begin is not shown (the `regex` module's partial matching; a pattern that module does
-not take is only trimmed at the end). The final text ends before the first match, or after it
-with no_stop_trim.
+still begin is not shown (the `regex` module's partial matching). The final text ends before
+the first match, or after it with no_stop_trim. Every regex search runs under a time limit: a
+pattern that backtracks catastrophically is given up for its request (the scheduler, which
+searches the same output, ends that request) rather than stalling every other stream.
 
 Each step decodes only a short window of ids, so a long output costs O(length) in all, not
 O(length^2): the text of the newest ids is decode(ids[surr:]) minus decode(ids[surr:read]),
@@ -13,10 +14,13 @@ where the few ids before `read` give the tokenizer the context it needs to place
 
 from __future__ import annotations
 
-import re
+import logging
 from typing import Any
 
-import regex as _partial_re  # partial matching: is this text the start of a match?
+import regex  # partial matching (is this text the start of a match?) and search time limits
+
+logger = logging.getLogger(__name__)
+REGEX_TIMEOUT_S = 0.05  # per search; real stop patterns take microseconds
 
 
 class IncrementalDetokenizer:
@@ -29,8 +33,7 @@ class IncrementalDetokenizer:
         self.stop = stop or []
         self.max_stop = max((len(s) for s in self.stop), default=0)
         self.no_stop_trim = no_stop_trim
-        self.stop_regex = [re.compile(p) for p in stop_regex or []]
-        self.partial_regex = [_partial(p) for p in stop_regex or []]
+        self.stop_regex = [regex.compile(p) for p in stop_regex or []]
         self.ids: list[int] = []
         self.surr = 0  # start of the context window
         self.read = 0  # ids[:read] are in self.text
@@ -83,8 +86,8 @@ class IncrementalDetokenizer:
     def _cut_at_regex(self, text: str, keep_stop: bool = False) -> str:
         """text up to the first match of any stop regex (through it with keep_stop)."""
         cut = len(text)
-        for rx in self.stop_regex:
-            m = rx.search(text)
+        for rx in list(self.stop_regex):
+            m = self._search(rx, text)
             if m is not None:
                 cut = min(cut, m.end() if keep_stop else m.start())
         return text[:cut]
@@ -92,11 +95,20 @@ class IncrementalDetokenizer:
     def _partial_regex_start(self, text: str) -> int:
         """Where the earliest text that could still grow into a stop-regex match begins."""
         start = len(text)
-        for rx in self.partial_regex:
-            m = rx.search(text, self.sent, partial=True) if rx is not None else None
+        for rx in list(self.stop_regex):
+            m = self._search(rx, text, self.sent, partial=True)
             if m is not None:
                 start = min(start, m.start())
         return start
+
+    def _search(self, rx: regex.Pattern, text: str, pos: int = 0, partial: bool = False):
+        try:
+            return rx.search(text, pos, partial=partial, timeout=REGEX_TIMEOUT_S)
+        except TimeoutError:
+            logger.warning("stop_regex %r took over %g s to search: no longer applied to this "
+                           "request", rx.pattern, REGEX_TIMEOUT_S)
+            self.stop_regex.remove(rx)
+            return None
 
     def _partial_stop_len(self, text: str) -> int:
         """Length of the longest tail of text that is the start of some stop string."""
@@ -115,10 +127,3 @@ class IncrementalDetokenizer:
         self.sent = len(text)
         return delta
 
-
-def _partial(pattern: str):
-    """The pattern for partial matching, or None where `regex` does not take it."""
-    try:
-        return _partial_re.compile(pattern)
-    except _partial_re.error:  # a pattern `re` takes and `regex` does not: trim at the end
-        return None

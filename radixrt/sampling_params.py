@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import re
 import reprlib
 from dataclasses import dataclass
 from typing import Any, Callable
+
+import regex
 
 from radixrt.request_input import RequestFieldError
 
@@ -330,9 +331,9 @@ def _check_stop_regex(p: SamplingParams) -> None:
     for pattern in patterns:
         _require(len(pattern.encode()) <= MAX_STOP_REGEX_BYTES, "stop_regex",
                  f"regexes of at most {MAX_STOP_REGEX_BYTES} bytes", pattern)
-        try:
-            compiled = re.compile(pattern)
-        except (re.error, RecursionError, OverflowError) as e:
+        try:  # the `regex` module: the one the scheduler and detokenizer search with
+            compiled = regex.compile(pattern)
+        except (regex.error, RecursionError, OverflowError) as e:
             raise RequestFieldError(f"sampling param 'stop_regex' {pattern!r} does not "
                                     f"compile: {e}", "stop_regex") from None
         _require(compiled.search("") is None, "stop_regex",

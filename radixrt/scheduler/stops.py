@@ -8,7 +8,6 @@ own request (RequestFailed) instead of stalling the step loop for everyone.
 from __future__ import annotations
 
 import functools
-import re
 from typing import Any
 
 import regex
@@ -48,9 +47,7 @@ def matched_stop_regex(req: Req, tokenizer: Any) -> str | None:
     return None
 
 
-def _search(rx: Any, pattern: str, text: str) -> bool:
-    if not isinstance(rx, regex.Pattern):  # a pattern only `re` takes: no time limit there
-        return rx.search(text) is not None
+def _search(rx: regex.Pattern, pattern: str, text: str) -> bool:
     try:
         return rx.search(text, timeout=STOP_REGEX_TIMEOUT_S) is not None
     except TimeoutError:
@@ -61,16 +58,16 @@ def _search(rx: Any, pattern: str, text: str) -> bool:
 
 @functools.lru_cache(maxsize=1024)
 def _compiled_stop_regex(pattern: str) -> tuple[Any, int | None]:
-    """The compiled regex (`regex`'s, else `re`'s) and the most characters a match can span
-    (None: no bound)."""
+    """The compiled regex (validation made sure `regex` takes it) and the most characters a
+    match can span (None: no bound)."""
     try:  # CPython's regex parser: the width bounds of a pattern
         from re import _parser
     except ImportError:  # Python < 3.11
         import sre_parse as _parser
 
+    rx = regex.compile(pattern)
     try:
-        rx = regex.compile(pattern)
-    except regex.error:
-        rx = re.compile(pattern)
-    width = _parser.parse(pattern).getwidth()[1]
+        width = _parser.parse(pattern).getwidth()[1]
+    except Exception:  # noqa: BLE001 - syntax only `regex` knows (\p{L}, ...): no bound known
+        return rx, None
     return rx, (None if width >= _MAX_STOP_REGEX_WIDTH else width)

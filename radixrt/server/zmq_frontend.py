@@ -78,6 +78,11 @@ class ZmqFrontend:
             return
         try:
             msg = decode_from_client(data)
+        except RecursionError:
+            self._reply(identity, ClientReply(request_id, "error", status=400,
+                                              error="bad request: the payload is nested too "
+                                              "deeply"))
+            return
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             self._reply(identity, ClientReply(request_id, "error", error=f"bad request: {e}",
                                               status=400))

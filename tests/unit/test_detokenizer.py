@@ -67,3 +67,15 @@ def test_a_matched_stop_token_is_trimmed(tokenizer):
     shown = "".join(stream(detok, ids, random.Random(0),
                            {"type": "stop", "matched": ids[-1]}))
     assert shown == "abc"
+
+
+def test_a_stop_regex_that_backtracks_forever_is_given_up_not_searched_for_ever(tokenizer):
+    import time
+
+    detok = IncrementalDetokenizer(tokenizer, stop_regex=["(a|aa)+b", "zz"])
+    start = time.monotonic()
+    out = "".join(detok.add(tokenizer.encode("a", add_special_tokens=False)) for _ in range(40))
+    out += detok.finish(tokenizer.encode("czz!", add_special_tokens=False), None)
+    assert time.monotonic() - start < 5  # each search stops at its time limit, then no more
+    assert out == "a" * 40 + "c"  # the other stop regex still applies
+    assert [rx.pattern for rx in detok.stop_regex] == ["zz"]

@@ -108,7 +108,7 @@ def test_the_struct_crosses_the_zeromq_socket_whole():
     req = ri.make_request(text="hi", sampling_params={"stop_regex": ["a+b"]},
                           return_logprob=True, return_text_in_logprobs=True,
                           token_ids_logprob=[3], rid="r1", stream=True)
-    got = decode_from_client(encode(ClientGenerate("id", req, None)))
+    got = decode_from_client(encode(ClientGenerate("id", req)))
     assert isinstance(got, ClientGenerate) and got.request == req
     bad = msgspec.msgpack.encode({"type": "client_generate", "request_id": "id",
                                   "request": {"stream": "yes"}})

@@ -77,6 +77,18 @@ def test_a_payload_with_a_right_key_but_bad_bytes_is_a_400():
     assert "differs" in replies[1].error
 
 
+def test_a_payload_nested_too_deeply_is_a_400_not_a_crash():
+    enc = msgspec.msgpack.encode
+    deep = b"\x91" * 100_000 + b"\xc0"  # a list in a list in a list ... of nil
+    payload = (b"\x83" + enc("type") + enc("client_generate") + enc("request_id") + enc("r1")
+               + enc("request") + b"\x81" + enc("custom_logit_processor") + deep)
+    good = client_frames(ClientControl("r2", "get_server_info"), None)
+    replies = _run(_exchange(ZmqFrontend(_Engine(), "127.0.0.1", None),
+                             [[b"r1", b"", payload], good]))
+    assert replies[0].status == 400 and "nested" in replies[0].error
+    assert replies[1].kind == "result"
+
+
 def test_an_oversized_message_is_dropped_and_the_frontend_keeps_serving():
     engine = _Engine(max_bytes=4096)
     frontend = ZmqFrontend(engine, "127.0.0.1", None)
