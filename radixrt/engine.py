@@ -29,7 +29,7 @@ from radixrt.messages import (
     decode_from_scheduler,
     encode,
 )
-from radixrt.request_input import GenerateReqInput, make_request
+from radixrt.request_input import GenerateReqInput, engine_call_request
 from radixrt.request_registry import RequestRegistry
 from radixrt.request_state import (
     ReqState,
@@ -133,7 +133,8 @@ class Engine:
         One prompt → one dict (a list of n when n > 1); a list of prompts → a list of dicts
         in order. With stream=True, an iterator of chunks whose "text" is the new text (with
         several requests, chunks interleave and carry the "index" of their output)."""
-        return self.generate_request(_request(prompt, sampling_params, input_ids, fields))
+        req = engine_call_request(prompt, sampling_params, input_ids, fields)
+        return self.generate_request(req)
 
     async def async_generate(self, prompt: str | list[str] | None = None,
                              sampling_params: dict | list[dict] | None = None,
@@ -141,7 +142,7 @@ class Engine:
                              **fields: Any) -> Any:
         """The async twin of generate; with stream=True returns an async iterator of chunks."""
         return await self.async_generate_request(
-            _request(prompt, sampling_params, input_ids, fields))
+            engine_call_request(prompt, sampling_params, input_ids, fields))
 
     def generate_request(self, req: GenerateReqInput) -> Any:
         """generate, given the request struct itself."""
@@ -402,13 +403,3 @@ class Engine:
         self._control_replies.put(error)
         if first and self.on_death is not None:
             self.on_death(error)
-
-
-def _request(prompt, sampling_params, input_ids, fields: dict[str, Any]) -> GenerateReqInput:
-    """generate's keywords as the request struct (SGLang's `prompt` is the struct's `text`);
-    TypeError naming an unknown keyword."""
-    text = fields.pop("text", None)
-    if prompt is not None and text is not None:
-        raise TypeError("generate(): give prompt or text, not both")
-    return make_request(text=prompt if prompt is not None else text,
-                        sampling_params=sampling_params, input_ids=input_ids, **fields)

@@ -199,3 +199,14 @@ def _unknown_message(name: str) -> str:
     hint = f" Did you mean {close[0]!r}?" if close else ""
     return (f"unknown field {name!r} (not a field of SGLang's GenerateReqInput).{hint} "
             f"Allowed: {', '.join(sorted(FIELDS))}")
+
+
+def engine_call_request(prompt: Any, sampling_params: Any, input_ids: Any,
+                        fields: dict[str, Any]) -> GenerateReqInput:
+    """Engine.generate's keywords as the request struct (SGLang's `prompt` is the struct's
+    `text`); TypeError naming an unknown keyword."""
+    text = fields.pop("text", None)
+    if prompt is not None and text is not None:
+        raise TypeError("generate(): give prompt or text, not both")
+    return make_request(text=prompt if prompt is not None else text,
+                        sampling_params=sampling_params, input_ids=input_ids, **fields)
