@@ -23,7 +23,7 @@ serve: setup
 	$(BIN)/radixrt launch
 
 test: setup
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=30
 
 lint: setup
 	$(BIN)/ruff check .
