@@ -13,12 +13,43 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict
 
 import radixrt
-from radixrt.server.http_utils import APIError, exception_response, read_json
+from radixrt.server.http_utils import (
+    APIError,
+    exception_response,
+    json_body,
+    json_response,
+    read_json,
+)
 
 HEALTH_GENERATE_TIMEOUT_S = 20.0  # a one-token generation on an idle server takes far less
+
+
+# The bodies of the routes below, for /openapi.json (the functions at the end check them).
+class TokenizeReq(BaseModel):
+    """Exactly one of prompt or messages."""
+
+    model_config = ConfigDict(json_schema_extra={
+        "anyOf": [{"required": ["prompt"]}, {"required": ["messages"]}]})
+    prompt: str | list[str] | None = None
+    messages: list[dict[str, Any]] | None = None
+    add_special_tokens: bool = True
+
+
+class DetokenizeReq(BaseModel):
+    tokens: list[int] | list[list[int]]
+    skip_special_tokens: bool = True
+
+
+class ConcateAndAppendReq(BaseModel):
+    src_rids: list[str]
+    dst_rid: str
+
+
+NATIVE_BODIES = (TokenizeReq, DetokenizeReq, ConcateAndAppendReq)
 
 
 def add_native_info_routes(app: FastAPI, state: Any) -> None:
@@ -52,18 +83,24 @@ def add_native_info_routes(app: FastAPI, state: Any) -> None:
     async def health_generate() -> Response:
         return await _health_generate(state)
 
-    app.post("/concate_and_append_request")(_json_route(engine, concat_and_append_body))
-    for path in ("/tokenize", "/v1/tokenize"):
-        app.post(path)(_json_route(engine, tokenize_body))
-    for path in ("/detokenize", "/v1/detokenize"):
-        app.post(path)(_json_route(engine, detokenize_body))
+    routes = [("/concate_and_append_request", concat_and_append_body, ConcateAndAppendReq)]
+    routes += [(path, tokenize_body, TokenizeReq) for path in ("/tokenize", "/v1/tokenize")]
+    routes += [(path, detokenize_body, DetokenizeReq)
+               for path in ("/detokenize", "/v1/detokenize")]
+    for path, compute, body in routes:
+        app.post(path, openapi_extra=json_body(body.__name__))(
+            _json_route(engine, state.args, compute))
 
 
-def _json_route(engine: Any, compute: Any) -> Any:
-    """A POST route answering `compute(engine, body)` as JSON, or the error it raised."""
+def _json_route(engine: Any, args: Any, compute: Any) -> Any:
+    """A POST route answering `compute(engine, body, args)` as JSON, or the error it raised;
+    computed on a worker thread (tokenizing a long prompt must not stall the event loop)."""
+    def answer(body: dict[str, Any]) -> Response:
+        return json_response(compute(engine, body, args))
+
     async def route(request: Request) -> Response:
         try:
-            return JSONResponse(compute(engine, await read_json(request)))
+            return await asyncio.to_thread(answer, await read_json(request))
         except Exception as exc:  # noqa: BLE001 - every error becomes an HTTP error
             return exception_response(exc)
 
@@ -144,14 +181,17 @@ async def _health_generate(state: Any) -> Response:
     return Response(status_code=200)
 
 
-def tokenize_body(engine: Any, body: dict[str, Any]) -> dict[str, Any]:
+def tokenize_body(engine: Any, body: dict[str, Any], args: Any) -> dict[str, Any]:
     """/tokenize: exactly one of `prompt` (a string or a list of strings) or `messages` (chat
-    turns, rendered by the model's chat template with the generation prompt)."""
+    turns, rendered by the model's chat template with the generation prompt), at most
+    args.max_prompt_chars characters (of text, or of the messages as JSON)."""
     tokenizer = _tokenizer(engine)
     prompt, messages = body.get("prompt"), body.get("messages")
     if (prompt is None) == (messages is None):
         raise APIError("give exactly one of 'prompt' (a string or a list of strings) or "
                        "'messages' (chat turns)", "prompt")
+    _check_chars(prompt if messages is None else messages, args.max_prompt_chars,
+                 "prompt" if messages is None else "messages")
     add_special = body.get("add_special_tokens", True)
     if not isinstance(add_special, bool):
         raise APIError(f"add_special_tokens must be true or false, got {add_special!r}",
@@ -160,8 +200,12 @@ def tokenize_body(engine: Any, body: dict[str, Any]) -> dict[str, Any]:
     if messages is not None:
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise APIError("messages must be a list of {role, content} objects", "messages")
-        text = tokenizer.apply_chat_template(messages, tokenize=False,
-                                             add_generation_prompt=True)
+        try:
+            text = tokenizer.apply_chat_template(messages, tokenize=False,
+                                                 add_generation_prompt=True)
+        except Exception as e:  # noqa: BLE001 - no template, or the template's own raise
+            raise APIError(f"the chat template cannot render these messages: {e}",
+                           "messages") from None
         ids = tokenizer.encode(text, add_special_tokens=False)
         return {"tokens": ids, "count": len(ids), "max_model_len": limit}
     if isinstance(prompt, str):
@@ -174,7 +218,21 @@ def tokenize_body(engine: Any, body: dict[str, Any]) -> dict[str, Any]:
                    "prompt")
 
 
-def detokenize_body(engine: Any, body: dict[str, Any]) -> dict[str, Any]:
+def _check_chars(value: Any, limit: int, param: str) -> None:
+    """APIError when `value` (a string, a list of strings, or chat turns) is longer than
+    `limit` characters, counted before anything is tokenized."""
+    if isinstance(value, str):
+        size = len(value)
+    elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+        size = sum(map(len, value))
+    else:
+        size = len(json.dumps(value, ensure_ascii=False))
+    if size > limit:
+        raise APIError(f"{param} has {size} characters, more than this server's limit of "
+                       f"{limit} (--max-prompt-chars)", param)
+
+
+def detokenize_body(engine: Any, body: dict[str, Any], args: Any = None) -> dict[str, Any]:
     """/detokenize: `tokens` (a list of ids, or a list of such lists) back to text."""
     tokenizer = _tokenizer(engine)
     tokens = body.get("tokens")
@@ -191,7 +249,8 @@ def detokenize_body(engine: Any, body: dict[str, Any]) -> dict[str, Any]:
     return {"text": tokenizer.decode(tokens, skip_special_tokens=skip)}
 
 
-def concat_and_append_body(engine: Any, body: dict[str, Any]) -> dict[str, Any]:
+def concat_and_append_body(engine: Any, body: dict[str, Any],
+                           args: Any = None) -> dict[str, Any]:
     """SGLang's client calls this when a fork joins with mode="concate_and_append" (its
     "parallel encoding"), after it has appended the branches' text itself. radixrt does not
     splice the branches' KV together: the next request holds the joined text, its common

@@ -43,6 +43,7 @@ Choices, where the OpenAI API leaves room:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -50,15 +51,19 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from radixrt.server import openai_protocol as proto
+from radixrt.server.chat_template import chat_prompt_ids, conversation_chars
 from radixrt.server.http_utils import (
+    CLIENT_CLOSED,
     APIError,
     await_or_disconnect,
+    event_stream,
     exception_response,
+    json_body,
+    json_response,
     read_json,
-    sse_stream,
 )
 from radixrt.server.openai_protocol import ChatCompletionRequest, CompletionRequest
 from radixrt.server.openai_stream import (
@@ -80,8 +85,10 @@ def add_openai_routes(app: FastAPI, manager: Any, served_model_name: str) -> Non
     api = OpenAIServing(manager, served_model_name)
     app.add_api_route("/v1/models", api.models, methods=["GET"])
     app.add_api_route("/v1/models/{model:path}", api.retrieve_model, methods=["GET"])
-    app.add_api_route("/v1/completions", api.completions, methods=["POST"])
-    app.add_api_route("/v1/chat/completions", api.chat_completions, methods=["POST"])
+    app.add_api_route("/v1/completions", api.completions, methods=["POST"],
+                      openapi_extra=json_body("CompletionRequest"))
+    app.add_api_route("/v1/chat/completions", api.chat_completions, methods=["POST"],
+                      openapi_extra=json_body("ChatCompletionRequest"))
 
 
 @dataclass
@@ -94,10 +101,11 @@ class Job:
     max_new_tokens: int
     names: dict[str, str]  # engine field name → OpenAI field name, for errors
     prompt_texts: list[str] = field(default_factory=list)  # for echo
-    id: str = ""
+    id: str = ""  # unguessable (uuid4): the rid /abort_request takes
     created: int = 0
     model: str = ""
     tools: ToolPlan | None = None  # chat requests with tools
+    kwargs: dict[str, Any] = field(default_factory=dict)  # the engine call's arguments
 
     @property
     def chat(self) -> bool:
@@ -108,6 +116,8 @@ class OpenAIServing:
     def __init__(self, manager: Any, served_model_name: str) -> None:
         self.manager = manager
         self.model_name = served_model_name
+        args = getattr(manager, "server_args", None)
+        self.max_prompt_chars = getattr(args, "max_prompt_chars", None)
         self.created = int(time.time())
         self.texts = TokenTexts(manager.tokenizer) if manager.tokenizer is not None else None
         # Mistral's [TOOL_CALLS] is a special token: "auto" must keep it to find the calls.
@@ -147,29 +157,37 @@ class OpenAIServing:
             if self.texts is None:
                 raise APIError("this server runs without a tokenizer (skip_tokenizer_init): "
                                "use /generate with input_ids", None)
-            job = prepare(await read_json(request))
+            # Validating, rendering the chat template and tokenizing are CPU work: a worker
+            # thread does them, so that a long conversation does not stall the event loop.
+            job = await asyncio.to_thread(self._prepared, prepare, await read_json(request))
             names = job.names
             return await self._run(request, job)
         except ModelNotFound as exc:
             return _model_not_found(exc.model, self.model_name)
+        except asyncio.CancelledError:
+            return Response(status_code=CLIENT_CLOSED)  # cancelled: nobody reads this
         except APIError as exc:
             return exception_response(exc)
         except ValueError as exc:
             return exception_response(proto.rename_engine_error(exc, names))
-        except Exception as exc:  # noqa: BLE001 - overload, dead scheduler: mapped to 503/500
+        except Exception as exc:  # noqa: BLE001 - overload, dead scheduler, client gone
             return exception_response(exc)
 
+    def _prepared(self, prepare: Callable[[dict], Job], body: dict[str, Any]) -> Job:
+        job = prepare(body)
+        job.kwargs = self._engine_kwargs(job)
+        return job
+
     async def _run(self, request: Request, job: Job) -> Response:
-        kwargs = self._engine_kwargs(job)
         if job.req.stream:
-            chunks = await self.manager.async_generate(**kwargs, stream=True)
+            chunks = await self.manager.async_generate(**job.kwargs, stream=True)
             make = chat_events if job.chat else completion_events
-            events = make(job, chunks, self.texts)
-            return StreamingResponse(sse_stream(events), media_type="text/event-stream")
-        outs = await await_or_disconnect(request, self.manager.async_generate(**kwargs))
+            return await event_stream(chunks, lambda c: make(job, c, self.texts))
+        outs = await await_or_disconnect(request, self.manager.async_generate(**job.kwargs))
         outs = outs if isinstance(outs, list) else [outs]
         build = self._chat_response if job.chat else self._completion_response
-        return JSONResponse(build(job, outs))
+        # Logprobs of a long answer make a large body: built and encoded off the event loop.
+        return await asyncio.to_thread(lambda: json_response(build(job, outs)))
 
     def _engine_kwargs(self, job: Job) -> dict[str, Any]:
         req = job.req
@@ -193,10 +211,11 @@ class OpenAIServing:
         req = proto.parse_request(ChatCompletionRequest, body)
         self._check_model(req.model)
         names = proto.field_names(req)
+        self._check_chars(conversation_chars(req), "messages")
         plan = _tool_plan(req)
         if plan is not None and plan.forced:
             names["json_schema"] = "tools"
-        ids = self._chat_ids(req)
+        ids = chat_prompt_ids(self.manager.tokenizer, req)
         requested = req.max_completion_tokens
         requested = req.max_tokens if requested is None else requested
         # OpenAI's default: up to the end of the context (which the KV pool may cut shorter).
@@ -215,27 +234,16 @@ class OpenAIServing:
         return Job(req, ids, batch, max_new, names, texts, id=f"cmpl-{uuid.uuid4().hex}",
                    created=int(time.time()), model=self.model_name)
 
+    def _check_chars(self, chars: int, param: str) -> None:
+        """The prompt's length in characters is bounded before anything is tokenized."""
+        limit = self.max_prompt_chars
+        if limit is not None and chars > limit:
+            raise APIError(f"{param} has {chars} characters, more than this server's limit "
+                           f"of {limit} (--max-prompt-chars)", param)
+
     def _check_model(self, model: str | None) -> None:
         if not self._serves(model):
             raise ModelNotFound(model)
-
-    def _chat_ids(self, req: ChatCompletionRequest) -> list[int]:
-        """Token ids of the rendered chat template. The template's text is tokenized without
-        adding special tokens: a BOS, where the model wants one, is in the template."""
-        tokenizer = self.manager.tokenizer
-        messages = [_template_message(m, i) for i, m in enumerate(req.messages)]
-        # continue_final_message: the last (assistant) message stays open, no new header.
-        proceed = bool(req.continue_final_message)
-        kwargs = {"add_generation_prompt": not proceed and req.add_generation_prompt is not False,
-                  "continue_final_message": proceed, **(req.chat_template_kwargs or {})}
-        if req.tools:
-            kwargs["tools"] = [tool.model_dump(exclude_none=True) for tool in req.tools]
-        try:
-            text = tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
-        except Exception as e:  # noqa: BLE001 - no template, or the template's own raise
-            raise APIError(f"the chat template cannot render these messages: {e}",
-                           "messages") from None
-        return tokenizer.encode(text, add_special_tokens=False)
 
     def _prompt_ids(self, req: CompletionRequest) -> tuple[list[list[int]], list[str], bool]:
         """(ids per prompt, prompt texts for echo, batch?) for the four shapes of prompt."""
@@ -243,6 +251,7 @@ class OpenAIServing:
         prompt = req.prompt
         batch = isinstance(prompt, list) and not isinstance(prompt[0], int)
         prompts = prompt if batch else [prompt]
+        self._check_chars(sum(len(p) for p in prompts if isinstance(p, str)), "prompt")
         ids, texts = [], []
         for i, p in enumerate(prompts):
             where = f"prompt[{i}]" if batch else "prompt"
@@ -257,7 +266,11 @@ class OpenAIServing:
         return ids, texts, batch
 
     def _checked_ids(self, ids: list[int], where: str) -> list[int]:
-        vocab = self.manager.info.vocab_size
+        vocab, context = self.manager.info.vocab_size, self.manager.info.context_length
+        if len(ids) >= context:  # before a look at each of a million ids
+            raise APIError(f"{where} has {len(ids)} tokens, but the model's context length "
+                           f"is {context} (and one token at least must be generated)",
+                           "prompt")
         for j, t in enumerate(ids):
             if not 0 <= t < vocab:
                 raise APIError(f"{where}[{j}] = {t} is not a token id in [0, {vocab})", "prompt")
@@ -363,37 +376,3 @@ def _is_special(tokenizer: Any, text: str) -> bool:
     skip_special_tokens)."""
     added = getattr(tokenizer, "added_tokens_decoder", None) or {}
     return any(tok.content == text and tok.special for tok in added.values())
-
-
-def _template_message(msg: proto.ChatMessage, i: int) -> dict[str, Any]:
-    """A message as chat templates expect it: content a string (text parts joined by
-    newlines); "developer" (OpenAI's newer name for system) as "system"; the arguments of
-    assistant tool_calls as objects (transformers' templates apply `tojson` to them)."""
-    out = msg.model_dump(exclude_none=True)
-    if msg.role == "developer":
-        out["role"] = "system"
-    for j, call in enumerate(out.get("tool_calls", [])):
-        call["function"]["arguments"] = _arguments_object(
-            call["function"]["arguments"], f"messages[{i}].tool_calls[{j}].function.arguments")
-    content = msg.content
-    if isinstance(content, list):
-        for j, part in enumerate(content):
-            if part.type != "text" or part.text is None:
-                raise APIError(f"only text content parts are supported, got {part.type!r}",
-                               f"messages[{i}].content[{j}].type")
-        content = "\n".join(part.text for part in content)
-    out["content"] = content or ""
-    return out
-
-
-def _arguments_object(arguments: str | dict[str, Any], param: str) -> dict[str, Any]:
-    if isinstance(arguments, dict):
-        return arguments
-    try:
-        value = json.loads(arguments or "{}")
-    except json.JSONDecodeError as e:
-        raise APIError(f"{param} must be JSON text of an object: {e}", param) from None
-    if not isinstance(value, dict):
-        raise APIError(f"{param} must be JSON text of an object, got {arguments[:60]!r}",
-                       param)
-    return value

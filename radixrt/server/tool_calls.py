@@ -28,6 +28,8 @@ HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 MISTRAL_MARK, LLAMA_TAG = "[TOOL_CALLS]", "<|python_tag|>"
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # the OpenAI API's rule for function names
 _EMPTY_PARAMS: dict[str, Any] = {"type": "object", "properties": {}}
+# What reading the model's text as JSON may raise: it is any text, nested arbitrarily deep.
+_NOT_JSON = (json.JSONDecodeError, RecursionError)
 
 
 def new_call_id() -> str:
@@ -231,11 +233,14 @@ def _call_from(obj: Any, args_keys: tuple[str, ...] = ("arguments", "parameters"
     if isinstance(args, str):  # some models write the arguments as JSON text
         try:
             args = json.loads(args)
-        except json.JSONDecodeError:
+        except _NOT_JSON:
             return None
     if not isinstance(args, dict):
         return None
-    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False))
+    try:
+        return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False))
+    except RecursionError:
+        return None
 
 
 def _parse_hermes(text: str) -> ParsedOutput:
@@ -257,7 +262,7 @@ def _parse_hermes(text: str) -> ParsedOutput:
 def _loads_call(text: str) -> ToolCall | None:
     try:
         return _call_from(json.loads(text))
-    except json.JSONDecodeError:
+    except _NOT_JSON:
         return None
 
 
@@ -271,7 +276,7 @@ def _parse_llama(text: str, names: tuple[str, ...] | None) -> ParsedOutput:
     while pos < len(body):
         try:
             obj, pos = decoder.raw_decode(body, pos)
-        except json.JSONDecodeError:
+        except _NOT_JSON:
             return ParsedOutput(_content([text]), [])
         call = _call_from(obj, ("parameters", "arguments"))
         if call is None or (names is not None and call.name not in names):
@@ -286,7 +291,7 @@ def _parse_mistral(text: str) -> ParsedOutput:
     before, _, after = text.partition(MISTRAL_MARK)
     try:
         obj, end = json.JSONDecoder().raw_decode(after.strip())
-    except json.JSONDecodeError:
+    except _NOT_JSON:
         return ParsedOutput(_content([text]), [])
     items = obj if isinstance(obj, list) else [obj]
     calls = [_call_from(item) for item in items]

@@ -17,7 +17,7 @@ import pytest
 from test_openai_api import MODEL, serve, server, template_ids  # noqa: F401 - the fixture
 
 from radixrt import Engine
-from radixrt.server.openai_api import _template_message
+from radixrt.server.chat_template import template_message as _template_message
 from radixrt.server.openai_protocol import ChatMessage
 from radixrt.server.tool_calls import (
     AutoToolStream,
