@@ -10,12 +10,18 @@ from typing import Any
 from radixrt.server.http_utils import APIError, check_json_value
 from radixrt.server.openai_protocol import ChatCompletionRequest, ChatMessage
 
+_RESERVED = {"conversation", "tokenize"}  # apply_chat_template arguments the server passes
+
 
 def chat_prompt_ids(tokenizer: Any, req: ChatCompletionRequest) -> list[int]:
     """Token ids of the rendered chat template; APIError naming `messages` when the template
     cannot render them. The template's text is tokenized without adding special tokens: a
     BOS, where the model wants one, is in the template."""
     messages = [template_message(m, i) for i, m in enumerate(req.messages)]
+    taken = sorted(_RESERVED & set(req.chat_template_kwargs or {}))
+    if taken:
+        raise APIError(f"chat_template_kwargs cannot set {taken}: the server renders the "
+                       "conversation to text itself", "chat_template_kwargs")
     # continue_final_message: the last (assistant) message stays open, no new header.
     proceed = bool(req.continue_final_message)
     kwargs = {"add_generation_prompt": not proceed and req.add_generation_prompt is not False,
