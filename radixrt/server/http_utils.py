@@ -120,23 +120,29 @@ def _no_constant(name: str) -> Any:
     raise APIError(f"the request body is not valid JSON: {name} is not a JSON number")
 
 
-def _too_deep() -> APIError:
-    return APIError(f"the request body is nested too deeply: at most {MAX_JSON_DEPTH} levels "
-                    "of arrays and objects are allowed")
+def _too_deep(param: str | None = None) -> APIError:
+    where = f" (in {param})" if param else ""
+    return APIError(f"the request body is nested too deeply{where}: at most {MAX_JSON_DEPTH} "
+                    "levels of arrays and objects are allowed", param)
 
 
 def check_json_value(value: Any) -> None:
     """APIError unless `value` nests at most MAX_JSON_DEPTH levels and its strings are valid
     Unicode (JSON's \\ud800 escapes make lone surrogates, which no encoder can write back)."""
-    stack = [(value, 1)]
+    stack: list[tuple[Any, int, str]] = [(value, 1, "")]
     while stack:
-        item, depth = stack.pop()
+        item, depth, path = stack.pop()
         if depth > MAX_JSON_DEPTH:
-            raise _too_deep()
-        children = item if isinstance(item, list) else [*item.keys(), *item.values()]
-        for child in children:
+            raise _too_deep(path or None)
+        if isinstance(item, list):
+            named: list[tuple[str, Any]] = [(path, child) for child in item]
+        else:  # the error names the field, as far as a field name goes (two levels)
+            named = [(path if depth > 2 else f"{path}.{k}".lstrip("."), child)
+                     for k, child in item.items()]
+            named += [(path, key) for key in item]
+        for child_path, child in named:
             if isinstance(child, (dict, list)):
-                stack.append((child, depth + 1))
+                stack.append((child, depth + 1, child_path))
             elif isinstance(child, str) and not child.isascii():
                 _check_unicode(child)
 

@@ -115,10 +115,12 @@ def test_a_deeply_nested_schema_is_a_400_not_a_recursion_error(pool_conserved, d
                + schema + "}}")
     answer = post(server, "/generate", as_dict)
     assert answer.status_code == 400 and "Recursion" not in answer.text, answer.text[:300]
+    assert answer.json()["error"]["param"] == "sampling_params.json_schema"
     answer = post(server, "/v1/chat/completions", '{"messages": [{"role": "user", "content": '
                   '"x"}], "max_tokens": 4, "response_format": {"type": "json_schema", '
                   '"json_schema": {"name": "x", "schema": ' + schema + "}}}")
     assert answer.status_code == 400 and "Recursion" not in answer.text, answer.text[:300]
+    assert answer.json()["error"]["param"] == "response_format.json_schema"
 
 
 def test_logprob_requests_are_bounded(pool_conserved):
