@@ -84,3 +84,19 @@ def launch(tmp_dir: Path, *args: str, api_key: str | None = None) -> LaunchedSer
         time.sleep(0.5)
     server.stop()
     pytest.fail(f"radixrt launch did not become healthy:\n{server.log_text()}")
+
+
+@pytest.fixture(scope="module")
+def launch_server(tmp_path_factory):
+    """Factory `(*cli_args, api_key=None) -> LaunchedServer`; servers stop at module end.
+    A fixture: conftest files import it to offer it."""
+    servers: list[LaunchedServer] = []
+
+    def start(*args: str, api_key: str | None = None) -> LaunchedServer:
+        server = launch(tmp_path_factory.mktemp("server"), *args, api_key=api_key)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()

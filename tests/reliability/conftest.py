@@ -11,8 +11,11 @@ from __future__ import annotations
 import time
 
 import httpx
+import launch_helpers
 import pytest
 from launch_helpers import LaunchedServer, launch
+
+launch_server = launch_helpers.launch_server  # the fixture, for this folder's tests
 
 SHARED_ARGS = ("--dtype", "float32", "--max-total-tokens", "3072", "--enable-kv-checks",
                "--max-running-requests", "16", "--log-level", "warning")
@@ -23,21 +26,6 @@ def shared_server(tmp_path_factory) -> LaunchedServer:
     server = launch(tmp_path_factory.mktemp("shared"), *SHARED_ARGS)
     yield server
     server.stop()
-
-
-@pytest.fixture(scope="module")
-def launch_server(tmp_path_factory):
-    """Factory `(*cli_args, api_key=None) -> LaunchedServer`; servers stop at module end."""
-    servers: list[LaunchedServer] = []
-
-    def start(*args: str, api_key: str | None = None) -> LaunchedServer:
-        server = launch(tmp_path_factory.mktemp("server"), *args, api_key=api_key)
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.stop()
 
 
 def server_stats(server: LaunchedServer) -> dict:

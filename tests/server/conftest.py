@@ -2,24 +2,12 @@
 
 from __future__ import annotations
 
+import launch_helpers
 import openai
 import pytest
-from launch_helpers import LaunchedServer, launch
+from launch_helpers import LaunchedServer
 
-
-@pytest.fixture(scope="module")
-def launch_server(tmp_path_factory):
-    """Factory `(*cli_args, api_key=None) -> LaunchedServer`; servers stop at module end."""
-    servers: list[LaunchedServer] = []
-
-    def start(*args: str, api_key: str | None = None) -> LaunchedServer:
-        server = launch(tmp_path_factory.mktemp("server"), *args, api_key=api_key)
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.stop()
+launch_server = launch_helpers.launch_server  # the fixture, for this folder's tests
 
 
 @pytest.fixture(scope="module")
