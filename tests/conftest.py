@@ -1,8 +1,9 @@
-"""Shared fixtures: tiny random-weight models saved as Hugging Face folders.
+"""Shared fixtures: tiny random-weight models saved as Hugging Face folders, and one server.
 
 `tiny_model_dir(arch, **overrides)` builds (once per test module and argument set) a folder with
 config.json, safetensors weights and a small byte-level ChatML tokenizer, usable by both our
-loader and transformers.
+loader and transformers. `default_server` is one `radixrt launch` of the default model for the
+whole run, shared by the DSL, server and fault tests (each start costs CI ~15 s).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from launch_helpers import LaunchedServer, launch
 
 TINY_VOCAB = 320  # 256 byte tokens + 3 special tokens + filler, see _tiny_tokenizer
 PAD_ID, IM_START_ID, IM_END_ID = 256, 257, 258
@@ -158,3 +160,19 @@ def prefill_logits() -> Callable[..., torch.Tensor]:
             return model.compute_logits(model(fb.input_ids, fb.positions, fb))
 
     return run
+
+
+# float32: greedy output is batch-invariant, so tests may compare answers across requests; the
+# KV accounting check runs after every step, and a failure kills the server loudly.
+DEFAULT_SERVER_ARGS = ("--dtype", "float32", "--max-total-tokens", "16384",
+                       "--enable-kv-checks", "--log-level", "warning")
+
+
+@pytest.fixture(scope="session")
+def default_server(tmp_path_factory: pytest.TempPathFactory) -> LaunchedServer:
+    """The default model served with DEFAULT_SERVER_ARGS until the run ends. Tests must leave
+    it as they found it (idle; state such as the cache may differ): tests that stop, kill or
+    reconfigure a server start their own."""
+    server = launch(tmp_path_factory.mktemp("default-server"), *DEFAULT_SERVER_ARGS)
+    yield server
+    server.stop()

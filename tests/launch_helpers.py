@@ -100,3 +100,25 @@ def launch_server(tmp_path_factory):
     yield start
     for server in servers:
         server.stop()
+
+
+def server_stats(server: LaunchedServer) -> dict:
+    """/server_info: the scheduler's counters (running, queued, free and evictable tokens)."""
+    r = httpx.get(server.url + "/server_info", headers=server.headers, timeout=30)
+    r.raise_for_status()
+    return r.json()
+
+
+def assert_pool_conserved(server: LaunchedServer, timeout_s: float = 30) -> None:
+    """Once the server is idle, no request holds a token: free + cached == the pool, and the
+    server still answers /health."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = server_stats(server)
+        idle = info["running"] == 0 and info["queued"] == 0 and info["grammar_queue"] == 0
+        held = info["max_total_num_tokens"] - info["free_tokens"] - info["evictable_tokens"]
+        if idle and held == 0:
+            break
+        assert time.monotonic() < deadline, f"requests still hold KV after {timeout_s} s: {info}"
+        time.sleep(0.2)
+    assert httpx.get(server.url + "/health", timeout=10).status_code == 200

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from launch_helpers import LaunchedServer, launch
+from launch_helpers import LaunchedServer
 
 import radixrt as rt
 
 
 @pytest.fixture(scope="session")
-def lang_server(tmp_path_factory) -> LaunchedServer:
-    """`radixrt launch` on the default model (float32: batch-invariant greedy output)."""
-    server = launch(tmp_path_factory.mktemp("lang-server"), "--dtype", "float32",
-                    "--enable-kv-checks")
-    yield server
-    server.stop()
+def lang_server(default_server) -> LaunchedServer:
+    """The run's default-model server (tests/conftest.py: float32, KV checks on)."""
+    return default_server
 
 
 @pytest.fixture(scope="session")

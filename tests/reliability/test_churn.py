@@ -14,7 +14,7 @@ import uuid
 
 import httpx
 import pytest
-from conftest import assert_pool_conserved, server_stats
+from launch_helpers import assert_pool_conserved, server_stats
 
 REQUESTS = 1000
 CONCURRENCY = 24

@@ -12,8 +12,8 @@ import time
 
 import httpx
 import pytest
-from conftest import assert_pool_conserved
 from hypothesis import HealthCheck, Phase, given, settings
+from launch_helpers import assert_pool_conserved
 
 schemathesis = pytest.importorskip("schemathesis")
 requests = pytest.importorskip("requests")  # schemathesis' transport

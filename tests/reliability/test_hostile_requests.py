@@ -115,12 +115,24 @@ def test_a_deeply_nested_schema_is_a_400_not_a_recursion_error(pool_conserved, d
                + schema + "}}")
     answer = post(server, "/generate", as_dict)
     assert answer.status_code == 400 and "Recursion" not in answer.text, answer.text[:300]
-    assert answer.json()["error"]["param"] == "sampling_params.json_schema"
     answer = post(server, "/v1/chat/completions", '{"messages": [{"role": "user", "content": '
                   '"x"}], "max_tokens": 4, "response_format": {"type": "json_schema", '
                   '"json_schema": {"name": "x", "schema": ' + schema + "}}}")
     assert answer.status_code == 400 and "Recursion" not in answer.text, answer.text[:300]
-    assert answer.json()["error"]["param"] == "response_format.json_schema"
+
+
+def test_a_body_nested_past_the_limit_names_the_field_it_is_in(pool_conserved):
+    # 200 levels: past the server's 128, within what json.loads parses (so the path is known).
+    schema = '{"type": "array", "items": ' * 200 + '{"type": "string"}' + "}" * 200
+    native = ('{"text": "x", "sampling_params": {"max_new_tokens": 4, "json_schema": '
+              + schema + "}}")
+    assert_400(post(pool_conserved, "/generate", native), "sampling_params.json_schema",
+               "nested too deeply")
+    chat = ('{"messages": [{"role": "user", "content": "x"}], "max_tokens": 4, '
+            '"response_format": {"type": "json_schema", "json_schema": {"name": "x", '
+            '"schema": ' + schema + "}}}")
+    assert_400(post(pool_conserved, "/v1/chat/completions", chat),
+               "response_format.json_schema", "nested too deeply")
 
 
 def test_logprob_requests_are_bounded(pool_conserved):

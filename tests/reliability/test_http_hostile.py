@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
-from conftest import assert_pool_conserved, server_stats
+from launch_helpers import assert_pool_conserved, server_stats
 from starlette.testclient import TestClient
 
 from radixrt.request_state import SchedulerDied

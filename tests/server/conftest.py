@@ -11,11 +11,10 @@ launch_server = launch_helpers.launch_server  # the fixture, for this folder's t
 
 
 @pytest.fixture(scope="module")
-def server(launch_server) -> LaunchedServer:
-    """The default model in float32 (greedy text is the same whatever the batch); modules that
-    need other flags define their own `server`."""
-    return launch_server("--dtype", "float32", "--max-total-tokens", "16384",
-                         "--log-level", "warning")
+def server(default_server) -> LaunchedServer:
+    """The run's default-model server (tests/conftest.py); modules that need other flags
+    define their own `server`."""
+    return default_server
 
 
 @pytest.fixture(scope="module")

@@ -14,12 +14,6 @@ import radixrt
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def server(launch_server):
-    return launch_server("--dtype", "float32", "--max-total-tokens", "4096",
-                         "--log-level", "warning")
-
-
 def get(server, path: str) -> httpx.Response:
     return httpx.get(server.url + path, timeout=60)
 
