@@ -7,7 +7,7 @@ def main() -> None:
     llm = radixrt.Engine()
     prompts = ["The capital of France is", "List three colors:", "def fibonacci(n):"]
     outs = llm.generate(prompts, {"temperature": 0, "max_new_tokens": 32})
-    for prompt, out in zip(prompts, outs):
+    for prompt, out in zip(prompts, outs, strict=True):
         meta = out["meta_info"]
         print(f"--- {prompt!r}\n{out['text']}\n[{meta['completion_tokens']} tokens, "
               f"finish {meta['finish_reason']}, cached {meta['cached_tokens']}]")

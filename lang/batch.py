@@ -64,7 +64,7 @@ def batch_arguments(batch_kwargs: Any, func: Callable, arg_names: list[str]) -> 
         if isinstance(item, dict):
             out.append(item)
         elif isinstance(item, (list, tuple)) and required <= len(item) <= len(arg_names):
-            out.append(dict(zip(arg_names, item)))
+            out.append(dict(zip(arg_names, item, strict=False)))  # trailing defaults omitted
         else:
             raise TypeError(f"run_batch: item {i} must be a dict of arguments or a list of "
                             f"{required} to {len(arg_names)} values for {arg_names}; got "

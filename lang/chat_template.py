@@ -30,13 +30,13 @@ class ChatTemplate:
     name: str | None = None  # the SGLang template name, when it is a named one
 
     @classmethod
-    def plain(cls) -> "ChatTemplate":
+    def plain(cls) -> ChatTemplate:
         """For models without a chat template: "role: content" lines."""
         return cls({r: f"{r}: " for r in ROLES}, {r: "\n" for r in ROLES})
 
     @classmethod
     def from_jinja(cls, source: str | None, bos_token: str | None = None,
-                   eos_token: str | None = None) -> "ChatTemplate":
+                   eos_token: str | None = None) -> ChatTemplate:
         if not source:
             return cls.plain()
         render = _renderer(source, bos_token, eos_token)

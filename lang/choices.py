@@ -27,8 +27,8 @@ class ChoicesMethod:
                 raise ValueError("unconditional_likelihood_normalized needs the choices' "
                                  "unconditional logprobs")
             # As SGLang: a missing unconditional logprob (the first token's) counts as 0.
-            return [mean_logprob([c - (u or 0.0) for c, u in zip(cond, uncond)])
-                    for cond, uncond in zip(conditional, unconditional)]
+            return [mean_logprob([c - (u or 0.0) for c, u in zip(cond, uncond, strict=True)])
+                    for cond, uncond in zip(conditional, unconditional, strict=True)]
         if self.name == "greedy_token_selection":
             winner = greedy_winner(conditional)
             return [1.0 if i == winner else 0.0 for i in range(len(conditional))]

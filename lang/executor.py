@@ -153,7 +153,8 @@ class StreamExecutor:
         pos, pending = 0, None
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: pos < len(self.chunks) or self._finished(var))
+                self._cond.wait_for(lambda seen=pos: seen < len(self.chunks)
+                                    or self._finished(var))
                 new, pos = self.chunks[pos:], len(self.chunks)
                 finished = self._finished(var) and pos == len(self.chunks)
             for name, text, meta in new:

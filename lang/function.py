@@ -42,7 +42,7 @@ class Function:
             raise TypeError(f"{func.__name__}: a program's first parameter is its state (s)")
         self.arg_names = params[1:]
 
-    def bind(self, **kwargs: Any) -> "Function":
+    def bind(self, **kwargs: Any) -> Function:
         """The same program with some arguments fixed."""
         unknown = set(kwargs) - set(self.arg_names)
         if unknown:
@@ -72,7 +72,7 @@ class Function:
     def run_batch(self, batch_kwargs: list[dict[str, Any]] | list[list | tuple], *,
                   backend: Any = None, num_threads: int | str = "auto",
                   progress_bar: bool = False, generator_style: bool = False,
-                  **defaults: Any) -> "BatchResult | Iterator[ProgramState]":
+                  **defaults: Any) -> BatchResult | Iterator[ProgramState]:
         """Run once per item of batch_kwargs (a dict of arguments, or a list of them in the
         program's order), num_threads at a time ("auto": as SGLang, up to max(96, 16 per
         CPU)); defaults are the sampling defaults, as run's. Returns the states in input
@@ -114,7 +114,9 @@ class Function:
         if len(args) > len(self.arg_names):
             raise TypeError(f"{self.func.__name__}() takes {len(self.arg_names)} arguments, "
                             f"got {len(args)}")
-        arguments = {**self.bind_arguments, **dict(zip(self.arg_names, args)), **kwargs}
+        # Fewer positional arguments than parameters is fine: the rest come from kwargs.
+        positional = dict(zip(self.arg_names, args, strict=False))
+        arguments = {**self.bind_arguments, **positional, **kwargs}
         try:
             inspect.signature(self.func).bind(None, **arguments)
         except TypeError as exc:

@@ -51,26 +51,26 @@ class ProgramState(Appending):
         self.ret_value: Any = None  # what the program function returned
 
     # -- building -------------------------------------------------------------------------
-    def __iadd__(self, other: Any) -> "ProgramState":
+    def __iadd__(self, other: Any) -> ProgramState:
         if other is None:
             raise ValueError("cannot append None to a program state")
         self.stream_executor.submit(ir.to_expr(other))
         return self
 
-    def fork(self, size: int = 1) -> "ProgramStateGroup":
+    def fork(self, size: int = 1) -> ProgramStateGroup:
         """`size` branches that continue from here, each on its own thread; the text so far is
         prefilled once (when size > 1) so the branches share it through the radix cache."""
         return ProgramStateGroup([ProgramState(e) for e in self.stream_executor.fork(size)],
                                  self)
 
-    def copy(self) -> "ProgramState":
+    def copy(self) -> ProgramState:
         """An independent continuation of this state. Also SGLang's form, a context manager:
         `with s.copy() as c: ...` joins c's new variables back into s at the end."""
         group = self.fork(1)
         group[0]._copied_from = group
         return group[0]
 
-    def __enter__(self) -> "ProgramState":
+    def __enter__(self) -> ProgramState:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -171,7 +171,7 @@ class ProgramStateGroup:
             raise TypeError(f"forks[{i}] = ...: a fork's branches cannot be replaced; append "
                             f"to one with forks[{i}] += expr")
 
-    def __iadd__(self, other: Any) -> "ProgramStateGroup":
+    def __iadd__(self, other: Any) -> ProgramStateGroup:
         """An expression or str goes to every branch; a list or tuple gives one item per
         branch; a callable is given each branch's index and returns what it gets."""
         if callable(other) and not isinstance(other, ir.Expr):
@@ -181,7 +181,7 @@ class ProgramStateGroup:
             if len(other) != len(self.states):
                 raise ValueError(f"forks += list: expected {len(self.states)} items (one per "
                                  f"branch), got {len(other)}")
-            for state, item in zip(self.states, other):
+            for state, item in zip(self.states, other, strict=True):
                 state += item
         else:
             for state in self.states:

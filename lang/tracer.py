@@ -7,6 +7,7 @@ its first generation to find the text every program of the batch starts with, an
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,7 +53,7 @@ class TracerState(Appending):
         self.nodes = nodes
         self.prefix_only = prefix_only
 
-    def __iadd__(self, other: Any) -> "TracerState":
+    def __iadd__(self, other: Any) -> TracerState:
         expr = ir.to_expr(other)
         for item in expr.items if isinstance(expr, ir.ExprList) else [expr]:
             if self.prefix_only and not isinstance(item, (ir.Text, ir.RoleBegin, ir.RoleEnd)):
@@ -72,14 +73,14 @@ class TracerState(Appending):
 
     __setitem__ = set_var
 
-    def fork(self, size: int = 1) -> list["TracerState"]:
+    def fork(self, size: int = 1) -> list[TracerState]:
         if self.prefix_only:
             raise StopTracing
         node = Fork(size, [[] for _ in range(size)])
         self.nodes.append(node)
         return _TracerGroup([TracerState(b, False) for b in node.branches])
 
-    def copy(self) -> "TracerState":
+    def copy(self) -> TracerState:
         return self.fork(1)[0]
 
     def text(self) -> str:
@@ -87,7 +88,7 @@ class TracerState(Appending):
 
 
 class _TracerGroup(list):
-    def __iadd__(self, other: Any) -> "_TracerGroup":
+    def __iadd__(self, other: Any) -> _TracerGroup:
         for i, state in enumerate(self):
             if callable(other) and not isinstance(other, ir.Expr):
                 state += other(i)
@@ -107,10 +108,8 @@ def trace(func: Callable, name: str, arguments: dict[str, Any],
           prefix_only: bool = False) -> ProgramIR:
     """Record func(state, **arguments); with prefix_only, stop at the first generation."""
     nodes: list[ir.Expr] = []
-    try:
+    with contextlib.suppress(StopTracing):
         func(TracerState(nodes, prefix_only), **arguments)
-    except StopTracing:
-        pass
     return ProgramIR(name, nodes)
 
 

@@ -133,7 +133,7 @@ class ServerArgs:
                              f"got {self.mem_fraction_static}")
 
     @classmethod
-    def from_kwargs(cls, **kwargs: Any) -> "ServerArgs":
+    def from_kwargs(cls, **kwargs: Any) -> ServerArgs:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(kwargs) - names)
         if unknown:
@@ -151,7 +151,7 @@ class ServerArgs:
                                 choices=f.metadata.get("choices"), help=f.metadata["help"])
 
     @classmethod
-    def from_cli_args(cls, ns: argparse.Namespace) -> "ServerArgs":
+    def from_cli_args(cls, ns: argparse.Namespace) -> ServerArgs:
         return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})
 
 

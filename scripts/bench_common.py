@@ -153,7 +153,7 @@ def hf_continuous(model, prompts: list[list[int]], max_new: list[int],
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     page = 64
-    blocks = sum(-(-(len(p) + m) // page) for p, m in zip(prompts, max_new)) + 8
+    blocks = sum(-(-(len(p) + m) // page) for p, m in zip(prompts, max_new, strict=True)) + 8
     cb_cfg = ContinuousBatchingConfig(page_size=page, num_blocks=blocks, max_batch_tokens=2048,
                                       allow_block_sharing=True)
     gen_cfg = GenerationConfig(do_sample=False, eos_token_id=-1, pad_token_id=pad_id)
@@ -163,7 +163,7 @@ def hf_continuous(model, prompts: list[list[int]], max_new: list[int],
                          for _ in range(2)])
         start = time.perf_counter()
         rids = [manager.add_request(p, max_new_tokens=m, eos_token_id=-1)
-                for p, m in zip(prompts, max_new)]
+                for p, m in zip(prompts, max_new, strict=True)]
         results = _drain(manager, rids)
         wall = time.perf_counter() - start
     got = [len(results[r].generated_tokens) for r in rids]

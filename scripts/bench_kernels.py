@@ -53,7 +53,7 @@ def paged(specs, hq, hkv, d, page_size, dtype, device, seed=0) -> Paged:
     order = torch.randperm(sum(pages), generator=gen)
     first = torch.tensor([0] + pages).cumsum(0)
     slots = []
-    for (p, n), i in zip(specs, range(len(specs))):
+    for i, (p, n) in enumerate(specs):
         own = order[first[i]: first[i + 1]]
         slots.append((own[:, None] * page_size + torch.arange(page_size)).flatten()[: p + n])
     size = sum(pages) * page_size
@@ -84,7 +84,7 @@ def sdpa_decode_fn(b: Paged):
     """All sequences of one length (the benchmark's case) as one batched SDPA call, reading
     each kv head once (enable_gqa) as the kernel does."""
     parts = [gathered(b, i, repeat=False) for i in range(len(b.specs))]
-    q, k, v = (torch.cat(x) for x in zip(*parts))
+    q, k, v = (torch.cat(x) for x in zip(*parts, strict=True))
     return lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True).transpose(
         1, 2).reshape(b.q.shape)
 
@@ -98,7 +98,7 @@ def sdpa_extend_fn(b: Paged):
 
     def run():
         outs = [F.scaled_dot_product_attention(q, k, v, attn_mask=m)
-                for (q, k, v), m in zip(parts, masks)]
+                for (q, k, v), m in zip(parts, masks, strict=True)]
         return torch.cat([o[0].transpose(0, 1) for o in outs])
     return run
 
@@ -150,7 +150,7 @@ def check_fused(dev: str, dtype: torch.dtype) -> list[tuple]:
     x, r = (torch.randn(6, 576, generator=gen).to(dtype).to(dev) for _ in range(2))
     w = (1 + 0.1 * torch.randn(576, generator=gen)).to(dtype).to(dev)
     ok_norm = all(close(a, b.cpu(), dtype) for a, b in zip(
-        fused_layers.rmsnorm(x, w, 1e-6, r), reference.rmsnorm_ref(x, w, 1e-6, r)))
+        fused_layers.rmsnorm(x, w, 1e-6, r), reference.rmsnorm_ref(x, w, 1e-6, r), strict=True))
     gu = torch.randn(6, 2 * 1536, generator=gen).to(dtype).to(dev)
     ok_silu = close(fused_layers.silu_and_mul(gu), reference.silu_and_mul_ref(gu).cpu(), dtype)
     qk = torch.randn(6, 12, 64, generator=gen).to(dtype).to(dev)

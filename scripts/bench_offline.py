@@ -122,7 +122,7 @@ def agreement(ours: list[list[int]], ref: list[list[int]], eos: list[int]) -> st
     """How many outputs equal static generate's up to radixrt's first EOS (which ignore_eos
     lets through, while generate suppresses it)."""
     cut = [next((i for i, t in enumerate(o) if t in eos), len(o)) for o in ours]
-    same = sum(o[:k] == r[:k] for o, r, k in zip(ours, ref, cut))
+    same = sum(o[:k] == r[:k] for o, r, k in zip(ours, ref, cut, strict=True))
     return f"{same}/{len(ref)} agree with static generate ({sum(cut)} tokens before EOS)"
 
 

@@ -66,7 +66,7 @@ def _mc_question(rng: random.Random, answer: bool) -> str:
     right = f"the River {t[key]}" if key == "river" else t[key]
     options = rng.sample([x for x in pool if x != right], 3) + [right]
     rng.shuffle(options)
-    listed = "".join(f"{letter}. {opt}\n" for letter, opt in zip(LETTERS, options))
+    listed = "".join(f"{letter}. {opt}\n" for letter, opt in zip(LETTERS, options, strict=True))
     text = (f"Passage: {_passage(t)}\nQuestion: {template.format(**t)}\n{listed}Answer:")
     return f"{text} {LETTERS[options.index(right)]}\n\n" if answer else text
 

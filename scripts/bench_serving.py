@@ -215,7 +215,7 @@ def ratio_row(workload: str, on: dict, off: dict) -> list[str]:
     def r(a: float, b: float) -> str:
         return _num(a / b, 2) + "x" if b and not math.isnan(a / b) else "-"
 
-    trio = [" / ".join(r(a, b) for a, b in zip(on[k], off[k]))
+    trio = [" / ".join(r(a, b) for a, b in zip(on[k], off[k], strict=True))
             for k in ("ttft_ms", "tpot_ms", "itl_ms")]
     return [workload, "ratio on/off", "", r(on["duration_s"], off["duration_s"]),
             r(on["request_throughput"], off["request_throughput"]),

@@ -118,7 +118,7 @@ class Backend:
                 "cached_tokens": sum(r["cached_tokens"] for r in requests)}
         return ChoiceDecision(index, meta, requests)
 
-    def __enter__(self) -> "Backend":
+    def __enter__(self) -> Backend:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -33,8 +33,9 @@ class Runtime(RuntimeEndpoint):
         host = engine_args.get("host", "127.0.0.1")
         cmd = [sys.executable, "-m", "radixrt.cli", "launch", "--port", str(port),
                *_flags(model_path=model_path, **engine_args)]
-        self.log_path = tempfile.NamedTemporaryFile(prefix="radixrt-runtime-", suffix=".log",
-                                                    delete=False).name
+        with tempfile.NamedTemporaryFile(prefix="radixrt-runtime-", suffix=".log",
+                                         delete=False) as named:
+            self.log_path = named.name
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                             env={**os.environ, "PYTHONUNBUFFERED": "1"},

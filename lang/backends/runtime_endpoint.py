@@ -77,7 +77,7 @@ class RuntimeEndpoint(Backend):
         return named_template(self.chat_template_name)
 
     @property
-    def endpoint(self) -> "RuntimeEndpoint":
+    def endpoint(self) -> RuntimeEndpoint:
         """As SGLang's Runtime.endpoint: code written for either reaches the endpoint."""
         return self
 

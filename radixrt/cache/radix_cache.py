@@ -15,11 +15,13 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Hashable, Iterator
-from dataclasses import dataclass
 
 import torch
 
+from typing import Any
+
 from radixrt.cache.allocator import PageAllocator
+from radixrt.cache.base import MatchResult, PrefixCache, Published
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
@@ -46,28 +48,18 @@ class TreeNode:
         return f"TreeNode(id={self.id}, len={len(self.key)}, lock={self.lock_ref})"
 
 
-@dataclass(frozen=True)
-class MatchResult:
-    """The slots of the longest cached prefix (int64 [n]) and the node where that prefix ends
-    (the root if nothing matched). Lock `last_node` to keep the prefix while it is in use."""
-
-    indices: torch.Tensor
-    last_node: TreeNode
-
-
-class RadixCache:
+class RadixCache(PrefixCache):
     """Radix tree of cached prefixes over a `PageAllocator`'s pages.
 
     Sizes are in tokens. A node's tokens count as protected while its lock_ref > 0 and as
     evictable otherwise; both counts are kept incrementally. The root has an empty key, is never
-    evicted, and is treated as permanently locked. With `disable=True` nothing is ever cached.
+    evicted, and is treated as permanently locked.
     """
 
-    def __init__(self, allocator: PageAllocator, page_size: int, disable: bool = False) -> None:
-        assert page_size == allocator.page_size, (page_size, allocator.page_size)
+    def __init__(self, allocator: PageAllocator, page_size: int | None = None) -> None:
+        assert page_size in (None, allocator.page_size), (page_size, allocator.page_size)
         self.allocator = allocator
-        self.page_size = page_size
-        self.disable = disable
+        self.page_size = allocator.page_size
         # A counter, not wall time: strictly ordered and deterministic (tests rely on both).
         self._clock = itertools.count(1)
         self._init_tree()
@@ -87,7 +79,7 @@ class RadixCache:
         the match; every node on the path gets a fresh access time.
         """
         key = key[: len(key) // self.page_size * self.page_size]
-        if self.disable or not key:
+        if not key:
             return MatchResult(_EMPTY, self.root)
         now = next(self._clock)
         node, values, pos = self.root, [], 0
@@ -109,13 +101,10 @@ class RadixCache:
 
         Returns p, the length of key's prefix that was already cached. The tree takes ownership
         of value[p:]; the caller keeps value[:p] and must free those slots if they are not the
-        tree's own (e.g. two requests computed the same prefix). With `disable=True` returns
-        len(key): the tree takes nothing, so the caller frees everything it passed.
+        tree's own (e.g. two requests computed the same prefix).
         """
         assert len(key) % self.page_size == 0, f"key length {len(key)} is not page aligned"
         assert value.numel() == len(key), (value.numel(), len(key))
-        if self.disable:
-            return len(key)
         now = next(self._clock)
         node, pos = self.root, 0
         while pos < len(key):
@@ -129,6 +118,21 @@ class RadixCache:
             child.last_access_time = now
             node, pos = child, pos + n
         return pos
+
+    def publish(self, key: list[int], slots: torch.Tensor, held: int, node: Any) -> Published:
+        """Insert `key`; the caller's copies of pages someone cached meanwhile are freed, and
+        its lock moves to the node where `key` ends (see PrefixCache.publish)."""
+        if len(key) <= held:
+            return Published(held, slots[:held], node)
+        present = self.insert(key, slots)
+        if present > held:
+            # Someone cached [held, present) meanwhile: the caller's copies are duplicates.
+            self.allocator.free_slots(slots[held:present])
+        match = self.match_prefix(key)
+        assert match.indices.numel() == len(key), (match.indices.numel(), len(key))
+        self.inc_lock_ref(match.last_node)
+        self.dec_lock_ref(node)
+        return Published(len(key), match.indices, match.last_node)
 
     def _add_leaf(self, parent: TreeNode, key: list[int], value: torch.Tensor, now: int) -> None:
         assert _whole_pages(value, self.page_size), "inserted slots must fill whole pages"
@@ -200,7 +204,7 @@ class RadixCache:
         """Free unlocked leaves, least recently used first, until at least `num_tokens` tokens
         are freed or nothing evictable remains; parents that become unlocked leaves join the
         queue. The slots go back to the allocator. Returns the number of tokens freed."""
-        if self.disable or num_tokens <= 0:
+        if num_tokens <= 0:
             return 0
         heap = [(n.last_access_time, n.id, n) for n in self._nodes() if self._evictable_leaf(n)]
         heapq.heapify(heap)

@@ -33,7 +33,7 @@ def _slots(specs: list[tuple[int, int]], page_size: int, gen: torch.Generator) -
     pages_needed = [-(-(p + n) // page_size) for p, n in specs]
     order = torch.randperm(sum(pages_needed) + 3, generator=gen).tolist()
     out, used = [], 0
-    for (p, n), count in zip(specs, pages_needed):
+    for (p, n), count in zip(specs, pages_needed, strict=True):
         pages = order[used : used + count]
         used += count
         out.append([pg * page_size + j for pg in pages for j in range(page_size)][: p + n])

@@ -39,9 +39,10 @@ def test_batch_sizes_and_padding():
 def prefill_then_decode_work(runner: ModelRunner, prompts: list[list[int]]) -> list[SeqWork]:
     """Prefill the prompts (sequence i on slots i*64..) and return their next decode step."""
     slots = [torch.arange(i * SLOTS_PER_SEQ, (i + 1) * SLOTS_PER_SEQ) for i in range(len(prompts))]
-    prefill = [SeqWork(p, s, 0, len(p)) for p, s in zip(prompts, slots)]
+    prefill = [SeqWork(p, s, 0, len(p)) for p, s in zip(prompts, slots, strict=True)]
     runner.forward(prefill, [0])
-    return [SeqWork([7 + i], s, len(p), 1) for i, (p, s) in enumerate(zip(prompts, slots))]
+    pairs = enumerate(zip(prompts, slots, strict=True))
+    return [SeqWork([7 + i], s, len(p), 1) for i, (p, s) in pairs]
 
 
 def test_padded_inputs_match_eager_decode(tiny_model_dir):
@@ -70,7 +71,7 @@ def test_padded_inputs_match_eager_decode(tiny_model_dir):
     # from eager); the padding row wrote nothing.
     others = torch.ones(pool.size, dtype=torch.bool)
     others[fb.out_cache_loc] = False
-    for after, before in zip(pool.k_buffer + pool.v_buffer, kv_before):
+    for after, before in zip(pool.k_buffer + pool.v_buffer, kv_before, strict=True):
         assert torch.equal(after[others], before[others])
         torch.testing.assert_close(after, before, atol=1e-5, rtol=1e-5)
 

@@ -67,11 +67,12 @@ def test_matches_torch_backend(specs, page_size):
     backends = [TorchAttentionBackend(), TritonAttentionBackend(device="cpu")]
     n = batches[0].qo_indptr[-1].item()
     q, k, v = (torch.randn(n, h, D, generator=gen) for h in (HQ, HKV, HKV))
-    for fb, backend in zip(batches, backends):
+    for fb, backend in zip(batches, backends, strict=True):
         fb.attn_backend = backend
         backend.init_forward_metadata(fb)
     for layer in range(2):
-        want, got = (be.forward(q, k, v, layer, fb, D**-0.5) for be, fb in zip(backends, batches))
+        want, got = (be.forward(q, k, v, layer, fb, D**-0.5)
+                     for be, fb in zip(backends, batches, strict=True))
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(pools[1].get_kv(layer), pools[0].get_kv(layer))
 

@@ -39,9 +39,8 @@ def test_role_context_managers_var_scope_and_set_var(endpoint):
     def prog(s):
         with s.user():
             s += "Say hi."
-        with s.assistant():
-            with s.var_scope("reply"):
-                s += "Hello" + rt.gen("rest", max_tokens=3)
+        with s.assistant(), s.var_scope("reply"):
+            s += "Hello" + rt.gen("rest", max_tokens=3)
         s["note"] = "mine"
 
     state = prog.run(temperature=0, backend=endpoint)
@@ -145,7 +144,7 @@ def test_run_batch_matches_single_runs_and_caches_the_common_prefix(endpoint):
     states = qa.run_batch([{"question": q} for q in questions], temperature=0,
                           num_threads=4, progress_bar=True, backend=endpoint)
     assert len(states.prefix_metas) == 1  # the shared system turn, prefilled once
-    for q, state in zip(questions, states):
+    for q, state in zip(questions, states, strict=True):
         assert state["answer"] == qa.run(question=q, temperature=0, backend=endpoint)["answer"]
     summary = states.get_meta_info()
     assert summary["num_requests"] == 5 and summary["cache_hit_rate"] > 0.3
@@ -168,7 +167,7 @@ def test_gen_regex_json_schema_int_and_string(endpoint):
 
     import jsonschema
 
-    for seed in range(3):  # sampled at temperature 1.0: the constraints still hold
+    for _ in range(3):  # sampled at temperature 1.0: the constraints still hold
         state = extract.run(temperature=1.0, backend=endpoint)
         jsonschema.validate(json.loads(state["info"]), schema)
         assert re.fullmatch(r"\d{3}-\d{4}", state["phone"])

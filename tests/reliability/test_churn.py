@@ -157,7 +157,7 @@ async def _run_churn(url: str, seed: int = 0) -> Churn:
     async with httpx.AsyncClient(timeout=120, limits=limits) as client:
         churn = Churn(client, url)
         gate = asyncio.Semaphore(CONCURRENCY)
-        names, weights = zip(*KINDS)
+        names, weights = zip(*KINDS, strict=True)
 
         async def one(i: int) -> None:
             r = random.Random(rng.random())

@@ -87,7 +87,7 @@ def test_requests_that_cannot_go_on_end_alone_and_the_others_are_unchanged(pool_
         hostile = [pool.submit(post, server, route, body) for route, body, _ in MIDWAY]
         answers = [f.result() for f in hostile]
         beside = beside.result()
-    for (route, body, words), answer in zip(MIDWAY, answers):
+    for (route, body, words), answer in zip(MIDWAY, answers, strict=True):
         reason = finish_of(route, answer)
         if route.startswith("/v1"):
             assert reason == "abort", (body, reason)

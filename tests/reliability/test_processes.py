@@ -263,7 +263,7 @@ def test_engine_calls_fail_fast_naming_a_dead_child(model):
                  "flush_cache": engine.flush_cache, "get_stats": engine.get_stats,
                  "get_server_info": engine.get_server_info,
                  "abort_request": lambda: engine.abort_request(abort_all=True)}
-        for name, call in calls.items():
+        for call in calls.values():
             with pytest.raises(SchedulerDied, match=re.escape(named)):
                 call()
         assert time.monotonic() - start < CHILD_DEATH_EXIT_S

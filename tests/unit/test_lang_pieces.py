@@ -141,7 +141,7 @@ def test_lang_names_are_reexported_by_radixrt():
         assert getattr(rt, name) is getattr(radixrt.lang, name)
     assert "gen" in dir(rt)
     with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
-        rt.nonexistent
+        _ = rt.nonexistent
 
 
 def test_bind_and_argument_errors():

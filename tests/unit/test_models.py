@@ -87,7 +87,7 @@ def check_ragged_batches(
         for i, n in enumerate(lengths)
     ]
     a, b, c, d = seqs
-    refs = dict(zip(map(id, seqs), reference_logits(model_dir, seqs, dtype)))
+    refs = dict(zip(map(id, seqs), reference_logits(model_dir, seqs, dtype), strict=True))
     plan = [
         [(b, 5), (c, 9), (d, 3)],  # prefills, nothing cached
         [(a, 7), (c, 1), (b, 4), (d, 1)],  # prefill, decode, prefill after a prefix, decode
@@ -95,7 +95,7 @@ def check_ragged_batches(
     ]
     for steps in plan:
         starts = [seq.cached for seq, _ in steps]
-        for (seq, n), start, got in zip(steps, starts, run_step(model, pool, steps)):
+        for (seq, n), start, got in zip(steps, starts, run_step(model, pool, steps), strict=True):
             want = refs[id(seq)][start : start + n]
             torch.testing.assert_close(got, want, atol=atol, rtol=0)
 

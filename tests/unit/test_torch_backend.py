@@ -82,14 +82,14 @@ def test_matches_naive_attention(specs, dtype):
     backend.init_forward_metadata(fb)
     total = fb.qo_indptr[-1].item()
     q = torch.randn(total, HQ, D, generator=gen)
-    k_new = torch.cat([k[p:] for k, (p, _) in zip(full_k, specs)])
-    v_new = torch.cat([v[p:] for v, (p, _) in zip(full_v, specs)])
+    k_new = torch.cat([k[p:] for k, (p, _) in zip(full_k, specs, strict=True)])
+    v_new = torch.cat([v[p:] for v, (p, _) in zip(full_v, specs, strict=True)])
     scale = D**-0.5
     for layer in range(2):
         out = backend.forward(q.to(dtype), k_new.to(dtype), v_new.to(dtype), layer, fb, scale)
         assert out.shape == (total, HQ, D) and out.dtype == dtype
         start = 0
-        for (prefix, n), k, v in zip(specs, full_k, full_v):
+        for (prefix, n), k, v in zip(specs, full_k, full_v, strict=True):
             k, v = k.to(dtype).float(), v.to(dtype).float()  # as the pool stores them
             want = naive(q[start : start + n], k, v, prefix, scale)
             tol = 1e-5 if dtype == torch.float32 else 3e-2
@@ -108,11 +108,11 @@ def check_against_naive(fb: ForwardBatch, seqs: list, specs: list[tuple[int, int
     """Layer 0's output for random queries equals naive attention over each sequence's K/V."""
     qo = fb.qo_indptr.tolist()
     q = torch.randn(qo[-1], HQ, D, generator=gen)
-    k_new = torch.cat([k[p:] for (k, _), (p, _) in zip(seqs, specs)])
-    v_new = torch.cat([v[p:] for (_, v), (p, _) in zip(seqs, specs)])
+    k_new = torch.cat([k[p:] for (k, _), (p, _) in zip(seqs, specs, strict=True)])
+    v_new = torch.cat([v[p:] for (_, v), (p, _) in zip(seqs, specs, strict=True)])
     out = fb.attn_backend.forward(q.to(dtype), k_new.to(dtype), v_new.to(dtype), 0, fb, D**-0.5)
     tol = 1e-5 if dtype == torch.float32 else 3e-2
-    for i, ((k, v), (p, n)) in enumerate(zip(seqs, specs)):
+    for i, ((k, v), (p, n)) in enumerate(zip(seqs, specs, strict=True)):
         want = naive(q[qo[i]: qo[i] + n], k.to(dtype).float(), v.to(dtype).float(), p, D**-0.5)
         torch.testing.assert_close(out[qo[i]: qo[i] + n].float(), want, atol=tol, rtol=0)
 
