@@ -62,6 +62,6 @@ def paged_kv() -> Callable[..., PagedKV]:
             qo_indptr=indptr(news), kv_indptr=indptr([p + n for p, n in specs]),
             kv_indices=torch.tensor(sum(slots, []), dtype=torch.int64),
             q=randn(sum(news), hq, head_dim), max_new_tokens=max(news, default=0),
-        )  # fmt: skip
+        )
 
     return make

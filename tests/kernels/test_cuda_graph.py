@@ -29,8 +29,8 @@ def test_batch_sizes_and_padding():
     assert graph_batch_sizes(3) == [1, 2, 3]
     assert graph_batch_sizes(12) == [1, 2, 4, 8, 12]
     sizes = graph_batch_sizes(20)
-    assert [padded_batch_size(b, sizes) for b in (1, 3, 5, 8, 9, 17, 20)] == [
-        1, 4, 8, 8, 16, 20, 20]  # fmt: skip
+    padded = [padded_batch_size(b, sizes) for b in (1, 3, 5, 8, 9, 17, 20)]
+    assert padded == [1, 4, 8, 8, 16, 20, 20]
     assert padded_batch_size(21, sizes) is None
     with pytest.raises(ValueError, match="cuda_graph_max_bs"):
         graph_batch_sizes(0)

@@ -117,7 +117,7 @@ def greedy(path: str, backend: str, **settings) -> list[list[int]]:
     dict(page_size=1),
     # Chunks of 7: prefill chunks and decode steps share batches (the extend kernel's mix).
     dict(page_size=16, chunked_prefill_size=7),
-], ids=["page1", "page16-chunked"])  # fmt: skip
+], ids=["page1", "page16-chunked"])
 def test_engine_greedy_equals_torch_backend(tiny_model_dir, settings):
     path = tiny_model_dir("llama", num_attention_heads=6, num_key_value_heads=2, hidden_size=96)
     assert greedy(path, "triton", **settings) == greedy(path, "torch", **settings)

@@ -122,7 +122,7 @@ def check_ragged_batches(
         ),
         ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
     ],
-)  # fmt: skip
+)
 def test_ragged_batch_matches_transformers(tiny_model_dir, arch, overrides):
     check_ragged_batches(tiny_model_dir(arch, **overrides))
 
@@ -169,8 +169,7 @@ def test_model_config_fields(tiny_model_dir, tmp_path):
     model, cfg = load_model(str(model_dir), "bfloat16", "cpu")
     assert isinstance(cfg, ModelConfig)
     assert (cfg.architecture, cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads) == (
-        "LlamaForCausalLM", 2, 4, 2,
-    )  # fmt: skip
+        "LlamaForCausalLM", 2, 4, 2)
     assert (cfg.head_dim, cfg.hidden_size, cfg.vocab_size, cfg.context_length) == (32, 64, 320, 512)
     assert cfg.eos_token_ids == [258, 7]
     assert cfg.dtype == torch.bfloat16
@@ -246,7 +245,7 @@ def test_tiny_tokenizer(tiny_model_dir):
     ids = tok.encode("héllo", add_special_tokens=False)
     assert len(ids) == 6 and tok.decode(ids) == "héllo"  # one token per byte
     text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
-                                   add_generation_prompt=True)  # fmt: skip
+                                   add_generation_prompt=True)
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     with pytest.raises(FileNotFoundError):
         load_tokenizer("/nonexistent/model")
