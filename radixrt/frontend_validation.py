@@ -14,13 +14,9 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+from radixrt.errors import ParamError
 from radixrt.messages import GenerateReq
-from radixrt.request_input import (
-    GenerateReqInput,
-    RequestFieldError,
-    check_supported,
-    check_types,
-)
+from radixrt.request_input import GenerateReqInput, check_supported, check_types
 from radixrt.request_limits import validate_logprobs, validate_request_size, validate_token_ids
 from radixrt.sampling_params import SamplingParams
 
@@ -85,41 +81,40 @@ def _prompt_shape(prompt, input_ids, max_chars: int) -> tuple[int, bool]:
     """(how many prompts, is_batch), before anything is tokenized; each text prompt has at
     most `max_chars` characters."""
     if (prompt is None) == (input_ids is None):
-        raise RequestFieldError("give exactly one of text (the prompt) or input_ids "
-                                "(token ids)", "text")
+        raise ParamError("text", "give exactly one of text (the prompt) or input_ids "
+                         "(token ids)")
     if input_ids is not None:
         if not isinstance(input_ids, list):
-            raise RequestFieldError("input_ids must be a list of ints or a list of lists of "
-                                    "ints", "input_ids")
+            raise ParamError("input_ids", "input_ids must be a list of ints or a list of lists of "
+                             "ints")
         if input_ids and isinstance(input_ids[0], list):
             if not all(isinstance(x, list) for x in input_ids):
-                raise RequestFieldError("input_ids must be a list of ints or a list of lists "
-                                        "of ints, not a mix", "input_ids")
+                raise ParamError("input_ids", "input_ids must be a list of ints or a list of lists "
+                                 "of ints, not a mix")
             return len(input_ids), True
         return 1, False
     texts = [prompt] if isinstance(prompt, str) else prompt
     if not (isinstance(texts, list) and texts and all(isinstance(p, str) for p in texts)):
-        raise RequestFieldError("text (the prompt) must be a string or a non-empty list of "
-                                f"strings, got {type(prompt).__name__}", "text")
+        raise ParamError("text", "text (the prompt) must be a string or a non-empty list of "
+                         f"strings, got {type(prompt).__name__}")
     for i, text in enumerate(texts):
         if len(text) > max_chars:
             where = "text" if isinstance(prompt, str) else f"text[{i}]"
-            raise RequestFieldError(f"{where} has {len(text)} characters; the server's "
-                                    f"--max-prompt-chars is {max_chars}", "text")
+            raise ParamError("text", f"{where} has {len(text)} characters; the server's "
+                             f"--max-prompt-chars is {max_chars}")
     return len(texts), isinstance(prompt, list)
 
 
 def _check_batch_size(count: int, params_list: list, limit: int, prompt_field: str) -> None:
     """One call makes at most `limit` requests: prompts x n."""
     if count > limit:
-        raise RequestFieldError(f"{prompt_field} holds {count} prompts; one request may make "
-                                f"at most {limit} (the server's --max-request-batch-size)",
-                                prompt_field)
+        raise ParamError(prompt_field, f"{prompt_field} holds {count} prompts; one request "
+                         f"may make at most {limit} (the server's --max-request-batch-size)")
     total = sum(_n_of(raw) for raw in params_list)
     if total > limit:
-        raise RequestFieldError(f"{count} prompt(s) x n make {total} requests; one request "
-                                f"may make at most {limit} (the server's "
-                                "--max-request-batch-size)", "n")
+        raise ParamError("n", f"{count} prompt(s) x n make {total} requests; one request "
+                         f"may make at most {limit} (the server's "
+                         "--max-request-batch-size)")
 
 
 def _n_of(raw) -> int:
@@ -145,11 +140,11 @@ def _per_prompt(value, count: int, name: str, dict_ok: bool = False) -> list:
     """One value for every prompt, or a list with one value per prompt."""
     if not isinstance(value, list):
         if dict_ok and value is not None and not isinstance(value, (dict, SamplingParams)):
-            raise RequestFieldError(f"{name} must be a dict or a list of dicts", name)
+            raise ParamError(name, f"{name} must be a dict or a list of dicts")
         return [value] * count
     if len(value) != count:
-        raise RequestFieldError(f"{name} has {len(value)} entries for {count} prompt(s): give "
-                                "one value, or one per prompt", name)
+        raise ParamError(name, f"{name} has {len(value)} entries for {count} prompt(s): give "
+                         "one value, or one per prompt")
     return value
 
 
@@ -161,10 +156,10 @@ def _rids(rid, count: int, is_batch: bool) -> list[str]:
     else:
         rids = rid if isinstance(rid, list) else [rid]
     if len(rids) != count or not all(isinstance(r, str) and r for r in rids):
-        raise RequestFieldError(f"rid must be {'a list of ' + str(count) if is_batch else 'one'} "
-                                "non-empty string(s)", "rid")
+        raise ParamError("rid", f"rid must be {'a list of ' + str(count) if is_batch else 'one'} "
+                         "non-empty string(s)")
     if len(set(rids)) != len(rids):
-        raise RequestFieldError(f"rid has duplicates: {sorted(rids)}", "rid")
+        raise ParamError("rid", f"rid has duplicates: {sorted(rids)}")
     return rids
 
 
@@ -176,14 +171,13 @@ def _token_ids_logprob(value, count: int, vocab: int) -> list[list[int] | None]:
     lists = _per_prompt(lists, count, "token_ids_logprob")
     for ids in lists:
         if ids is not None and not isinstance(ids, list):
-            raise RequestFieldError("token_ids_logprob must be a list of token ids, or one "
-                                    f"list (or null) per prompt, got {ids!r:.80}",
-                                    "token_ids_logprob")
+            raise ParamError("token_ids_logprob", "token_ids_logprob must be a list of token "
+                             f"ids, or one list (or null) per prompt, got {ids!r:.80}")
         bad = next((t for t in ids or () if isinstance(t, bool) or not isinstance(t, int)
                     or not 0 <= t < vocab), None)
         if bad is not None:
-            raise RequestFieldError(f"token_ids_logprob must hold token ids in [0, {vocab}), "
-                                    f"got {bad!r:.80}", "token_ids_logprob")
+            raise ParamError("token_ids_logprob", "token_ids_logprob must hold token ids in "
+                             f"[0, {vocab}), got {bad!r:.80}")
     return [list(ids) if ids else None for ids in lists]
 
 
@@ -208,9 +202,8 @@ def _check_constraint(engine: Any, params: SamplingParams) -> None:
     if found is None:
         return
     if engine.tokenizer is None:
-        raise RequestFieldError("structured generation (regex, json_schema, ebnf) needs a "
-                                "tokenizer: this server runs with skip_tokenizer_init",
-                                found[0])
+        raise ParamError(found[0], "structured generation (regex, json_schema, ebnf) needs a "
+                         "tokenizer: this server runs with skip_tokenizer_init")
     try:
         _checker(engine).check(*found)
     except GrammarBusy as e:

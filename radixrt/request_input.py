@@ -7,8 +7,8 @@ of SGLang's class is one of three kinds (the tables below):
 - informational: accepted with any value, because it asks for nothing that changes the output
   here (a trace header, a routing key on a server with one worker, ...);
 - unsupported: accepted while it carries its null/default value (None, False, 0, "", [] or
-  {}), else a `RequestFieldError` naming it ("lora_path is not supported by this server").
-A name SGLang does not know is a `RequestFieldError` too. Types are checked by msgspec
+  {}), else a `ParamError` naming it ("lora_path is not supported by this server").
+A name SGLang does not know is a `ParamError` too. Types are checked by msgspec
 (`check_types`); shapes and ranges by `radixrt.frontend_validation.build_requests`.
 """
 
@@ -20,13 +20,15 @@ from typing import Any
 
 import msgspec
 
+from radixrt.errors import ParamError
 
-class RequestFieldError(ValueError):
-    """A bad request field; `param` is its name (HTTP 400, OpenAI-style `param`)."""
+
+class RequestFieldError(ParamError):
+    """ParamError with the old argument order (message, param), kept only for
+    radixrt/grammar/constraint.py until it raises ParamError itself; nothing else uses it."""
 
     def __init__(self, message: str, param: str | None) -> None:
-        super().__init__(message)
-        self.param = param
+        super().__init__(param, message)
 
 
 class GenerateReqInput(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -145,10 +147,10 @@ def make_request(**fields: Any) -> GenerateReqInput:
 
 
 def from_dict(body: dict[str, Any]) -> GenerateReqInput:
-    """A request from a JSON body; RequestFieldError for an unknown name or a wrong type."""
+    """A request from a JSON body; ParamError for an unknown name or a wrong type."""
     unknown = [k for k in body if k not in _DEFAULTS]
     if unknown:
-        raise RequestFieldError(_unknown_message(unknown[0]), unknown[0])
+        raise ParamError(unknown[0], _unknown_message(unknown[0]))
     return _convert(body)
 
 
@@ -159,16 +161,16 @@ def check_types(req: GenerateReqInput) -> GenerateReqInput:
 
 
 def check_supported(req: GenerateReqInput) -> None:
-    """RequestFieldError naming the first unsupported field that asks for something."""
+    """ParamError naming the first unsupported field that asks for something."""
     for name in sorted(UNSUPPORTED):
         if not is_unset(getattr(req, name), _DEFAULTS[name]):
             why = _WHY.get(name)
-            raise RequestFieldError(f"{name} is not supported by this server"
-                                    + (f" ({why})" if why else ""), name)
+            raise ParamError(name, f"{name} is not supported by this server"
+                             + (f" ({why})" if why else ""))
     for name in ("routed_dp_rank", "data_parallel_rank"):
         if getattr(req, name) not in (None, 0):
-            raise RequestFieldError(f"{name} must be 0 or null: this server runs one "
-                                    f"data-parallel rank, got {getattr(req, name)!r}", name)
+            raise ParamError(name, f"{name} must be 0 or null: this server runs one "
+                             f"data-parallel rank, got {getattr(req, name)!r}")
 
 
 def is_unset(value: Any, default: Any) -> bool:
@@ -191,7 +193,7 @@ def _convert(data: dict[str, Any]) -> GenerateReqInput:
     except msgspec.ValidationError as e:
         found = re.search(r"\$\.(\w+)", str(e))
         name = found.group(1) if found else None
-        raise RequestFieldError(f"invalid {name or 'request'}: {e}", name) from None
+        raise ParamError(name, f"invalid {name or 'request'}: {e}") from None
 
 
 def _unknown_message(name: str) -> str:

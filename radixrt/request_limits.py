@@ -1,46 +1,55 @@
 """Limits on what one request may ask of the server, checked twice: by the frontend (a 400
 before tokenizing or queueing) and by the scheduler (its socket also takes requests from other
-frontends, which must not reach the KV pool unchecked either). Pure checks, no torch.
+frontends, which must not reach the KV pool unchecked either). Pure checks, no torch: the HTTP
+process, the engine, the OpenAI layer and the scheduler all use these, and nothing else.
 
-Every error is a `RequestFieldError` naming the field and the allowed range.
+Every error is a `ParamError` naming the field and the allowed range.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from radixrt.request_input import RequestFieldError
+from radixrt.errors import ParamError
+
+
+def validate_prompt_len(prompt_len: int, context_length: int,
+                        prompt_field: str = "input_ids") -> None:
+    """The prompt is not empty and leaves room for one generated token in the context (cheap:
+    callers check it before looking at each id of a long list)."""
+    if prompt_len == 0:
+        raise ParamError(prompt_field, "the prompt is empty: give at least one token")
+    if prompt_len >= context_length:
+        raise ParamError(prompt_field, f"the prompt has {prompt_len} tokens; the model's "
+                         f"context length (context_length) is {context_length} and at least "
+                         "one token must be generated")
 
 
 def validate_request_size(prompt_len: int, max_new_tokens: int, context_length: int,
                           pool_tokens: int, prompt_field: str = "input_ids") -> None:
     """The prompt and its generation fit the model's context and the KV pool. `prompt_field`:
     the field the prompt came in (text or input_ids), named by the errors about its length."""
-    if prompt_len == 0:
-        raise RequestFieldError("the prompt is empty: give at least one token", prompt_field)
-    if prompt_len >= context_length:
-        raise RequestFieldError(f"the prompt has {prompt_len} tokens; the model's "
-                                f"context_length is {context_length} and at least one token "
-                                "must be generated", prompt_field)
+    validate_prompt_len(prompt_len, context_length, prompt_field)
     if prompt_len + max_new_tokens > context_length:
-        raise RequestFieldError(f"prompt ({prompt_len} tokens) + max_new_tokens "
-                                f"({max_new_tokens}) exceed the model's context_length "
-                                f"({context_length}): lower max_new_tokens to at most "
-                                f"{context_length - prompt_len}", "max_new_tokens")
+        raise ParamError("max_new_tokens", f"prompt ({prompt_len} tokens) + max_new_tokens "
+                         f"({max_new_tokens}) exceed the model's context length "
+                         f"(context_length {context_length}): lower max_new_tokens to at most "
+                         f"{context_length - prompt_len}")
     if prompt_len + max_new_tokens > pool_tokens:
-        raise RequestFieldError(f"prompt ({prompt_len} tokens) + max_new_tokens "
-                                f"({max_new_tokens}) exceed the KV pool ({pool_tokens} tokens): "
-                                "lower max_new_tokens or raise max_total_tokens",
-                                "max_new_tokens")
+        raise ParamError("max_new_tokens", f"prompt ({prompt_len} tokens) + max_new_tokens "
+                         f"({max_new_tokens}) exceed the KV pool ({pool_tokens} tokens): "
+                         "lower max_new_tokens or raise max_total_tokens")
 
 
-def validate_token_ids(ids: Sequence[int], vocab: int, field: str = "input_ids") -> None:
+def validate_token_ids(ids: Sequence[int], vocab: int, field: str = "input_ids",
+                       param: str | None = None) -> None:
     """Every id is an int in [0, vocab): an id past the embedding table would fail the whole
-    batch's forward, not just this request."""
+    batch's forward, not just this request. The error says `field`[i] and names `param`
+    (default: `field`; e.g. field "prompt[1]" of param "prompt")."""
     for i, t in enumerate(ids):
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
-            raise RequestFieldError(f"{field}[{i}] = {t!r} is not a token id in [0, {vocab})",
-                                    field)
+            raise ParamError(param or field,
+                             f"{field}[{i}] = {t!r} is not a token id in [0, {vocab})")
 
 
 def validate_logprobs(*, top_logprobs_num: int, token_ids_logprob: Sequence[int] | None,
@@ -54,23 +63,22 @@ def validate_logprobs(*, top_logprobs_num: int, token_ids_logprob: Sequence[int]
     """
     top = top_logprobs_num
     if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= max_logprobs:
-        raise RequestFieldError(f"top_logprobs_num must be an int in [0, {max_logprobs}] (the "
-                                f"server's --max-logprobs), got {top!r}", "top_logprobs_num")
+        raise ParamError("top_logprobs_num", f"top_logprobs_num must be an int in [0, "
+                         f"{max_logprobs}] (the server's --max-logprobs), got {top!r}")
     if not isinstance(logprob_start_len, int) or not -1 <= logprob_start_len < max(prompt_len, 1):
-        raise RequestFieldError(f"logprob_start_len must be -1 or in [0, {prompt_len - 1}] for "
-                                f"a prompt of {prompt_len} tokens, got {logprob_start_len!r}",
-                                "logprob_start_len")
+        raise ParamError("logprob_start_len", f"logprob_start_len must be -1 or in [0, "
+                         f"{prompt_len - 1}] for a prompt of {prompt_len} tokens, got "
+                         f"{logprob_start_len!r}")
     if not return_logprob:
         return
     scored = prompt_len - logprob_start_len if logprob_start_len >= 0 else 0
-    per_position = 1 + top + len(token_ids_logprob or ())
-    entries = (scored + max_new_tokens) * per_position
+    ids_count = len(token_ids_logprob or ())
+    entries = (scored + max_new_tokens) * (1 + top + ids_count)
     if entries > max_entries:
-        field = "token_ids_logprob" if len(token_ids_logprob or ()) > top else "top_logprobs_num"
-        raise RequestFieldError(
+        raise ParamError(
+            "token_ids_logprob" if ids_count > top else "top_logprobs_num",
             f"the request would return {entries} logprob entries ((prompt tokens scored from "
             f"logprob_start_len: {scored} + max_new_tokens: {max_new_tokens}) x (1 + "
-            f"top_logprobs_num: {top} + len(token_ids_logprob): "
-            f"{len(token_ids_logprob or ())})); the server's --max-logprob-entries is "
-            f"{max_entries}: ask for fewer ids or positions (token_ids_logprob has no cap of "
-            "its own beyond this one)", field)
+            f"top_logprobs_num: {top} + len(token_ids_logprob): {ids_count})); the server's "
+            f"--max-logprob-entries is {max_entries}: ask for fewer ids or positions "
+            "(token_ids_logprob has no cap of its own beyond this one)")

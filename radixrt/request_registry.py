@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 
-from radixrt.request_input import RequestFieldError
+from radixrt.errors import ParamError
 from radixrt.request_state import ReqState
 
 
@@ -29,13 +29,13 @@ class RequestRegistry:
 
     def add(self, entries: list[tuple[ReqState, set[str]]]) -> None:
         """Register requests with the group rids each belongs to, all or none: a rid (or a
-        group rid) already in use is a RequestFieldError naming `rid` (HTTP 400)."""
+        group rid) already in use is a ParamError naming `rid` (HTTP 400)."""
         with self._lock:
             taken = self._states.keys() | self._groups.keys()
             for state, keys in entries:
                 for key in ({state.rid} | keys) & taken:
-                    raise RequestFieldError(f"rid {key!r} is already in use by a running "
-                                            "request: give each request its own rid", "rid")
+                    raise ParamError("rid", f"rid {key!r} is already in use by a running "
+                                     "request: give each request its own rid")
             for state, keys in entries:
                 self._states[state.rid] = state
                 self._keys_of[state.rid] = keys - {state.rid}

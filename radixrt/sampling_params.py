@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import regex
 
-from radixrt.request_input import RequestFieldError
+from radixrt.errors import ParamError
 
 # Below this temperature a row is sampled greedily (softmax(x / 1e-6) is argmax in float32).
 GREEDY_TEMPERATURE = 1e-6
@@ -85,13 +85,13 @@ class SamplingParams:
         """
         d = d or {}
         if not isinstance(d, dict):
-            raise RequestFieldError(f"sampling_params must be a dict, got {type(d).__name__}",
-                                    "sampling_params")
+            raise ParamError("sampling_params",
+                             f"sampling_params must be a dict, got {type(d).__name__}")
         allowed = [f.name for f in dataclasses.fields(cls)]
         d = {k: v for k, v in d.items() if not _internal_at_default(k, v)}
         for key in d:
             if key not in allowed:
-                raise RequestFieldError(_unknown_key_message(key, allowed), "sampling_params")
+                raise ParamError("sampling_params", _unknown_key_message(key, allowed))
         # As SGLang: null for a parameter that is not optional means its default.
         params = cls(**{k: v for k, v in d.items() if v is not None or _DEFAULTS[k] is None
                         or k == "max_new_tokens"})
@@ -106,8 +106,8 @@ class SamplingParams:
         for name, (check, expected) in _FIELD_TYPES.items():
             value = getattr(self, name)
             if not check(value):
-                raise RequestFieldError(f"sampling param {name!r} must be {expected}, got "
-                                        f"{type(value).__name__} {_short(value)}", name)
+                raise ParamError(name, f"sampling param {name!r} must be {expected}, got "
+                                 f"{type(value).__name__} {_short(value)}")
         for name in _FLOAT_FIELDS:
             setattr(self, name, float(getattr(self, name)))
         if isinstance(self.stop_token_ids, tuple):
@@ -118,8 +118,8 @@ class SamplingParams:
             self.json_schema = schema_object_text(self.json_schema)
         if self.custom_params and nests_deeper_than(self.custom_params, MAX_CUSTOM_DEPTH):
             # to_dict (dataclasses.asdict) and the wire's encoders recurse into it.
-            raise RequestFieldError(f"sampling param 'custom_params' nests more than "
-                                    f"{MAX_CUSTOM_DEPTH} levels deep", "custom_params")
+            raise ParamError("custom_params", f"sampling param 'custom_params' nests more than "
+                             f"{MAX_CUSTOM_DEPTH} levels deep")
         for name in ("regex", "json_schema", "ebnf", "structural_tag"):
             setattr(self, name, getattr(self, name) or None)  # SGLang: empty = unset
         if isinstance(self.stop_regex, tuple):
@@ -198,9 +198,9 @@ def _internal_at_default(key: str, value: object) -> bool:
         return False
     if value is None or value == _SGLANG_INTERNAL[key]:
         return True
-    raise RequestFieldError(f"sampling param {key!r} is internal to SGLang and cannot be set "
-                            f"(allowed: {_SGLANG_INTERNAL[key]!r} or null), got "
-                            f"{_short(value)}", key)
+    raise ParamError(key, f"sampling param {key!r} is internal to SGLang and cannot be set "
+                     f"(allowed: {_SGLANG_INTERNAL[key]!r} or null), got "
+                     f"{_short(value)}")
 
 
 def _is_int(v: object) -> bool:
@@ -269,8 +269,8 @@ _DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
 
 def _require(ok: bool, field: str, allowed: str, value: object) -> None:
     if not ok:
-        raise RequestFieldError(f"sampling param {field!r} must be {allowed}, got "
-                                f"{_short(value)}", field)
+        raise ParamError(field, f"sampling param {field!r} must be {allowed}, got "
+                         f"{_short(value)}")
 
 
 def _check_lengths(p: SamplingParams, max_context: int | None) -> None:
@@ -334,8 +334,8 @@ def _check_stop_regex(p: SamplingParams) -> None:
         try:  # the `regex` module: the one the scheduler and detokenizer search with
             compiled = regex.compile(pattern)
         except (regex.error, RecursionError, OverflowError) as e:
-            raise RequestFieldError(f"sampling param 'stop_regex' {pattern!r} does not "
-                                    f"compile: {e}", "stop_regex") from None
+            raise ParamError("stop_regex", f"sampling param 'stop_regex' {pattern!r} does not "
+                             f"compile: {e}") from None
         _require(compiled.search("") is None, "stop_regex",
                  "regexes that cannot match the empty string (that would stop at once)",
                  pattern)
@@ -347,15 +347,14 @@ def _check_unsupported(p: SamplingParams) -> None:
     if p.beam_width is not None:
         _require(p.beam_width >= 1, "beam_width", ">= 1 or None", p.beam_width)
         if p.beam_width > 1:
-            raise RequestFieldError("sampling param 'beam_width' > 1 (beam search) is not "
-                                    f"supported by this server, got {p.beam_width}: use n for "
-                                    "several samples", "beam_width")
+            raise ParamError("beam_width", "sampling param 'beam_width' > 1 (beam search) is not "
+                             f"supported by this server, got {p.beam_width}: use n for "
+                             "several samples")
     if p.structural_tag is not None:
-        raise RequestFieldError("sampling param 'structural_tag' is not supported by this "
-                                "server: use json_schema, regex or ebnf", "structural_tag")
+        raise ParamError("structural_tag", "sampling param 'structural_tag' is not supported "
+                         "by this server: use json_schema, regex or ebnf")
     if p.watermark not in (None, {}, False):
-        raise RequestFieldError("sampling param 'watermark' is not supported by this server",
-                                "watermark")
+        raise ParamError("watermark", "sampling param 'watermark' is not supported by this server")
 
 
 def _parse_int(text: str) -> int | None:

@@ -19,10 +19,10 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+from radixrt.errors import ParamError
 from radixrt.grammar.backend import allows_some_token, make_compiler
 from radixrt.grammar.constraint import check_constraint_size, parse_constraint
 from radixrt.grammar.workers import DaemonExecutor
-from radixrt.request_input import RequestFieldError
 
 CACHE_SIZE = 1024
 WORKERS = 2  # compiles at once: one slow constraint does not hold up every other
@@ -45,7 +45,7 @@ class ConstraintChecker:
         self._verdicts: OrderedDict[bytes, Future] = OrderedDict()
 
     def check(self, kind: str, text: str) -> None:
-        """Returns if the constraint is usable; RequestFieldError naming `kind` if not (or if
+        """Returns if the constraint is usable; ParamError naming `kind` if not (or if
         it did not compile within the timeout); GrammarBusy if it could not be tried."""
         check_constraint_size(kind, text)  # cheap: before any thread or hash
         self._setup.result(timeout=SETUP_TIMEOUT_S)
@@ -56,7 +56,7 @@ class ConstraintChecker:
         except FutureTimeout:
             message = self._timed_out(kind, text, future, deadline)
         if message is not None:
-            raise RequestFieldError(message, kind)
+            raise ParamError(kind, message)
 
     def close(self) -> None:
         self._pool.shutdown()
@@ -79,7 +79,7 @@ class ConstraintChecker:
         try:
             compiled = compiler.compile_grammar(
                 parse_constraint(xgr, kind, text, self.json_any_whitespace))
-        except RequestFieldError as e:
+        except ParamError as e:
             return str(e)
         except Exception as e:  # noqa: BLE001 - xgrammar's compiler refused what it parsed
             return f"sampling param {kind!r} did not compile: {e}"

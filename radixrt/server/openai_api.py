@@ -53,6 +53,7 @@ from typing import Any, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from radixrt.request_limits import validate_prompt_len, validate_request_size, validate_token_ids
 from radixrt.server import openai_protocol as proto
 from radixrt.server.chat_template import chat_prompt_ids, conversation_chars
 from radixrt.server.http_utils import (
@@ -220,7 +221,8 @@ class OpenAIServing:
         requested = req.max_tokens if requested is None else requested
         # OpenAI's default: up to the end of the context (which the KV pool may cut shorter).
         default = self.manager.info.pool_tokens - len(ids)
-        max_new = self._max_new_tokens(len(ids), requested, default, names)
+        with proto.openai_names(names):
+            max_new = self._max_new_tokens(len(ids), requested, default)
         return Job(req, [ids], False, max_new, names, id=f"chatcmpl-{uuid.uuid4().hex}",
                    created=int(time.time()), model=self.model_name, tools=plan)
 
@@ -228,9 +230,10 @@ class OpenAIServing:
         req = proto.parse_request(CompletionRequest, body)
         self._check_model(req.model)
         names = proto.field_names(req)
-        ids, texts, batch = self._prompt_ids(req)
-        max_new = min(self._max_new_tokens(len(p), req.max_tokens,
-                                           COMPLETIONS_DEFAULT_MAX_TOKENS, names) for p in ids)
+        with proto.openai_names(names):
+            ids, texts, batch = self._prompt_ids(req)
+            max_new = min(self._max_new_tokens(len(p), req.max_tokens,
+                                               COMPLETIONS_DEFAULT_MAX_TOKENS) for p in ids)
         return Job(req, ids, batch, max_new, names, texts, id=f"cmpl-{uuid.uuid4().hex}",
                    created=int(time.time()), model=self.model_name)
 
@@ -253,11 +256,13 @@ class OpenAIServing:
         prompts = prompt if batch else [prompt]
         self._check_chars(sum(len(p) for p in prompts if isinstance(p, str)), "prompt")
         ids, texts = [], []
+        info = self.manager.info
         for i, p in enumerate(prompts):
-            where = f"prompt[{i}]" if batch else "prompt"
-            p_ids = tokenizer.encode(p) if isinstance(p, str) else self._checked_ids(p, where)
-            if not p_ids:
-                raise APIError(f"{where} is empty: give at least one token", "prompt")
+            p_ids = tokenizer.encode(p) if isinstance(p, str) else list(p)
+            validate_prompt_len(len(p_ids), info.context_length)  # before each of 1e6 ids
+            if not isinstance(p, str):
+                where = f"prompt[{i}]" if batch else "prompt"
+                validate_token_ids(p_ids, info.vocab_size, where, param="input_ids")
             ids.append(p_ids)
             if isinstance(p, str):
                 texts.append(p)
@@ -265,35 +270,15 @@ class OpenAIServing:
                 texts.append(tokenizer.decode(p) if req.echo else "")
         return ids, texts, batch
 
-    def _checked_ids(self, ids: list[int], where: str) -> list[int]:
-        vocab, context = self.manager.info.vocab_size, self.manager.info.context_length
-        if len(ids) >= context:  # before a look at each of a million ids
-            raise APIError(f"{where} has {len(ids)} tokens, but the model's context length "
-                           f"is {context} (and one token at least must be generated)",
-                           "prompt")
-        for j, t in enumerate(ids):
-            if not 0 <= t < vocab:
-                raise APIError(f"{where}[{j}] = {t} is not a token id in [0, {vocab})", "prompt")
-        return list(ids)
-
-    def _max_new_tokens(self, prompt_len: int, requested: int | None, default: int,
-                        names: dict[str, str]) -> int:
-        """max_new_tokens for one prompt; APIError when the prompt, or the prompt plus the
-        requested tokens, does not fit in the model's context."""
-        context = self.manager.info.context_length
-        if prompt_len >= context:
-            raise APIError(f"the prompt has {prompt_len} tokens, but the model's context "
-                           f"length is {context} (and one token at least must be generated)",
-                           names["input_ids"])
-        room = context - prompt_len
-        if requested is None:
-            return max(1, min(default, room))
-        param = names["max_new_tokens"]
-        if requested > room:
-            raise APIError(f"{param} ({requested}) + the prompt's {prompt_len} tokens = "
-                           f"{requested + prompt_len} exceeds the model's context length "
-                           f"{context}: lower {param} to at most {room}", param)
-        return requested
+    def _max_new_tokens(self, prompt_len: int, requested: int | None, default: int) -> int:
+        """max_new_tokens for one prompt: `requested`, or `default` cut to the room left in
+        the context; ParamError (SGLang's names) when the request does not fit."""
+        info = self.manager.info
+        max_new = requested
+        if max_new is None:
+            max_new = max(1, min(default, info.context_length - prompt_len))
+        validate_request_size(prompt_len, max_new, info.context_length, info.pool_tokens)
+        return max_new
 
     # -- responses ----------------------------------------------------------------------------
     def _chat_response(self, job: Job, outs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -9,13 +9,15 @@ int and `true` is not a number.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+from collections.abc import Iterator
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from radixrt.sampling_params import SamplingParams
+from radixrt.errors import ParamError
 from radixrt.server.http_utils import APIError
 
 MAX_TOP_LOGPROBS = 20  # the OpenAI API's limit for chat top_logprobs
@@ -300,10 +302,6 @@ def _response_format_schema(fmt: ResponseFormat | None) -> str | None:
     return json.dumps(schema)
 
 
-# SGLang field names (in the engine's messages) → OpenAI field names, where they differ.
-_ENGINE_ONLY = {name for name in SamplingParams.__dataclass_fields__} - set(_SAME_NAMES)
-
-
 def field_names(req: _SamplingFields) -> dict[str, str]:
     """For `rename_engine_error`: the OpenAI field each engine (SGLang) name came from."""
     chat = isinstance(req, ChatCompletionRequest)
@@ -321,23 +319,23 @@ def field_names(req: _SamplingFields) -> dict[str, str]:
 
 def rename_engine_error(exc: ValueError, names: dict[str, str]) -> APIError:
     """The engine's ValueError, its SGLang field names replaced by the OpenAI ones; `param`
-    is the first field the message names."""
+    is the OpenAI name of the ParamError's field (None for another ValueError)."""
     message = str(exc).replace("sampling param ", "")
     for sgl, oai in names.items():
         message = re.sub(rf"\b{sgl}\b", oai, message)
-    if isinstance(getattr(exc, "param", None), str):  # the engine named the field
-        return APIError(message, names.get(exc.param, exc.param))
-    param = None
-    quoted = re.search(r"'(\w+)'", message)
-    known = set(names.values()) | set(_SAME_NAMES) | _ENGINE_ONLY
-    if quoted and quoted.group(1) in known:
-        param = quoted.group(1)
-    else:
-        hits = [(message.find(n), n) for n in known if re.search(rf"\b{n}\b", message)]
-        param = min(hits)[1] if hits else None
-    if param is None and "prompt" in message:
-        param = names.get("input_ids", "prompt")
-    return APIError(message, param)
+    param = exc.param if isinstance(exc, ParamError) else None
+    return APIError(message, None if param is None else names.get(param, param))
+
+
+@contextlib.contextmanager
+def openai_names(names: dict[str, str]) -> Iterator[None]:
+    """Checks the OpenAI layer shares with the engine (radixrt/request_limits.py) raise
+    ParamError with SGLang's names: inside this block they come out as APIError with the
+    OpenAI ones."""
+    try:
+        yield
+    except ParamError as exc:
+        raise rename_engine_error(exc, names) from None
 
 
 # -- responses ----------------------------------------------------------------------------

@@ -12,10 +12,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from radixrt.errors import ParamError
 from radixrt.executor.sampler import NO_TOKEN, SamplingBatch, sample
 from radixrt.frontend_validation import build_requests
 from radixrt.grammar.constraint import json_text_depth
-from radixrt.request_input import RequestFieldError, make_request
+from radixrt.request_input import make_request
 from radixrt.request_limits import validate_logprobs
 from radixrt.sampling_params import SamplingParams
 from radixrt.server_args import ServerArgs
@@ -32,26 +33,26 @@ def limits(**kw):
 
 def test_top_logprobs_num_is_capped_by_max_logprobs():
     validate_logprobs(**limits(top_logprobs_num=20))
-    with pytest.raises(RequestFieldError, match=r"top_logprobs_num must be an int in \[0, 20\] "
+    with pytest.raises(ParamError, match=r"top_logprobs_num must be an int in \[0, 20\] "
                        r"\(the server's --max-logprobs\), got 49152") as err:
         validate_logprobs(**limits(top_logprobs_num=49152))
     assert err.value.param == "top_logprobs_num"
-    with pytest.raises(RequestFieldError, match="got True"):
+    with pytest.raises(ParamError, match="got True"):
         validate_logprobs(**limits(top_logprobs_num=True))
 
 
 def test_logprob_entries_are_capped_and_name_the_biggest_factor():
     # (64 - 0 + 100) x (1 + 20) = 3,444 entries: fine.
     validate_logprobs(**limits(top_logprobs_num=20, logprob_start_len=0))
-    with pytest.raises(RequestFieldError, match="3280164 logprob entries") as err:
+    with pytest.raises(ParamError, match="3280164 logprob entries") as err:
         validate_logprobs(**limits(token_ids_logprob=list(range(20000)), logprob_start_len=0))
     assert err.value.param == "token_ids_logprob"
-    with pytest.raises(RequestFieldError, match="--max-logprob-entries is 100") as err:
+    with pytest.raises(ParamError, match="--max-logprob-entries is 100") as err:
         validate_logprobs(**limits(top_logprobs_num=5, max_entries=100))
     assert err.value.param == "top_logprobs_num"
     # Without return_logprob nothing is produced, whatever the ids.
     validate_logprobs(**limits(return_logprob=False, token_ids_logprob=list(range(20000))))
-    with pytest.raises(RequestFieldError, match=r"logprob_start_len must be -1 or in \[0, 63\]"):
+    with pytest.raises(ParamError, match=r"logprob_start_len must be -1 or in \[0, 63\]"):
         validate_logprobs(**limits(logprob_start_len=64))
 
 
@@ -77,18 +78,18 @@ def fake_engine(**args) -> SimpleNamespace:
 ])
 def test_prompts_and_batches_are_bounded_before_tokenizing(fields, param, words):
     engine = fake_engine(max_prompt_chars=100, max_request_batch_size=8)
-    with pytest.raises(RequestFieldError) as err:
+    with pytest.raises(ParamError) as err:
         build_requests(engine, make_request(**fields))
     assert err.value.param == param and words in str(err.value), str(err.value)
 
 
 def test_build_requests_checks_logprob_limits_and_token_ids():
     engine = fake_engine(max_logprobs=5)
-    with pytest.raises(RequestFieldError, match=r"\[0, 5\]"):
+    with pytest.raises(ParamError, match=r"\[0, 5\]"):
         build_requests(engine, make_request(input_ids=[1, 2], top_logprobs_num=6))
-    with pytest.raises(RequestFieldError, match=r"input_ids\[1\] = 49152 is not a token id"):
+    with pytest.raises(ParamError, match=r"input_ids\[1\] = 49152 is not a token id"):
         build_requests(engine, make_request(input_ids=[1, VOCAB]))
-    with pytest.raises(RequestFieldError, match="got 49152") as err:
+    with pytest.raises(ParamError, match="got 49152") as err:
         build_requests(engine, make_request(input_ids=[1], token_ids_logprob=[3, VOCAB]))
     assert err.value.param == "token_ids_logprob"
     planned, _ = build_requests(engine, make_request(input_ids=[1, 2], top_logprobs_num=5,
@@ -113,10 +114,10 @@ def test_the_checker_refuses_what_no_token_can_start(tokenizer):
         checker.check("json_schema", '{"type": "object"}')
         checker.check("regex", "")  # may end at once: the stop token is allowed
         for kind, text in (("regex", "\u0016"), ("ebnf", 'root ::= "\\x16"')):
-            with pytest.raises(RequestFieldError, match="can never be satisfied") as err:
+            with pytest.raises(ParamError, match="can never be satisfied") as err:
                 checker.check(kind, text)
             assert err.value.param == kind
-        with pytest.raises(RequestFieldError, match="not a valid regular expression"):
+        with pytest.raises(ParamError, match="not a valid regular expression"):
             checker.check("regex", "(ab")
     finally:
         checker.close()
@@ -129,11 +130,11 @@ def test_a_compile_past_the_timeout_is_refused_and_then_answered_at_once(tokeniz
     slow = "[a-z]{1,50000}"  # compiles in ~0.7 s
     try:
         checker.check("regex", "[0-9]")  # the compiler's setup is not the request's time
-        with pytest.raises(RequestFieldError, match="did not compile within 0.05 s") as err:
+        with pytest.raises(ParamError, match="did not compile within 0.05 s") as err:
             checker.check("regex", slow)
         assert err.value.param == "regex"
         start = time.monotonic()
-        with pytest.raises(RequestFieldError, match="did not compile within"):
+        with pytest.raises(ParamError, match="did not compile within"):
             checker.check("regex", slow)
         assert time.monotonic() - start < 0.04  # the verdict, not a second compile
     finally:
@@ -185,3 +186,33 @@ def test_the_json_depth_scan_is_linear_on_hostile_text():
     assert json_text_depth('["' * 50_000) == 25_000  # [ "[" [ "[" ...
     assert json_text_depth("[" * 100_000) == 100_000
     assert time.monotonic() - start < 2
+
+
+def test_param_error_names_its_field_first_and_is_a_value_error():
+    err = ParamError("max_new_tokens", "too many")
+    assert isinstance(err, ValueError) and err.param == "max_new_tokens" and str(err) == "too many"
+
+
+def test_shared_checks_name_the_field_they_are_given():
+    from radixrt.request_limits import validate_prompt_len, validate_token_ids
+
+    with pytest.raises(ParamError, match="the prompt is empty") as err:
+        validate_prompt_len(0, 64, "text")
+    assert err.value.param == "text"
+    with pytest.raises(ParamError, match=r"context length \(context_length\) is 64") as err:
+        validate_prompt_len(64, 64)
+    assert err.value.param == "input_ids"
+    with pytest.raises(ParamError, match=r"prompt\[1\]\[2\] = -1 is not a token id") as err:
+        validate_token_ids([0, 1, -1], 10, "prompt[1]", param="prompt")
+    assert err.value.param == "prompt"
+
+
+def test_openai_layer_takes_param_from_the_error_not_its_text():
+    from radixrt.server.openai_protocol import rename_engine_error
+
+    names = {"max_new_tokens": "max_tokens", "input_ids": "prompt"}
+    # The message names other fields first: only the exception's own param counts.
+    api = rename_engine_error(ParamError("max_new_tokens", "'temperature' and max_new_tokens"),
+                              names)
+    assert api.param == "max_tokens" and api.message == "'temperature' and max_tokens"
+    assert rename_engine_error(ValueError("bad 'temperature'"), names).param is None
