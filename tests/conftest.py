@@ -46,16 +46,18 @@ TINY_BASE: dict[str, Any] = dict(
 
 
 def _config_class(arch: str) -> type:
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-    classes = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}
+    classes = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig,
+               "qwen3": Qwen3Config}
     if arch not in classes:
         raise ValueError(f"tiny model arch must be one of {sorted(classes)}, got {arch!r}")
     return classes[arch]
 
 
 def tiny_config(arch: str, **overrides: Any) -> Any:
-    """A transformers config for a tiny model of `arch` ("llama", "qwen2", "mistral")."""
+    """A transformers config for a tiny model of `arch` ("llama", "qwen2", "mistral", "qwen3";
+    Qwen3's head_dim defaults to 128 there, so give it one)."""
     kwargs = dict(TINY_BASE)
     if arch == "mistral":
         kwargs["sliding_window"] = None  # our Mistral has no sliding window

@@ -7,55 +7,30 @@ in float32 then cast to the activation dtype, so that our q/k equal the referenc
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 
 from radixrt.layers.fused import use_triton
-
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
-
-
-def rope_parameters(config: Any) -> dict[str, Any]:
-    """The RoPE settings of a Hugging Face config as one dict with `rope_type` and `rope_theta`.
-
-    transformers >= 5 keeps them in `config.rope_parameters`; older versions in `rope_theta` and
-    `rope_scaling`. Raises ValueError for a rope type or a partial rotary factor we can't honour.
-    """
-    params = getattr(config, "rope_parameters", None)
-    if params is None:
-        params = dict(getattr(config, "rope_scaling", None) or {})
-        params.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
-    params = dict(params)
-    params["rope_type"] = params.get("rope_type", params.get("type", "default"))
-    if params["rope_type"] not in SUPPORTED_ROPE_TYPES:
-        raise ValueError(
-            f"rope_scaling.rope_type must be one of {list(SUPPORTED_ROPE_TYPES)}, "
-            f"got {params['rope_type']!r}"
-        )
-    factor = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
-    if factor != 1.0:
-        raise ValueError(f"partial_rotary_factor must be 1.0, got {factor}")
-    return params
+from radixrt.models.config import RopeConfig
 
 
-def compute_inv_freq(head_dim: int, params: dict[str, Any]) -> torch.Tensor:
+def compute_inv_freq(head_dim: int, rope: RopeConfig) -> torch.Tensor:
     """Inverse frequencies, [head_dim // 2] float32 on the CPU."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
-    inv_freq = 1.0 / (params["rope_theta"] ** exponents)
-    if params["rope_type"] == "linear":
-        inv_freq = inv_freq / params["factor"]
-    elif params["rope_type"] == "llama3":
-        inv_freq = _llama3_scale(inv_freq, params)
+    inv_freq = 1.0 / (rope.theta**exponents)
+    if rope.kind == "linear":
+        inv_freq = inv_freq / rope.factor
+    elif rope.kind == "llama3":
+        inv_freq = _llama3_scale(inv_freq, rope)
     return inv_freq
 
 
-def _llama3_scale(inv_freq: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
+def _llama3_scale(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
     # Llama 3.1: long wavelengths are slowed down by `factor`, short ones kept, and the band in
     # between interpolated smoothly.
-    factor = params["factor"]
-    low, high = params["low_freq_factor"], params["high_freq_factor"]
-    old_len = params["original_max_position_embeddings"]
+    factor = rope.factor
+    low, high = rope.low_freq_factor, rope.high_freq_factor
+    old_len = rope.original_max_positions
     wavelen = 2 * math.pi / inv_freq
     scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
     smooth = (old_len / wavelen - low) / (high - low)
@@ -71,9 +46,9 @@ class RotaryEmbedding:
     model on the meta device.
     """
 
-    def __init__(self, head_dim: int, params: dict[str, Any]) -> None:
+    def __init__(self, head_dim: int, rope: RopeConfig) -> None:
         self.head_dim = head_dim
-        self.inv_freq = compute_inv_freq(head_dim, params)  # [D/2] float32, CPU
+        self.inv_freq = compute_inv_freq(head_dim, rope)  # [D/2] float32, CPU
         self._per_device: dict[torch.device, torch.Tensor] = {}
 
     def cos_sin(

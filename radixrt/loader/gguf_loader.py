@@ -19,6 +19,7 @@ from transformers import PretrainedConfig
 _ARCHS = {
     "llama": ("llama", "LlamaForCausalLM"),
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+    "qwen3": ("qwen3", "Qwen3ForCausalLM"),
 }
 # "<arch>.<key>" metadata -> HF config field.
 _CONFIG_KEYS = {
@@ -49,6 +50,8 @@ _BLOCK_TENSORS = {
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",  # Qwen3's per-head norms
+    "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
@@ -117,12 +120,21 @@ class GGUFCheckpoint:
             value = self._field(f"tokenizer.ggml.{key}")
             if value is not None:
                 kwargs[hf_key] = value
-        rope_dim = self._field(f"{self.gguf_arch}.rope.dimension_count")
-        if self.gguf_arch == "llama" and rope_dim is not None:
-            kwargs["head_dim"] = rope_dim  # as transformers reads it
+        kwargs.update(self._head_dim())
         kwargs.update(self._rope_scaling())
         kwargs["tie_word_embeddings"] = "output.weight" not in self._tensor_names
         return AutoConfig.for_model(model_type, **kwargs)
+
+    def _head_dim(self) -> dict[str, Any]:
+        # llama.cpp writes attention.key_length where the head size is not hidden / heads
+        # (Qwen3: 128 whatever the width). For Llama, transformers reads rope.dimension_count.
+        key_length = self._field(f"{self.gguf_arch}.attention.key_length")
+        if key_length is not None:
+            return {"head_dim": key_length}
+        rope_dim = self._field(f"{self.gguf_arch}.rope.dimension_count")
+        if self.gguf_arch == "llama" and rope_dim is not None:
+            return {"head_dim": rope_dim}
+        return {}
 
     def _rope_scaling(self) -> dict[str, Any]:
         if "rope_freqs.weight" in self._tensor_names:

@@ -6,11 +6,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from torch import nn
 from transformers import AutoConfig, PretrainedConfig
 
 from radixrt.loader.model_config import ModelConfig, architecture_of, resolve_dtype
 from radixrt.loader.weights import iter_safetensors, safetensors_files
+from radixrt.models.base import CausalLM
 from radixrt.models.registry import get_model_class
 
 Weights = Iterator[tuple[str, torch.Tensor]]
@@ -18,7 +18,7 @@ Weights = Iterator[tuple[str, torch.Tensor]]
 
 def load_model(
     model_path: str, dtype: torch.dtype | str, device: str | torch.device
-) -> tuple[nn.Module, ModelConfig]:
+) -> tuple[CausalLM, ModelConfig]:
     """Build the model for `model_path` and load its weights, in `dtype` on `device`.
 
     `dtype` may also be a name or "auto" (see `resolve_dtype`). Returns the model in eval mode,
@@ -30,14 +30,15 @@ def load_model(
     hf_config, weights, model_dir = _open_checkpoint(path)
     resolved = resolve_dtype(dtype, device)
     model_cls = get_model_class(architecture_of(hf_config))
+    config = model_cls.config_from_hf(hf_config)  # raises before any weight is read
     # Build on the meta device, so that no memory is spent on (or time on initializing) weights
     # that load_weights overwrites anyway; it raises for any parameter left unset.
     with torch.device("meta"):
-        model = model_cls(hf_config)
+        model = model_cls(config)
     model = model.to(dtype=resolved).to_empty(device=device)
     model.load_weights(weights)
     model.eval().requires_grad_(False)
-    return model, ModelConfig.from_hf(hf_config, resolved, model_dir)
+    return model, ModelConfig.from_hf(hf_config, config, resolved, model_dir)
 
 
 def _open_checkpoint(path: Path) -> tuple[PretrainedConfig, Weights, Path | None]:

@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import PretrainedConfig
+
+if TYPE_CHECKING:
+    from radixrt.models.config import TransformerConfig
 
 _DTYPES = {
     "float32": torch.float32,
@@ -34,21 +38,24 @@ class ModelConfig:
 
     @classmethod
     def from_hf(
-        cls, hf_config: PretrainedConfig, dtype: torch.dtype, model_dir: str | Path | None = None
+        cls,
+        hf_config: PretrainedConfig,
+        arch: TransformerConfig,
+        dtype: torch.dtype,
+        model_dir: str | Path | None = None,
     ) -> ModelConfig:
-        """Build from an HF config; `model_dir` is searched for generation_config.json."""
-        from radixrt.models.llama import head_dim_of, num_kv_heads_of
-
+        """Build from an HF config and the model's typed config read from it; `model_dir` is
+        searched for generation_config.json."""
         return cls(
             hf_config=hf_config,
-            architecture=architecture_of(hf_config),
-            num_layers=hf_config.num_hidden_layers,
-            num_q_heads=hf_config.num_attention_heads,
-            num_kv_heads=num_kv_heads_of(hf_config),
-            head_dim=head_dim_of(hf_config),
-            hidden_size=hf_config.hidden_size,
-            vocab_size=hf_config.vocab_size,
-            context_length=hf_config.max_position_embeddings,
+            architecture=arch.architecture,
+            num_layers=arch.num_layers,
+            num_q_heads=arch.num_heads,
+            num_kv_heads=arch.num_kv_heads,
+            head_dim=arch.head_dim,
+            hidden_size=arch.hidden_size,
+            vocab_size=arch.vocab_size,
+            context_length=arch.max_position_embeddings,
             eos_token_ids=eos_token_ids(hf_config, model_dir),
             dtype=dtype,
         )

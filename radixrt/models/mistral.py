@@ -1,21 +1,16 @@
-"""Mistral: Llama's layers; sliding-window attention is not implemented, so a window shorter
-than the context is refused."""
+"""Mistral: the shared decoder without biases. Sliding-window attention is not implemented, so
+a window shorter than the context is refused."""
 
 from __future__ import annotations
 
-from transformers import PretrainedConfig
+from typing import Any
 
-from radixrt.models.llama import LlamaForCausalLM
+from radixrt.models.config import TransformerConfig, refuse_sliding_window
+from radixrt.models.decoder import DecoderForCausalLM
 
 
-class MistralForCausalLM(LlamaForCausalLM):
+class MistralForCausalLM(DecoderForCausalLM):
     @classmethod
-    def check_config(cls, config: PretrainedConfig) -> None:
-        super().check_config(config)
-        window = getattr(config, "sliding_window", None)
-        if window is not None and window < config.max_position_embeddings:
-            raise ValueError(
-                f"sliding_window ({window}) < max_position_embeddings "
-                f"({config.max_position_embeddings}) is not supported; "
-                "sliding_window must be null or >= max_position_embeddings"
-            )
+    def config_from_hf(cls, hf_config: Any) -> TransformerConfig:
+        refuse_sliding_window(hf_config, enabled=True)
+        return TransformerConfig.from_hf(hf_config)

@@ -1,25 +1,19 @@
-"""Qwen2: Llama with biases on the q/k/v projections (none on o_proj or the MLP)."""
+"""Qwen2: the shared decoder with biases on the q/k/v projections (none on o_proj or the MLP).
+
+Sliding-window attention is not implemented: a config that enables a window shorter than the
+context is refused.
+"""
 
 from __future__ import annotations
 
-from transformers import PretrainedConfig
+from typing import Any
 
-from radixrt.models.llama import LlamaForCausalLM
+from radixrt.models.config import TransformerConfig, refuse_sliding_window
+from radixrt.models.decoder import DecoderForCausalLM
 
 
-class Qwen2ForCausalLM(LlamaForCausalLM):
+class Qwen2ForCausalLM(DecoderForCausalLM):
     @classmethod
-    def check_config(cls, config: PretrainedConfig) -> None:
-        super().check_config(config)
-        window = getattr(config, "sliding_window", None)
-        if getattr(config, "use_sliding_window", False) and window is not None:
-            if window < config.max_position_embeddings:
-                raise ValueError(
-                    "use_sliding_window=True with sliding_window "
-                    f"({window}) < max_position_embeddings ({config.max_position_embeddings}) "
-                    "is not supported"
-                )
-
-    @classmethod
-    def biases(cls, config: PretrainedConfig) -> tuple[bool, bool, bool]:
-        return True, False, False
+    def config_from_hf(cls, hf_config: Any) -> TransformerConfig:
+        refuse_sliding_window(hf_config, bool(getattr(hf_config, "use_sliding_window", False)))
+        return TransformerConfig.from_hf(hf_config, qkv_bias=True)

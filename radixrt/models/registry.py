@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
-from torch import nn
+if TYPE_CHECKING:
+    from radixrt.models.base import CausalLM
 
 _MODELS = {
     "LlamaForCausalLM": "radixrt.models.llama:LlamaForCausalLM",
     "Qwen2ForCausalLM": "radixrt.models.qwen2:Qwen2ForCausalLM",
+    "Qwen3ForCausalLM": "radixrt.models.qwen3:Qwen3ForCausalLM",
     "MistralForCausalLM": "radixrt.models.mistral:MistralForCausalLM",
 }
 SUPPORTED_ARCHITECTURES = tuple(sorted(_MODELS))
 
 
-def get_model_class(architecture: str) -> type[nn.Module]:
+def get_model_class(architecture: str) -> type[CausalLM]:
     """The model class for an HF architecture name; ValueError naming it if unsupported."""
     if architecture not in _MODELS:
         raise ValueError(
@@ -22,4 +25,5 @@ def get_model_class(architecture: str) -> type[nn.Module]:
             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
     module_name, cls_name = _MODELS[architecture].split(":")
-    return getattr(importlib.import_module(module_name), cls_name)
+    model_cls: type[CausalLM] = getattr(importlib.import_module(module_name), cls_name)
+    return model_cls

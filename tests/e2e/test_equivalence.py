@@ -54,13 +54,18 @@ def prompt_sets(vocab: int, encode=None) -> dict[str, list[list[int]]]:
     return {"mixed": mixed, "shared": shared, "twice": [mixed[2]]}
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "mistral", "default"])
+# Qwen3 as its small releases are: tied embeddings, head_dim set apart from hidden / heads.
+TINY_OVERRIDES = {"qwen3": dict(head_dim=32, tie_word_embeddings=True)}
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "mistral", "qwen3", "default"])
 def model_case(request, tiny_model_dir):
     if request.param == "default":
         from radixrt.loader.default_model import default_model_path
 
         return request.param, default_model_path()
-    return request.param, str(tiny_model_dir(request.param))
+    overrides = TINY_OVERRIDES.get(request.param, {})
+    return request.param, str(tiny_model_dir(request.param, **overrides))
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS) + list(TINY_ONLY))

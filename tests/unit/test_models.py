@@ -156,7 +156,8 @@ def test_qwen2_has_qkv_bias_only(tiny_model_dir):
 def test_tied_embeddings_share_weight(tiny_model_dir):
     model_dir = tiny_model_dir("llama", tie_word_embeddings=True)
     model, _ = load_model(model_dir, torch.float32, "cpu")
-    assert model.lm_head is None
+    assert model.lm_head.weight is None
+    assert not any(name.startswith("lm_head") for name, _ in model.named_parameters())
     hidden = torch.randn(3, 64)
     want = hidden @ model.model.embed_tokens.weight.T
     torch.testing.assert_close(model.compute_logits(hidden), want)
@@ -226,15 +227,21 @@ def test_missing_weight_names_parameter(tiny_model_dir, tmp_path):
         ("mistral", {"sliding_window": 64}, "sliding_window"),
         ("qwen2", {"use_sliding_window": True, "sliding_window": 64}, "sliding_window"),
         ("llama", {"num_key_value_heads": 3}, "num_key_value_heads"),
+        ("qwen3", {"use_sliding_window": True, "sliding_window": 64}, "sliding_window"),
     ],
 )
 def test_unsupported_config_raises(make_tiny_config, arch, overrides, field):
     config = make_tiny_config(arch, **overrides)
     with pytest.raises(ValueError, match=field):
-        get_model_class(_ARCH[arch])(config)
+        get_model_class(_ARCH[arch]).config_from_hf(config)
 
 
-_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+_ARCH = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
 
 
 def test_tiny_tokenizer(tiny_model_dir):

@@ -1,0 +1,44 @@
+"""The pre-norm decoder layer: x + attn(norm(x)), then + mlp(norm(.))."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from radixrt.executor.forward_batch import ForwardBatch
+from radixrt.layers.attention import RotaryAttention
+from radixrt.layers.mlp import GatedMLP
+from radixrt.layers.norm import RMSNorm
+
+
+class DecoderLayer(nn.Module):
+    """One transformer block from the attention and MLP blocks it is given.
+
+    The residual add is deferred into the next norm (`RMSNorm.add_and_norm`), where CUDA fuses
+    the two; the sums are the same as the reference's.
+    """
+
+    def __init__(
+        self, self_attn: RotaryAttention, mlp: GatedMLP, hidden_size: int, eps: float
+    ) -> None:
+        super().__init__()
+        self.self_attn = self_attn
+        self.mlp = mlp
+        self.input_layernorm = RMSNorm(hidden_size, eps)
+        self.post_attention_layernorm = RMSNorm(hidden_size, eps)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,  # [T, hidden]: the previous layer's MLP output (or the embeddings)
+        residual: torch.Tensor | None,  # [T, hidden]: the residual stream before that output
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        batch: ForwardBatch,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # (MLP output, residual stream), [T, hidden] each
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm.add_and_norm(hidden, residual)
+        hidden = self.self_attn(hidden, cos, sin, batch)
+        hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual)
+        return self.mlp(hidden), residual

@@ -1,0 +1,151 @@
+"""The typed shape of a decoder-only transformer, read once from its Hugging Face config.
+
+Layers take their scalars from a `TransformerConfig`, never from the raw HF config: the HF
+config's spelling (defaults, renamed fields, transformers 4 vs 5) is dealt with here, once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RopeConfig:
+    """Rotary embedding settings. `kind` "linear" divides the frequencies by `factor`; "llama3"
+    uses `factor`, the two band factors and `original_max_positions` (Llama 3.1 scaling)."""
+
+    theta: float = 10000.0
+    kind: str = "default"  # one of SUPPORTED_ROPE_TYPES
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_positions: int = 8192
+
+    @classmethod
+    def from_hf(cls, hf: Any) -> RopeConfig:
+        """Read `rope_parameters` (transformers >= 5) or `rope_theta` + `rope_scaling` (older).
+
+        Raises ValueError, naming the field, for a rope type or partial rotary factor we can't
+        honour.
+        """
+        params = getattr(hf, "rope_parameters", None)
+        if params is None:
+            params = dict(getattr(hf, "rope_scaling", None) or {})
+            params.setdefault("rope_theta", getattr(hf, "rope_theta", 10000.0))
+        kind = params.get("rope_type", params.get("type", "default"))
+        if kind not in SUPPORTED_ROPE_TYPES:
+            raise ValueError(
+                f"rope_scaling.rope_type must be one of {list(SUPPORTED_ROPE_TYPES)}, got {kind!r}"
+            )
+        partial = params.get("partial_rotary_factor", getattr(hf, "partial_rotary_factor", 1.0))
+        if partial != 1.0:
+            raise ValueError(f"partial_rotary_factor must be 1.0, got {partial}")
+        scaling: dict[str, Any] = {}
+        if kind in ("linear", "llama3"):
+            scaling["factor"] = float(params["factor"])
+        if kind == "llama3":
+            scaling["low_freq_factor"] = float(params["low_freq_factor"])
+            scaling["high_freq_factor"] = float(params["high_freq_factor"])
+            scaling["original_max_positions"] = int(params["original_max_position_embeddings"])
+        return cls(theta=float(params["rope_theta"]), kind=kind, **scaling)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransformerConfig:
+    """What the layers of a Llama-family decoder need; built by the model class's
+    `config_from_hf`, which also decides the architecture's bias flags."""
+
+    architecture: str  # HF architectures[0], e.g. "Qwen3ForCausalLM"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int  # query heads
+    num_kv_heads: int
+    head_dim: int  # explicit in the HF config where it sets one, else hidden_size / num_heads
+    rms_norm_eps: float
+    rope: RopeConfig
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @classmethod
+    def from_hf(
+        cls, hf: Any, *, qkv_bias: bool = False, o_bias: bool = False, mlp_bias: bool = False
+    ) -> TransformerConfig:
+        """Read an HF config of a SiLU-gated, RMSNorm, rotary decoder.
+
+        Raises ValueError, naming the field, for a setting these layers can't honour.
+        """
+        act = getattr(hf, "hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"hidden_act must be 'silu', got {act!r}")
+        archs = getattr(hf, "architectures", None) or ["?"]
+        num_heads = hf.num_attention_heads
+        num_kv_heads = getattr(hf, "num_key_value_heads", None) or num_heads
+        if num_heads % num_kv_heads:
+            raise ValueError(
+                f"num_key_value_heads ({num_kv_heads}) must divide "
+                f"num_attention_heads ({num_heads})"
+            )
+        return cls(
+            architecture=archs[0],
+            vocab_size=hf.vocab_size,
+            hidden_size=hf.hidden_size,
+            intermediate_size=hf.intermediate_size,
+            num_layers=hf.num_hidden_layers,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim_of(hf),
+            rms_norm_eps=float(hf.rms_norm_eps),
+            rope=RopeConfig.from_hf(hf),
+            max_position_embeddings=hf.max_position_embeddings,
+            tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
+            qkv_bias=qkv_bias,
+            o_bias=o_bias,
+            mlp_bias=mlp_bias,
+        )
+
+
+def head_dim_of(hf: Any) -> int:
+    """The attention head size: `head_dim` when the config sets it, else hidden / heads.
+
+    Raises ValueError for an odd head size (rotary pairs the halves) or a hidden size that the
+    heads don't divide when head_dim is not set.
+    """
+    head_dim = getattr(hf, "head_dim", None)
+    if head_dim is None:
+        if hf.hidden_size % hf.num_attention_heads:
+            raise ValueError(
+                f"hidden_size ({hf.hidden_size}) must be a multiple of num_attention_heads "
+                f"({hf.num_attention_heads}) when head_dim is not set"
+            )
+        head_dim = hf.hidden_size // hf.num_attention_heads
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be even for rotary embeddings, got {head_dim}")
+    return int(head_dim)
+
+
+def refuse_sliding_window(hf: Any, enabled: bool) -> None:
+    """Raise ValueError when sliding-window attention is `enabled` with a window shorter than
+    the context: it is not implemented, and a window at least the context long is a no-op."""
+    window = getattr(hf, "sliding_window", None)
+    if enabled and window is not None and window < hf.max_position_embeddings:
+        raise ValueError(
+            f"sliding_window ({window}) < max_position_embeddings "
+            f"({hf.max_position_embeddings}) is not supported; "
+            "sliding_window must be null or >= max_position_embeddings"
+        )

@@ -1,0 +1,99 @@
+"""The decoder-only LM the Llama family shares; an architecture is a subclass that says how its
+Hugging Face config reads and, where its attention differs, which attention block it uses."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from radixrt.executor.forward_batch import ForwardBatch
+from radixrt.layers.attention import AttentionShape, RotaryAttention
+from radixrt.layers.decoder import DecoderLayer
+from radixrt.layers.embedding import LMHead
+from radixrt.layers.mlp import GatedMLP
+from radixrt.layers.norm import RMSNorm
+from radixrt.layers.rotary import RotaryEmbedding
+from radixrt.models.base import CausalLM, Weights
+from radixrt.models.config import TransformerConfig
+from radixrt.models.weight_loader import load_hf_weights
+
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class DecoderModel(nn.Module):
+    """Token embedding, the decoder layers, the final norm (HF's `model.` submodule)."""
+
+    def __init__(self, config: TransformerConfig, layers: list[DecoderLayer]) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:  # [T], [T] -> [T, hidden]
+        if batch.attn_metadata is None:
+            batch.attn_backend.init_forward_metadata(batch)
+        hidden = self.embed_tokens(input_ids)  # [T, hidden]
+        cos, sin = self.rotary.cos_sin(positions, hidden.dtype)  # [T, 1, D/2] each, all layers
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(hidden, residual, cos, sin, batch)
+        if residual is None:  # a model without layers
+            return self.norm(hidden)
+        return self.norm.add_and_norm(hidden, residual)[0]
+
+
+class DecoderForCausalLM(CausalLM):
+    """Embeddings, `num_layers` pre-norm blocks (`make_attention` + a gated MLP), final norm and
+    an LM head (tied to the embeddings when the config says so: no `lm_head` parameter then).
+
+    Parameters carry Hugging Face names, except the merged projections (qkv_proj, gate_up_proj),
+    which `load_weights` fills from their parts.
+    """
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.config = config
+        layers = [self.make_layer(i) for i in range(config.num_layers)]
+        self.model = DecoderModel(config, layers)
+        self.lm_head = LMHead(config.hidden_size, config.vocab_size, config.tie_word_embeddings)
+
+    def make_attention(self, layer_id: int) -> RotaryAttention:
+        """The attention block of layer `layer_id`; override for a different attention."""
+        return RotaryAttention(layer_id, self.attention_shape())
+
+    def attention_shape(self) -> AttentionShape:
+        c = self.config
+        return AttentionShape(
+            hidden_size=c.hidden_size,
+            num_heads=c.num_heads,
+            num_kv_heads=c.num_kv_heads,
+            head_dim=c.head_dim,
+            qkv_bias=c.qkv_bias,
+            o_bias=c.o_bias,
+        )
+
+    def make_layer(self, layer_id: int) -> DecoderLayer:
+        c = self.config
+        mlp = GatedMLP(c.hidden_size, c.intermediate_size, c.mlp_bias)
+        return DecoderLayer(self.make_attention(layer_id), mlp, c.hidden_size, c.rms_norm_eps)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
+        return self.model(input_ids, positions, batch)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden, self.model.embed_tokens)
+
+    def load_weights(self, weights: Weights) -> None:
+        """See CausalLM.load_weights. Ignores `rotary_emb.inv_freq` (recomputed) and, with tied
+        embeddings, `lm_head.weight` (a copy of the embeddings some checkpoints carry)."""
+        tied = self.config.tie_word_embeddings
+
+        def skip(name: str) -> bool:
+            return name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight")
+
+        load_hf_weights(self, weights, skip)
