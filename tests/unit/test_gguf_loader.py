@@ -1,12 +1,15 @@
-"""The GGUF loader against transformers' own GGUF loading, on the default model."""
+"""The GGUF loader against transformers' own GGUF loading, on the default model; and on a tiny
+random Qwen3 written to GGUF by the gguf package, against the folder it was written from."""
 
 from __future__ import annotations
 
 import os
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from radixrt.loader import default_model
 from radixrt.loader.default_model import default_model_path
@@ -97,5 +100,87 @@ def test_tensor_names():
     assert hf_tensor_name("blk.12.ffn_gate.weight") == "model.layers.12.mlp.gate_proj.weight"
     assert hf_tensor_name("blk.0.attn_q.bias") == "model.layers.0.self_attn.q_proj.bias"
     assert hf_tensor_name("output_norm.weight") == "model.norm.weight"
+    assert hf_tensor_name("blk.1.attn_k_norm.weight") == "model.layers.1.self_attn.k_norm.weight"
     with pytest.raises(ValueError, match="rope_freqs"):
         hf_tensor_name("rope_freqs.weight")
+
+
+def write_gguf(model_dir: str, out: Path) -> Path:
+    """The folder's model as an F32 GGUF file, named as llama.cpp names it: the metadata keys
+    its converter writes for Qwen3 and the tensor names of the gguf package's own map."""
+    import gguf
+    from transformers import AutoConfig
+
+    hf = AutoConfig.from_pretrained(model_dir)
+    writer = gguf.GGUFWriter(str(out), "qwen3")
+    writer.add_block_count(hf.num_hidden_layers)
+    writer.add_context_length(hf.max_position_embeddings)
+    writer.add_embedding_length(hf.hidden_size)
+    writer.add_feed_forward_length(hf.intermediate_size)
+    writer.add_head_count(hf.num_attention_heads)
+    writer.add_head_count_kv(hf.num_key_value_heads)
+    writer.add_key_length(hf.head_dim)
+    writer.add_value_length(hf.head_dim)
+    writer.add_rope_dimension_count(hf.head_dim)
+    writer.add_rope_freq_base(hf.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(hf.rms_norm_eps)
+    writer.add_vocab_size(hf.vocab_size)
+    writer.add_eos_token_id(hf.eos_token_id)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, hf.num_hidden_layers)
+    for name, tensor in load_file(Path(model_dir) / "model.safetensors").items():
+        writer.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), tensor.numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied"])
+def qwen3_gguf(request, tiny_model_dir, tmp_path_factory) -> tuple[str, str]:
+    """(folder, .gguf file) of one tiny Qwen3: head_dim 32 != hidden 64 / 4 heads."""
+    folder = tiny_model_dir("qwen3", head_dim=32, tie_word_embeddings=request.param)
+    return folder, str(write_gguf(folder, tmp_path_factory.mktemp("gguf") / "qwen3.gguf"))
+
+
+def test_qwen3_gguf_config(qwen3_gguf):
+    from transformers import AutoConfig
+
+    folder, path = qwen3_gguf
+    ours, theirs = GGUFCheckpoint(path).hf_config(), AutoConfig.from_pretrained(folder)
+    fields = [
+        "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
+        "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
+        "vocab_size", "tie_word_embeddings", "eos_token_id", "rope_parameters", "hidden_act",
+    ]  # fmt: skip
+    for field in fields:
+        assert getattr(ours, field) == getattr(theirs, field), field
+    assert ours.rms_norm_eps == pytest.approx(theirs.rms_norm_eps, rel=1e-6)  # GGUF: float32
+    assert ours.architectures == ["Qwen3ForCausalLM"] and ours.head_dim == 32
+
+
+def test_qwen3_gguf_weights_equal_safetensors(qwen3_gguf):
+    # transformers 5.24 reads no head_dim from a qwen3 GGUF file (its default, 128, would not
+    # fit this model), so the reference is the folder the file was written from.
+    folder, path = qwen3_gguf
+    checkpoint = GGUFCheckpoint(path)
+    ours = dict(checkpoint.weights(checkpoint.hf_config()))
+    theirs = load_file(Path(folder) / "model.safetensors")
+    assert set(ours) == set(theirs)
+    assert "model.layers.1.self_attn.q_norm.weight" in ours
+    for name, tensor in ours.items():
+        assert torch.equal(tensor, theirs[name]), name
+
+
+def test_qwen3_gguf_forward_matches_transformers(qwen3_gguf, prefill_logits):
+    from transformers import AutoModelForCausalLM
+
+    folder, path = qwen3_gguf
+    model, cfg = load_model(path, torch.float32, "cpu")
+    assert (cfg.architecture, cfg.head_dim, cfg.num_kv_heads) == ("Qwen3ForCausalLM", 32, 2)
+    tokens = [5, 300, 17, 42, 42, 9, 250, 3]
+    ours = prefill_logits(model, cfg, tokens)
+    hf_model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    with torch.no_grad():
+        theirs = hf_model(torch.tensor([tokens])).logits[0].float()
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
