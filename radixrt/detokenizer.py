@@ -1,5 +1,8 @@
 """Incremental detokenization: turn a growing list of token ids into text deltas that are safe
-to show: no split UTF-8 character, no stop string, not even the start of one.
+to show: no split UTF-8 character, no stop string, not even the start of one. `Detokenizer` and
+`serve` are the detokenizer between the scheduler and the frontend, the one place that turns
+ids into text: its own process (radixrt/server/detokenizer_process.py) or, in an in-process
+engine, a thread (radixrt/scheduler/launcher.py).
 
 Stop regexes (SGLang's stop_regex) are held back the same way: text from where a match could
 still begin is not shown (the `regex` module's partial matching). The final text ends before
@@ -15,12 +18,24 @@ where the few ids before `read` give the tokenizer the context it needs to place
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import regex  # partial matching (is this text the start of a match?) and search time limits
 
+from radixrt.messages import (
+    BatchOutput,
+    DetokParams,
+    ReqOutput,
+    SchedulerFailed,
+    decode_from_scheduler,
+    encode,
+)
+from radixrt.transport import Transport
+
 logger = logging.getLogger(__name__)
 REGEX_TIMEOUT_S = 0.05  # per search; real stop patterns take microseconds
+STOP_POLL_S = 0.1  # how often an idle detokenizer thread checks whether to stop
 
 
 class IncrementalDetokenizer:
@@ -127,3 +142,56 @@ class IncrementalDetokenizer:
         self.sent = len(text)
         return delta
 
+
+class Detokenizer:
+    """Per-request incremental state, created at a request's first output (which carries its
+    DetokParams), dropped at its last. Without a tokenizer (skip_tokenizer_init) messages pass
+    unchanged: the frontend gets ids only."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.states: dict[str, IncrementalDetokenizer] = {}
+
+    def fill(self, out: ReqOutput) -> None:
+        """Set `out.text` to the request's new text."""
+        state = self.states.get(out.rid)
+        if state is None:
+            p = out.detok or DetokParams()
+            state = IncrementalDetokenizer(self.tokenizer, p.skip_special_tokens,
+                                           p.spaces_between_special_tokens, p.stop,
+                                           p.no_stop_trim, p.stop_regex)
+            self.states[out.rid] = state
+        if out.finished:
+            out.text = state.finish(out.new_output_ids, out.finish_reason)
+            del self.states[out.rid]
+        else:
+            out.text = state.add(out.new_output_ids)
+
+    def process(self, data: bytes) -> bytes:
+        """One message from the scheduler → the message for the frontend."""
+        if self.tokenizer is None:
+            return data
+        msg = decode_from_scheduler(data)
+        if not isinstance(msg, BatchOutput):
+            return data  # control replies and failures go on as they are
+        for out in msg.outputs:
+            self.fill(out)
+        return encode(msg)
+
+
+def serve(transport: Transport, detok: Detokenizer,
+          stopped: Callable[[], bool] | None = None) -> None:
+    """Forward every message from the scheduler to the frontend, its text filled in, until
+    `stopped()` says so (asked when nothing is pending, so what the scheduler sent last still
+    goes out; None: forever). Raises what went wrong; the caller reports it (`failure`)."""
+    while True:
+        items = transport.recv(timeout=None if stopped is None else STOP_POLL_S)
+        if not items and stopped is not None and stopped():
+            return
+        for data in items:
+            transport.send(detok.process(data))
+
+
+def failure(error: BaseException) -> bytes:
+    """The message that tells the frontend the detokenizer died, and why."""
+    return encode(SchedulerFailed(f"the detokenizer failed: {error}", type(error).__name__))

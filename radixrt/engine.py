@@ -1,7 +1,9 @@
 """The offline engine: `radixrt.Engine().generate(...)`, SGLang's offline API.
 
-The engine tokenizes, validates and detokenizes in the caller's process; the scheduler loop (the
-same one the server runs) owns the model and runs in a child process behind a Transport.
+The engine tokenizes and validates in the caller's process; the scheduler loop (the same one the
+server runs) owns the model and runs in a child process behind a Transport, and its outputs
+reach the engine through the detokenizer process, which adds their text. In-process (tests,
+notebooks) both run on threads behind the same transport interface: one path for the text.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from radixrt.detokenizer import IncrementalDetokenizer
 from radixrt.messages import (
     AbortReq,
     BatchOutput,
@@ -69,7 +70,7 @@ class Engine:
                  **kwargs: Any) -> None:
         from radixrt.loader.default_model import default_model_path
         from radixrt.loader.tokenizer import hand_over_tokenizer, load_tokenizer
-        from radixrt.scheduler.launcher import abandon, start_process, start_thread
+        from radixrt.processes import abandon, start_process
 
         self.server_args = args = ServerArgs.from_kwargs(model_path=model_path, **kwargs)
         logging.basicConfig(level=args.log_level.upper())
@@ -95,13 +96,14 @@ class Engine:
         self._error: BaseException | None = None
         self._refusal: SchedulerDied | None = None  # set once new requests are refused
         self._closed = False
-        self._detok_here = in_process  # else the detokenizer process fills in the text
         self._token_texts: dict[int, str] = {}  # return_text_in_logprobs: id -> its text
         # Hooks for the server: observer(state, output) sees every output (metrics), on_death
         # (error) runs once if the scheduler side dies. Both run on the dispatcher thread.
         self.observer: Callable[[ReqState, Any], None] | None = None
         self.on_death: Callable[[SchedulerDied], None] | None = None
         if in_process:
+            from radixrt.scheduler.launcher import start_thread
+
             self._handle = start_thread(args, self.tokenizer)
         else:
             self._handle = wait_ready()
@@ -298,15 +300,10 @@ class Engine:
 
     def _new_state(self, planned: PlannedReq, loop, index: int, queues) -> ReqState:
         msg, params = planned.msg, planned.params
-        detok = None
-        if self.tokenizer is not None and self._detok_here:
-            detok = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens,
-                                           params.spaces_between_special_tokens, params.stop,
-                                           params.no_stop_trim, params.stop_regex)
         token_text = None
         if planned.return_text_in_logprobs and self.tokenizer is not None:
             token_text = self._token_text
-        return ReqState(msg.rid, detok, msg.return_logprob, loop, index, queues,
+        return ReqState(msg.rid, msg.return_logprob, loop, index, queues,
                         token_text=token_text, log_metrics=planned.log_metrics,
                         stream_interval=params.stream_interval or 1,
                         ids_logprob=msg.token_ids_logprob is not None,

@@ -1,4 +1,8 @@
-"""Frontend-side state of one request: collects the scheduler's deltas into SGLang-shaped dicts."""
+"""Frontend-side state of one request: collects the scheduler's deltas into SGLang-shaped dicts.
+
+The text comes with each delta, filled in by the detokenizer (its process, or its thread in an
+in-process engine); without a tokenizer (skip_tokenizer_init) there is none and the text is "".
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from radixrt.detokenizer import IncrementalDetokenizer
 from radixrt.messages import ReqOutput
 
 
@@ -38,14 +41,13 @@ class ReqState:
     it; `stream_interval`: a stream chunk once this many new tokens are there (and at the
     end)."""
 
-    def __init__(self, rid: str, detok: IncrementalDetokenizer | None, return_logprob: bool,
+    def __init__(self, rid: str, return_logprob: bool,
                  loop: asyncio.AbstractEventLoop | None = None, index: int = 0,
                  queues: tuple[queue.Queue, asyncio.Queue | None] | None = None, *,
                  token_text: Callable[[int], str] | None = None, ids_logprob: bool = False,
                  prompt_ids: list[int] | None = None, log_metrics: bool = True,
                  stream_interval: int = 1) -> None:
         self.rid = rid
-        self.detok = detok
         self.return_logprob = return_logprob
         self.token_text = token_text
         self.ids_logprob = ids_logprob
@@ -101,14 +103,8 @@ class ReqState:
         for key in _TOP_KEYS + _IDS_KEYS:
             self.logprobs[key].extend(None if t is None else [self._triple(p) for p in t]
                                       for t in getattr(out, key) or [])
-        delta = ""
-        if out.text is not None:  # detokenized by the detokenizer process
-            delta = out.text
-            self.text += delta
-        elif self.detok is not None:
-            delta = (self.detok.finish(out.new_output_ids, out.finish_reason) if out.finished
-                     else self.detok.add(out.new_output_ids))
-            self.text += delta
+        delta = out.text or ""
+        self.text += delta
         self.finished = out.finished
         chunk = {"text": delta, "output_ids": list(out.new_output_ids),
                  "meta_info": self.meta_info()}

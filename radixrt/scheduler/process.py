@@ -17,9 +17,9 @@ import sys
 import traceback
 
 from radixrt.messages import SchedulerFailed, encode
-from radixrt.scheduler.launcher import guard_parent, ignore_stop_signals
-from radixrt.scheduler.transport import ZmqTransport
+from radixrt.processes import guard_parent, ignore_stop_signals
 from radixrt.server_args import ServerArgs
+from radixrt.transport import ZmqTransport
 
 logger = logging.getLogger("radixrt.scheduler")
 
