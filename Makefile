@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup serve test lint bench clean
+.PHONY: setup serve test test-fast lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -25,11 +25,18 @@ serve: setup
 test: setup
 	$(BIN)/pytest -q --durations=30
 
+# Unit and property tests without the default model's files (marked by tests/conftest.py):
+# under a minute, for the edit-test loop. `make test` is the full suite, and what CI runs.
+test-fast: setup
+	$(BIN)/pytest -q tests/unit tests/property -m "not default_model and not slow"
+
+# Ruff, then mypy (pyproject.toml: strict on cache/, scheduler/ and executor/).
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 bench: setup
 	$(BIN)/python scripts/bench_offline.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache

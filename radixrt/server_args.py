@@ -14,7 +14,7 @@ from typing import Any
 
 
 def _f(default: Any, help: str, choices: tuple | None = None) -> Any:
-    meta = {"help": help}
+    meta: dict[str, Any] = {"help": help}
     if choices:
         meta["choices"] = choices
     return field(default=default, metadata=meta)

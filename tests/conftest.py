@@ -170,6 +170,32 @@ DEFAULT_SERVER_ARGS = ("--dtype", "float32", "--max-total-tokens", "16384",
                        "--enable-kv-checks", "--log-level", "warning")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "default_model: reads the default model's files (set by the hook below); "
+        "`make test-fast` leaves these out")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `default_model` every test that reads the default model: the test or a fixture it
+    uses (directly or through another fixture) names `default_model_path`. Marked from the
+    code rather than by hand, so a new test on the default model cannot slip into
+    `make test-fast` (parsing the GGUF tokenizer alone takes ~10 s, the weights ~35 s)."""
+    for item in items:
+        if _names_default_model(item):
+            item.add_marker("default_model")
+
+
+def _names_default_model(item: pytest.Item) -> bool:
+    funcs = [getattr(item, "function", None)]
+    # _fixtureinfo is pytest's own record of the fixture closure (no public accessor).
+    info = getattr(item, "_fixtureinfo", None)
+    if info is not None:
+        funcs += [d.func for defs in info.name2fixturedefs.values() for d in defs]
+    codes = [f.__code__ for f in funcs if hasattr(f, "__code__")]
+    return any("default_model_path" in code.co_names for code in codes)
+
+
 @pytest.fixture(scope="session")
 def default_server(tmp_path_factory: pytest.TempPathFactory) -> LaunchedServer:
     """The default model served with DEFAULT_SERVER_ARGS until the run ends. Tests must leave
