@@ -14,18 +14,24 @@ from torch.profiler import profile
 
 from radixrt.attention.torch_backend import TorchAttentionBackend
 from radixrt.cache.kv_pool import KVPool
-from radixrt.executor.model_runner import ModelRunner, SeqWork
+from radixrt.cache.req_to_token import ReqToTokenTable
+from radixrt.executor.forward_batch import SimpleStep
+from radixrt.executor.model_runner import ModelRunner
 from radixrt.loader.default_model import default_model_path
 from radixrt.loader.load import load_model
 
 
-def time_step(runner: ModelRunner, work: list[SeqWork], repeats: int) -> float:
-    rows = [sum(w.n for w in work) - 1]
-    runner.forward(work, rows)  # warm-up
+def time_step(runner: ModelRunner, step: SimpleStep, repeats: int) -> float:
+    runner.forward(step)  # warm-up
     start = time.perf_counter()
     for _ in range(repeats):
-        runner.forward(work, rows)
+        runner.forward(step)
     return (time.perf_counter() - start) / repeats
+
+
+def one_sequence(prefix: int, new: int) -> SimpleStep:
+    """A step of one sequence in table row 0 (its slots: positions 0.. in slots 0..)."""
+    return SimpleStep([0], [prefix], [new], [5] * new, [new - 1])
 
 
 def main() -> None:
@@ -36,18 +42,20 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     model, cfg = load_model(default_model_path(), dtype, "cpu")
     pool = KVPool(4096, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype, "cpu")
-    runner = ModelRunner(model, pool, TorchAttentionBackend(), "cpu")
+    table = ReqToTokenTable(1, 4096, "cpu")
+    table.write(0, 0, torch.arange(4096))
+    runner = ModelRunner(model, pool, TorchAttentionBackend(), table, "cpu")
     cases = {
-        "decode, batch 1, context 60": ([SeqWork([5], torch.arange(60), 59, 1)], 20),
-        "prefill, 2000 tokens": ([SeqWork([5] * 2000, torch.arange(2000), 0, 2000)], 3),
+        "decode, batch 1, context 60": (one_sequence(59, 1), 20),
+        "prefill, 2000 tokens": (one_sequence(0, 2000), 3),
     }
-    for name, (work, repeats) in cases.items():
-        seconds = time_step(runner, work, repeats)
-        tokens = sum(w.n for w in work)
+    for name, (step, repeats) in cases.items():
+        seconds = time_step(runner, step, repeats)
+        tokens = sum(step.extend_lens)
         print(f"\n## {name}: {seconds * 1000:.1f} ms per step "
               f"({tokens / seconds if tokens > 1 else 1 / seconds:.0f} tok/s)")
         with profile() as prof:
-            runner.forward(work, [tokens - 1])
+            runner.forward(step)
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
 
 

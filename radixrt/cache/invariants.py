@@ -1,7 +1,7 @@
 """KV accounting checks, run after every scheduler step when the debug flag is on (and in tests).
 
-Every page of the pool is in exactly one of three places: the allocator's free list, the radix
-tree (evictable or protected), or a running request's private pages. A leak or a double owner
+Every page of the pool is in exactly one of three places: the allocator's free list, the prefix
+cache (evictable or protected), or a running request's private pages. A leak or a double owner
 shows up here as a count that does not add up.
 """
 
@@ -10,11 +10,11 @@ from __future__ import annotations
 import torch
 
 from radixrt.cache.allocator import PageAllocator
-from radixrt.cache.radix_cache import RadixCache
+from radixrt.cache.base import PrefixCache
 
 
 def check_kv_accounting(
-    allocator: PageAllocator, cache: RadixCache, held_private_pages: int
+    allocator: PageAllocator, cache: PrefixCache, held_private_pages: int
 ) -> None:
     """Assert free + tree + held pages == num_pages, the cache's size counters agree with its
     tree, and no tree slot lies on a free page. Raises AssertionError naming the numbers.
@@ -38,7 +38,7 @@ def check_kv_accounting(
     _check_tree_pages(allocator, cache, tree_pages)
 
 
-def _check_tree_pages(allocator: PageAllocator, cache: RadixCache, tree_pages: int) -> None:
+def _check_tree_pages(allocator: PageAllocator, cache: PrefixCache, tree_pages: int) -> None:
     """The tree's pages are distinct (no two nodes share one) and none of them is free."""
     pages = torch.unique(cache.cached_slots().cpu() // allocator.page_size)
     assert pages.numel() == tree_pages, (

@@ -15,10 +15,9 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Hashable, Iterator
+from typing import Any
 
 import torch
-
-from typing import Any
 
 from radixrt.cache.allocator import PageAllocator
 from radixrt.cache.base import MatchResult, PrefixCache, Published

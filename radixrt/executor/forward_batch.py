@@ -7,14 +7,33 @@ and the attention backend only read it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 if TYPE_CHECKING:
     from radixrt.attention.base import AttentionBackend
     from radixrt.cache.kv_pool import KVPool
+
+
+class StepInput(Protocol):
+    """What the model runner reads of a step's batch (the scheduler's ScheduleBatch): sequence
+    i computes positions prefix_lens[i] .. + extend_lens[i] - 1 of request-to-token table row
+    table_rows[i]; `input_ids` are those positions' tokens, flattened; `logit_rows` the
+    flattened rows whose logits the step needs."""
+
+    @property
+    def table_rows(self) -> Sequence[int]: ...
+    @property
+    def prefix_lens(self) -> Sequence[int]: ...
+    @property
+    def extend_lens(self) -> Sequence[int]: ...
+    @property
+    def input_ids(self) -> list[int]: ...
+    @property
+    def logit_rows(self) -> list[int]: ...
 
 
 @dataclass
@@ -50,3 +69,15 @@ class ForwardBatch:
     @property
     def is_decode_only(self) -> bool:
         return all(n == 1 for n in self.extend_lens_cpu)
+
+
+@dataclass(frozen=True)
+class SimpleStep:
+    """A StepInput without a scheduler behind it (benchmarks and runner tests): the table rows
+    already hold the slots."""
+
+    table_rows: list[int]
+    prefix_lens: list[int]
+    extend_lens: list[int]
+    input_ids: list[int]
+    logit_rows: list[int]

@@ -1,26 +1,15 @@
-"""Runs the model over one scheduled step: flattens the ragged batch, forwards, returns logits."""
+"""Runs the model over one scheduled step: builds the flat index tensors on the device from the
+request-to-token table, forwards, returns the logits of the rows the step needs."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 
 from radixrt.attention.base import AttentionBackend
 from radixrt.cache.kv_pool import KVPool
+from radixrt.cache.req_to_token import ReqToTokenTable
 from radixrt.executor.cuda_graph import CudaGraphRunner
-from radixrt.executor.forward_batch import ForwardBatch
-
-
-@dataclass(frozen=True)
-class SeqWork:
-    """One sequence's share of a step: compute its positions start..start+n-1 (`new_ids`) into
-    `slots[start:start+n]`."""
-
-    new_ids: list[int]  # the n tokens at positions start..start+n-1
-    slots: torch.Tensor  # [>= start + n] int64 pool slots of positions 0..
-    start: int
-    n: int
+from radixrt.executor.forward_batch import ForwardBatch, StepInput
 
 
 class ModelRunner:
@@ -33,6 +22,7 @@ class ModelRunner:
         model: torch.nn.Module,
         kv_pool: KVPool,
         attn_backend: AttentionBackend,
+        table: ReqToTokenTable,
         device: str,
         disable_cuda_graph: bool = False,
         cuda_graph_max_bs: int = 64,
@@ -40,52 +30,58 @@ class ModelRunner:
         self.model = model
         self.kv_pool = kv_pool
         self.attn_backend = attn_backend
+        self.table = table
         self.device = torch.device(device)
         self.graph_runner: CudaGraphRunner | None = None
         if (self.device.type == "cuda" and not disable_cuda_graph
                 and attn_backend.supports_cuda_graph):
-            self.graph_runner = CudaGraphRunner(model, kv_pool, attn_backend, cuda_graph_max_bs,
-                                                self.device)
+            self.graph_runner = CudaGraphRunner(model, kv_pool, attn_backend, table,
+                                                cuda_graph_max_bs, self.device)
 
-    def build_batch(self, work: list[SeqWork]) -> ForwardBatch:
-        ids: list[int] = []
+    def build_batch(self, step: StepInput) -> ForwardBatch:
+        """The step's ForwardBatch: lengths and tokens come from the host (a few small copies),
+        every slot index from the table on the device (a gather)."""
+        self.table.flush()
+        prefix, extend = list(step.prefix_lens), list(step.extend_lens)
+        seq_lens = [p + n for p, n in zip(prefix, extend, strict=True)]
         positions: list[int] = []
-        for w in work:
-            ids.extend(w.new_ids)
-            positions.extend(range(w.start, w.start + w.n))
-        seq_lens = [w.start + w.n for w in work]
-        extend_lens = [w.n for w in work]
-        kv_indices = torch.cat([w.slots[: w.start + w.n] for w in work])
-        out_loc = torch.cat([w.slots[w.start: w.start + w.n] for w in work])
+        for p, n in zip(prefix, extend, strict=True):
+            positions.extend(range(p, p + n))
         dev = self.device
+        rows = torch.tensor(step.table_rows, dtype=torch.int64, device=dev)
+        extend_t = torch.tensor(extend, dtype=torch.int64, device=dev)
+        positions_t = torch.tensor(positions, dtype=torch.int64, device=dev)
+        kv_indptr = _indptr(seq_lens, dev)
+        token_rows = rows.repeat_interleave(extend_t, output_size=len(positions))
         return ForwardBatch(
-            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
-            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
-            out_cache_loc=out_loc.to(dev),
-            qo_indptr=_indptr(extend_lens, dev),
-            kv_indices=kv_indices.to(dev),
-            kv_indptr=_indptr(seq_lens, dev),
+            input_ids=torch.tensor(step.input_ids, dtype=torch.int64, device=dev),
+            positions=positions_t,
+            out_cache_loc=self.table.lookup(token_rows, positions_t),
+            qo_indptr=_indptr(extend, dev),
+            kv_indices=self.table.gather(rows, kv_indptr, sum(seq_lens)),
+            kv_indptr=kv_indptr,
             seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=dev),
-            extend_lens=torch.tensor(extend_lens, dtype=torch.int64, device=dev),
+            extend_lens=extend_t,
             seq_lens_cpu=seq_lens,
-            extend_lens_cpu=extend_lens,
-            prefix_lens_cpu=[w.start for w in work],
+            extend_lens_cpu=extend,
+            prefix_lens_cpu=prefix,
             kv_pool=self.kv_pool,
             attn_backend=self.attn_backend,
         )
 
     @torch.inference_mode()
-    def forward(self, work: list[SeqWork], logit_rows: list[int]) -> torch.Tensor:
-        """Forward the step and return float32 logits [len(logit_rows), vocab] for the given
-        rows (indices into the step's flattened new tokens)."""
-        fb = self.build_batch(work)
-        if self.graph_runner is not None and self.graph_runner.can_run(fb):
-            hidden = self.graph_runner.replay(fb)
+    def forward(self, step: StepInput) -> torch.Tensor:
+        """Forward the step and return float32 logits [len(step.logit_rows), vocab]."""
+        if self.graph_runner is not None and self.graph_runner.can_run(step):
+            self.table.flush()
+            hidden = self.graph_runner.replay(step)
         else:
+            fb = self.build_batch(step)
             self.attn_backend.init_forward_metadata(fb)
             hidden = self.model(fb.input_ids, fb.positions, fb)
-        rows = torch.tensor(logit_rows, dtype=torch.int64, device=hidden.device)
-        return self.model.compute_logits(hidden.index_select(0, rows))
+        rows = torch.tensor(step.logit_rows, dtype=torch.int64, device=hidden.device)
+        logits: torch.Tensor = self.model.compute_logits(hidden.index_select(0, rows))
+        return logits
 
 
 def _indptr(lengths: list[int], device: torch.device) -> torch.Tensor:

@@ -10,8 +10,9 @@ import torch
 
 from radixrt.attention.base import create_backend
 from radixrt.cache.allocator import PageAllocator
+from radixrt.cache.base import PrefixCache, create_prefix_cache
 from radixrt.cache.kv_pool import KVPool
-from radixrt.cache.radix_cache import RadixCache
+from radixrt.cache.req_to_token import ReqToTokenTable
 from radixrt.executor.model_runner import ModelRunner
 from radixrt.loader.default_model import default_model_path
 from radixrt.loader.load import load_model
@@ -30,7 +31,8 @@ class Components:
     model_config: ModelConfig
     runner: ModelRunner
     allocator: PageAllocator
-    cache: RadixCache
+    cache: PrefixCache
+    table: ReqToTokenTable
     pool_tokens: int
     dtype: torch.dtype
     device: str
@@ -76,12 +78,14 @@ def build_components(args: ServerArgs, tokenizer: Any = None) -> Components:
     tokens = pool_size_tokens(args, cfg, dtype, device)
     pool = KVPool(tokens, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype, device)
     allocator = PageAllocator(tokens // args.page_size, args.page_size)
-    cache = RadixCache(allocator, args.page_size, disable=args.disable_radix_cache)
+    cache = create_prefix_cache("none" if args.disable_radix_cache else "radix", allocator)
+    table = ReqToTokenTable(args.max_running_requests, context_length, device)
     backend_name = args.attention_backend or ("triton" if device.startswith("cuda") else "torch")
     backend = create_backend(backend_name, device=device)
-    runner = ModelRunner(model, pool, backend, device, disable_cuda_graph=args.disable_cuda_graph,
+    runner = ModelRunner(model, pool, backend, table, device,
+                         disable_cuda_graph=args.disable_cuda_graph,
                          cuda_graph_max_bs=args.cuda_graph_max_bs)
     logger.info("model %s, %s on %s, KV pool %d tokens, attention %s", model_path, dtype,
                 device, tokens, backend_name)
-    return Components(cfg, runner, allocator, cache, tokens, dtype, device, backend_name,
+    return Components(cfg, runner, allocator, cache, table, tokens, dtype, device, backend_name,
                       context_length, tokenizer)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -20,63 +19,13 @@ from radixrt.grammar.jump_forward import propose
 from radixrt.messages import DetokParams, ReqOutput
 from radixrt.scheduler.jump_verify import verify_proposal
 from radixrt.scheduler.req import Req, RequestFailed
+from radixrt.scheduler.schedule_batch import LogitRows
 from radixrt.scheduler.stops import matched_stop_regex, matched_stop_string
 
 logger = logging.getLogger(__name__)
 # Prompt logprobs are computed this many rows at a time: a [rows, vocab] float32 log_softmax
 # per slice (50 MB for a 49k vocabulary), not one for the whole prefill chunk.
 PROMPT_LOGPROB_ROWS = 256
-
-
-@dataclass
-class RowPlan:
-    """Which rows of the step's flattened tokens need logits, and for what."""
-
-    rows: list[int] = field(default_factory=list)
-    sample_reqs: list[Req] = field(default_factory=list)  # in the order of their rows
-    sample_rows: list[int] = field(default_factory=list)  # positions within `rows`
-    # (req, first prompt token index t, positions within `rows` of rows t-1 ...)
-    prompt_lp: list[tuple[Req, int, list[int]]] = field(default_factory=list)
-    # Requests with max_new_tokens == 0 whose prompt is now prefilled: they end without a
-    # sample (SGLang's prefill-only requests: cache a prefix, or score it with logprobs).
-    prefill_only: list[Req] = field(default_factory=list)
-    # Requests whose jump-forward proposal the model checks now: (req, positions in `rows`).
-    verify: list[tuple[Req, list[int]]] = field(default_factory=list)
-
-
-def plan_rows(work: list[tuple[Req, int]]) -> RowPlan:
-    plan = RowPlan()
-    offset = 0
-    for req, n in work:
-        start = req.kv_len - n  # kv_len was already advanced by this step's n tokens
-        first_t, last_t = _prompt_logprob_span(req, start, n)
-        if first_t <= last_t:
-            idx = list(range(len(plan.rows), len(plan.rows) + last_t - first_t + 1))
-            plan.rows.extend(offset + (t - 1 - start) for t in range(first_t, last_t + 1))
-            plan.prompt_lp.append((req, first_t, idx))
-        if req.kv_len == req.seq_len and req.num_unverified:
-            k = req.num_unverified  # the planner computes a proposal in one step
-            assert n > k, (n, k)
-            plan.verify.append((req, list(range(len(plan.rows), len(plan.rows) + k + 1))))
-            plan.rows.extend(offset + n - 1 - k + j for j in range(k + 1))
-        elif req.kv_len == req.seq_len and req.sampling_params.max_new_tokens == 0:
-            plan.prefill_only.append(req)
-        elif req.kv_len == req.seq_len:
-            plan.sample_rows.append(len(plan.rows))
-            plan.rows.append(offset + n - 1)
-            plan.sample_reqs.append(req)
-        offset += n
-    return plan
-
-
-def _prompt_logprob_span(req: Req, start: int, n: int) -> tuple[int, int]:
-    """Prompt tokens t whose logprob comes from row t-1 computed in [start, start+n)."""
-    if not req.return_logprob or req.logprob_start_len < 0:
-        return 1, 0
-    done = req.logprob_start_len + req.input_logprobs_count
-    first = max(done, start + 1, 1)
-    last = min(len(req.origin_input_ids) - 1, start + n)
-    return first, last
 
 
 class OutputProcessor:
@@ -94,7 +43,7 @@ class OutputProcessor:
         self.device = device
         self.num_failed = 0  # requests ended by a failure of their own
 
-    def process(self, plan: RowPlan, logits: torch.Tensor) -> None:
+    def process(self, plan: LogitRows, logits: torch.Tensor) -> None:
         """Record logprobs, settle proposals, sample; a request that fails is ended alone."""
         for req, first_t, idx in plan.prompt_lp:
             self._guarded(req, "recording its prompt logprobs", self._record_prompt_logprobs,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from radixrt.scheduler.kv_manager import KVManager
 from radixrt.scheduler.policy import SchedulePolicy
 from radixrt.scheduler.req import Req
+from radixrt.scheduler.schedule_batch import ScheduleBatch
 
 # A waiting request defers one step when a request prefilling now shares at least this many
 # more tokens with it than the cache holds (SGLang's in-batch prefix sharing threshold), or its
@@ -36,9 +37,9 @@ class Planner:
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.num_preemptions = 0
 
-    def plan(self, running: list[Req], waiting: list[Req]) -> list[tuple[Req, int]]:
-        """What this step computes: (request, new tokens) pairs. Mutates `running` and
-        `waiting`: admitted requests move to running, retracted ones to the front of waiting."""
+    def plan(self, running: list[Req], waiting: list[Req]) -> ScheduleBatch:
+        """What this step computes, with its slots taken. Mutates `running` and `waiting`:
+        admitted requests move to running, retracted ones to the front of waiting."""
         decodes, retracted = self._grow_decodes(running, waiting)
         work = [(r, 1) for r in decodes]
         budget = self.max_prefill_tokens
@@ -61,7 +62,7 @@ class Planner:
         if not retracted:
             self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY,
                                        MIN_NEW_TOKEN_RATIO)
-        return work
+        return ScheduleBatch.build(work)
 
     def _grow_decodes(self, running: list[Req], waiting: list[Req]) -> tuple[list[Req], bool]:
         """Give each decoding request one more slot, preempting while the pool cannot.

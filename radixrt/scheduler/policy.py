@@ -34,7 +34,7 @@ class SchedulePolicy:
             return []
         policy = self.policy
         cache_aware = policy in ("lpm", "dfs-weight")
-        if cache_aware and (self.kv.disabled or len(waiting) > MAX_QUEUE_FOR_PREFIX_POLICY):
+        if cache_aware and len(waiting) > MAX_QUEUE_FOR_PREFIX_POLICY:
             policy = "fcfs"
         by_arrival = sorted(waiting, key=lambda r: r.arrival_order)
         if policy == "fcfs":

@@ -27,12 +27,14 @@ class Req:
     generator: torch.Generator | None = None
 
     output_ids: list[int] = field(default_factory=list)
-    # kv_slots[i] is the pool slot of position i; slots [:tree_len] belong to the radix tree
-    # (locked through last_node), slots [tree_len:] are this request's private pages.
-    kv_slots: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
+    # While running, the request holds row `table_row` of the request-to-token table, whose
+    # first `num_slots` columns are the pool slots of its positions: [:tree_len] belong to the
+    # prefix cache (locked through last_node), [tree_len:] are this request's private pages.
+    table_row: int = -1
+    num_slots: int = 0
     tree_len: int = 0
     last_node: Any = None
-    kv_len: int = 0  # positions whose K/V is computed (or being computed this step)
+    kv_len: int = 0  # positions whose K/V is computed (committed after each forward)
     cached_tokens: int = 0  # prompt tokens reused from the cache, reported to the user
     prefix_match_len: int = 0  # set by the policy each time the request is considered
     finish_reason: dict[str, Any] | None = None
@@ -147,5 +149,4 @@ class Req:
         return max(limit, 0)
 
     def private_pages(self, page_size: int) -> int:
-        private = self.kv_slots.numel() - self.tree_len
-        return (private + page_size - 1) // page_size
+        return -(-(self.num_slots - self.tree_len) // page_size)

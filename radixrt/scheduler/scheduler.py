@@ -15,7 +15,6 @@ from concurrent.futures import Future
 import torch
 
 from radixrt.cache.invariants import check_kv_accounting
-from radixrt.executor.model_runner import SeqWork
 from radixrt.grammar.constraint import constraint_of
 from radixrt.messages import (
     AbortReq,
@@ -34,10 +33,11 @@ from radixrt.request_limits import validate_logprobs, validate_request_size, val
 from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.components import Components
 from radixrt.scheduler.kv_manager import KVManager
-from radixrt.scheduler.output import OutputProcessor, make_output, plan_rows
+from radixrt.scheduler.output import OutputProcessor, make_output
 from radixrt.scheduler.planner import Planner
 from radixrt.scheduler.policy import SchedulePolicy
 from radixrt.scheduler.req import Req, RequestFailed
+from radixrt.scheduler.schedule_batch import ScheduleBatch
 from radixrt.scheduler.transport import Transport
 from radixrt.server_args import ServerArgs
 
@@ -50,7 +50,7 @@ class Scheduler:
         self.parts = parts
         self.transport = transport
         self.page_size = args.page_size
-        self.kv = KVManager(parts.allocator, parts.cache, args.page_size)
+        self.kv = KVManager(parts.allocator, parts.cache, parts.table)
         policy = SchedulePolicy(args.schedule_policy, self.kv, seed=args.random_seed)
         self.planner = Planner(self.kv, policy, args.max_prefill_tokens,
                                args.chunked_prefill_size, args.max_running_requests,
@@ -94,25 +94,22 @@ class Scheduler:
             self.outputs.grammar.close()
 
     def step(self) -> None:
-        plan = self.planner.plan(self.running, self.waiting)
+        batch = self.planner.plan(self.running, self.waiting)
         now = time.time()
-        for req, n in plan:
-            req.kv_len += n
+        for req in batch.reqs:
             if req.admitted_at is None:
                 req.admitted_at = now
-        if plan:
-            rows = plan_rows(plan)
-            work = [SeqWork(r.token_slice(r.kv_len - n, r.kv_len), r.kv_slots, r.kv_len - n, n)
-                    for r, n in plan]
-            logits = self.parts.runner.forward(work, rows.rows)
-            self.outputs.process(rows, logits)
+        if batch.reqs:
+            logits = self.parts.runner.forward(batch)
+            batch.commit()
+            self.outputs.process(batch.logits, logits)
             now = time.time()
-            for req in rows.sample_reqs:
+            for req in batch.logits.sample_reqs:
                 if req.first_token_at is None:
                     req.first_token_at = now
-        self._settle(plan)
+        self._settle(batch)
         self.stats["steps"] += 1
-        self._decode_tokens += sum(1 for _, n in plan if n == 1)
+        self._decode_tokens += batch.num_decodes
         if self.args.enable_kv_checks:
             self.check_kv()
         self._maybe_log_stats()
@@ -131,10 +128,10 @@ class Scheduler:
                     "%.1f%%, generation %.1f tok/s", len(self.running), len(self.waiting),
                     100 * used / pool, pool, 100 * self.cache_hit_rate, throughput)
 
-    def _settle(self, work: list[tuple[Req, int]]) -> None:
+    def _settle(self, batch: ScheduleBatch) -> None:
         """Release finished requests, publish prefilled chunks to the cache, emit outputs."""
         outs: list[ReqOutput] = []
-        for req, n in work:
+        for req, n in zip(batch.reqs, batch.extend_lens, strict=True):
             if req.finished:
                 # A failed request's K/V may not match its tokens: none of it is cached.
                 self.kv.release(req, publish=not req.failed)

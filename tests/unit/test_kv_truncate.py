@@ -8,6 +8,7 @@ import pytest
 from radixrt.cache.allocator import PageAllocator
 from radixrt.cache.invariants import check_kv_accounting
 from radixrt.cache.radix_cache import RadixCache
+from radixrt.cache.req_to_token import ReqToTokenTable
 from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.kv_manager import KVManager
 from radixrt.scheduler.req import Req
@@ -18,18 +19,23 @@ from radixrt.scheduler.req import Req
 def test_truncate_frees_whole_pages_past_the_cut(page_size, cut):
     allocator = PageAllocator(64, page_size)
     cache = RadixCache(allocator, page_size)
-    kv = KVManager(allocator, cache, page_size)
+    table = ReqToTokenTable(2, 128, "cpu")
+    kv = KVManager(allocator, cache, table)
     req = Req("r", list(range(40)), SamplingParams())
     kv.admit(req, cache.match_prefix([]))
     assert kv.alloc(req, 40)
     req.kv_len = 40
-    slots = req.kv_slots.clone()
+
+    def slots_of(r: Req) -> list[int]:
+        return table.read(r.table_row, 0, r.num_slots).tolist()
+
+    slots = slots_of(req)
     kv.truncate(req, 40 - cut)
-    assert req.kv_len == 40 - cut and req.kv_slots.tolist() == slots[:40 - cut].tolist()
+    assert req.kv_len == 40 - cut and slots_of(req) == slots[:40 - cut]
     held = req.private_pages(page_size)
     assert held == -(-(40 - cut) // page_size)
     check_kv_accounting(allocator, cache, held)
     assert kv.alloc(req, cut + 5)  # growing again continues in the kept page
-    assert req.kv_slots[:40 - cut].tolist() == slots[:40 - cut].tolist()
-    assert len(set(req.kv_slots.tolist())) == req.kv_slots.numel()
+    assert slots_of(req)[:40 - cut] == slots[:40 - cut]
+    assert len(set(slots_of(req))) == req.num_slots == 45
     check_kv_accounting(allocator, cache, req.private_pages(page_size))

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from radixrt.cache.allocator import PageAllocator
+from radixrt.cache.base import create_prefix_cache
 from radixrt.cache.invariants import check_kv_accounting
 from radixrt.cache.radix_cache import RadixCache
 
@@ -176,13 +177,37 @@ def test_evict_paged_returns_pages() -> None:
     check_kv_accounting(alloc, cache, 0)
 
 
-def test_disabled_cache_caches_nothing() -> None:
+def test_no_sharing_cache_caches_nothing() -> None:
     alloc = PageAllocator(8, 1)
-    cache = RadixCache(alloc, 1, disable=True)
-    assert cache.insert([A, B], torch.tensor([0, 1])) == 2  # caller keeps (frees) everything
+    cache = create_prefix_cache("none", alloc)
+    slots = alloc.alloc_slots(2, None)
     m = cache.match_prefix([A, B])
-    assert m.indices.numel() == 0 and m.last_node is cache.root
+    assert m.indices.numel() == 0
+    published = cache.publish([A, B], slots, 0, m.last_node)
+    assert published.length == 0 and published.slots.numel() == 0  # the caller keeps all
+    assert cache.match_prefix([A, B]).indices.numel() == 0
     assert cache.total_size() == 0 and cache.evict(10) == 0
+    check_kv_accounting(alloc, cache, held_private_pages=2)
+    with pytest.raises(ValueError, match="prefix cache kind"):
+        create_prefix_cache("lru", alloc)
+
+
+def test_publish_frees_duplicates_and_moves_the_lock() -> None:
+    """Two requests computed the same pages: the second one's copies are freed and its table
+    points at the first one's; its lock moves from the node it borrowed to the new one."""
+    alloc, cache = make(page_size=2, num_pages=16)
+    first = put(cache, [A, B, C, D])
+    root = cache.match_prefix([]).last_node
+    mine = alloc.alloc_slots(6, None)
+    free_before = alloc.num_free_pages
+    published = cache.publish([A, B, C, D, X, Y], mine, 0, root)
+    assert published.length == 6
+    assert published.slots[:4].tolist() == first.tolist()  # the cached copies, not mine
+    assert published.slots[4:].tolist() == mine[4:].tolist()
+    assert alloc.num_free_pages == free_before + 2  # my two duplicate pages
+    assert cache.protected_size() == 6 and published.node.lock_ref == 1
+    cache.dec_lock_ref(published.node)
+    check_kv_accounting(alloc, cache, 0)
 
 
 def test_reset_frees_all_and_refuses_when_locked() -> None:

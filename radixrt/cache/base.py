@@ -1,0 +1,114 @@
+"""The prefix-cache interface the scheduler talks to, and how a cache kind is chosen.
+
+A prefix cache owns the pool pages of the prefixes it keeps. A request matches its prompt
+(`match_prefix`), borrows the matched slots while it runs (the node it got is locked), and
+hands its computed K/V over with `publish` (between prefill chunks and when it ends). Two kinds
+sit behind it: the radix tree (`radix_cache.py`, SGLang's) and a cache that shares nothing
+(`no_sharing.py`, `--disable-radix-cache`), so no code tests a `disable` flag.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from radixrt.cache.allocator import PageAllocator
+
+
+@dataclass(frozen=True)
+class MatchResult:
+    """The slots of the longest cached prefix (int64 [n], CPU) and the node where that prefix
+    ends (the cache's root if nothing matched). Lock `last_node` to keep the prefix while it
+    is in use. Nodes have `.parent` (None at the root) and `.children` (a dict): the cache-aware
+    schedule policies walk them."""
+
+    indices: torch.Tensor
+    last_node: Any
+
+
+@dataclass(frozen=True)
+class Published:
+    """What a request holds after `publish`: its first `length` positions are the cache's, at
+    `slots` (int64 [length], CPU), kept for it by the lock on `node`."""
+
+    length: int
+    slots: torch.Tensor
+    node: Any
+
+
+class PrefixCache(ABC):
+    """Pages of cached prefixes over a `PageAllocator`. Sizes are in tokens, whole pages.
+
+    Accounting contract (checked by `cache.invariants`): every token the cache holds is either
+    evictable (no running request locks it) or protected (locked); `total_size()` counts them by
+    walking the structure and must equal the sum of the two counters.
+    """
+
+    allocator: PageAllocator
+    page_size: int
+
+    @abstractmethod
+    def match_prefix(self, key: list[int]) -> MatchResult:
+        """The longest cached prefix of `key`, cut to whole pages; refreshes its access time."""
+
+    @abstractmethod
+    def publish(self, key: list[int], slots: torch.Tensor, held: int, node: Any) -> Published:
+        """Offer the K/V of `key` (whole pages; `slots` int64 [len(key)] its slots). The first
+        `held` positions are already the cache's (borrowed through the lock on `node`), the
+        rest the caller's own pages. The cache takes what it keeps, frees the caller's copies
+        of what it held already, moves the caller's lock to the returned node, and says which
+        leading positions the caller now borrows; the caller still owns slots[length:]."""
+
+    @abstractmethod
+    def inc_lock_ref(self, node: Any) -> int:
+        """Lock `node`'s prefix (counted: one unlock per lock); returns tokens newly locked."""
+
+    @abstractmethod
+    def dec_lock_ref(self, node: Any) -> int:
+        """Undo one `inc_lock_ref(node)`; returns the tokens that became evictable."""
+
+    @abstractmethod
+    def evict(self, num_tokens: int) -> int:
+        """Free unlocked pages, least recently used first, until `num_tokens` are freed or
+        nothing evictable is left; returns the tokens freed."""
+
+    @abstractmethod
+    def evictable_size(self) -> int:
+        """Tokens held and not locked."""
+
+    @abstractmethod
+    def protected_size(self) -> int:
+        """Tokens held and locked by running requests."""
+
+    @abstractmethod
+    def total_size(self) -> int:
+        """Tokens held, counted by walking the structure (a check for the two counters)."""
+
+    @abstractmethod
+    def cached_slots(self) -> torch.Tensor:
+        """Every slot the cache owns, int64 [total_size()] (for invariant checks)."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Free everything held; nothing may be locked."""
+
+
+# kind -> "module:Class", imported lazily.
+_KINDS = {
+    "radix": "radixrt.cache.radix_cache:RadixCache",
+    "none": "radixrt.cache.no_sharing:NoSharingCache",
+}
+
+
+def create_prefix_cache(kind: str, allocator: PageAllocator) -> PrefixCache:
+    """The cache of a kind: "radix" (the default), or "none" (shares nothing:
+    `--disable-radix-cache`)."""
+    if kind not in _KINDS:
+        raise ValueError(f"prefix cache kind must be one of {sorted(_KINDS)}, got {kind!r}")
+    module_name, cls_name = _KINDS[kind].split(":")
+    cls = getattr(importlib.import_module(module_name), cls_name)
+    return cls(allocator)  # type: ignore[no-any-return]
