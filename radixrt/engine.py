@@ -62,9 +62,10 @@ def _shutdown_live_engines() -> None:
 class Engine:
     """`Engine(model_path=None, **server_args)`: every ServerArgs field is a keyword argument.
 
-    The scheduler runs in a child process (ZeroMQ between the two) unless `in_process=True`,
-    which runs it on a thread of this process (handy in tests and notebooks; slower on the CPU
-    when this process also runs torch)."""
+    The scheduler and the detokenizer run in child processes (ZeroMQ between them) unless
+    `in_process=True`, which runs both on threads of this process, behind in-process queues
+    laid out the same way (handy in tests and notebooks; slower on the CPU when this process
+    also runs torch)."""
 
     def __init__(self, model_path: str | None = None, *, in_process: bool = False,
                  **kwargs: Any) -> None:

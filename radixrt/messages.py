@@ -74,7 +74,7 @@ class ReqOutput(msgspec.Struct):
     output_token_ids_logprobs: list[list[tuple[float, int]]] | None = None
     input_token_ids_logprobs: list[list[tuple[float, int]] | None] | None = None
     detok: DetokParams | None = None  # with the first output of a request only
-    text: str | None = None  # the text delta, filled in by the detokenizer process
+    text: str | None = None  # the text delta, filled in by the detokenizer (process or thread)
     # Wall-clock times (time.time()) the scheduler stamped: admission to a batch, first token.
     admitted_at: float | None = None
     first_token_at: float | None = None

@@ -239,6 +239,7 @@ def _spawn(module: str, config: dict) -> subprocess.Popen:
     """A child running `python -m module`, its config as JSON on stdin (no pickling, and no
     __main__ guard needed in the user's script, unlike multiprocessing's spawn)."""
     proc = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE, text=True)
+    assert proc.stdin is not None  # stdin=PIPE
     proc.stdin.write(json.dumps(config))
     proc.stdin.close()
     return proc

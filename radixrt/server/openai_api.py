@@ -253,9 +253,10 @@ class OpenAIServing:
         tokenizer = self.manager.tokenizer
         prompt = req.prompt
         batch = isinstance(prompt, list) and not isinstance(prompt[0], int)
-        prompts = prompt if batch else [prompt]
+        prompts: list[Any] = list(prompt) if batch else [prompt]
         self._check_chars(sum(len(p) for p in prompts if isinstance(p, str)), "prompt")
-        ids, texts = [], []
+        ids: list[list[int]] = []
+        texts: list[str] = []
         info = self.manager.info
         for i, p in enumerate(prompts):
             p_ids = tokenizer.encode(p) if isinstance(p, str) else list(p)
