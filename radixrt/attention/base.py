@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import torch
 
@@ -54,7 +55,7 @@ _BACKENDS = {
 }
 
 
-def create_backend(name: str, **kwargs) -> AttentionBackend:
+def create_backend(name: str, **kwargs: object) -> AttentionBackend:
     if name not in _BACKENDS:
         raise ValueError(f"attention_backend must be one of {sorted(_BACKENDS)}, got {name!r}")
     module_name, cls_name = _BACKENDS[name].split(":")
@@ -63,4 +64,5 @@ def create_backend(name: str, **kwargs) -> AttentionBackend:
     except ImportError as e:
         raise ValueError(f"attention_backend {name!r} is not available here ({e}); "
                          "use attention_backend='torch'") from e
-    return getattr(module, cls_name)(**kwargs)
+    cls: Callable[..., AttentionBackend] = getattr(module, cls_name)
+    return cls(**kwargs)

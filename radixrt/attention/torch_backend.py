@@ -66,7 +66,18 @@ class SharedExtendMetadata:
 
     rows: torch.Tensor  # [N] int64, the group's new tokens, sequence after sequence
     prefix_slots: torch.Tensor  # [P]
-    extends: list[ExtendMetadata]
+    extends: list[OwnKeysMetadata]
+
+
+@dataclass(frozen=True)
+class OwnKeysMetadata:
+    """One sequence of a shared-prefix group: new tokens start:end of the batch, and the keys
+    it has after the shared prefix."""
+
+    start: int
+    end: int
+    slots: torch.Tensor  # [L] pool slots of its keys from the shared length on
+    mask: torch.Tensor  # [n, L] additive (0 / -inf)
 
 
 @dataclass(frozen=True)
@@ -86,7 +97,7 @@ class TorchAttentionBackend(AttentionBackend):
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         """Build the decode table and the per-extend-sequence data; sets `fb.attn_metadata`."""
         batched = [n == 1 or (n <= MAX_BATCHED_EXTEND and p > 0)
-                   for n, p in zip(fb.extend_lens_cpu, fb.prefix_lens_cpu)]
+                   for n, p in zip(fb.extend_lens_cpu, fb.prefix_lens_cpu, strict=True)]
         decode_ids = [i for i, b in enumerate(batched) if b]
         extend_ids = [i for i, b in enumerate(batched) if not b]
         decode = _decode_metadata(fb, decode_ids) if decode_ids else None
@@ -108,13 +119,14 @@ class TorchAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:  # [T, Hq, D]
         """Write k/v into the pool (layer `layer_id`), then attend; see AttentionBackend."""
         fb.kv_pool.set_kv(layer_id, fb.out_cache_loc, k, v)
-        meta: TorchAttentionMetadata = fb.attn_metadata
+        meta = fb.attn_metadata
+        assert isinstance(meta, TorchAttentionMetadata), "init_forward_metadata did not run"
         k_cache, v_cache = fb.kv_pool.get_kv(layer_id)
-        if meta.decode is not None and meta.decode.token_idx is None:
-            return _decode(q, k_cache, v_cache, meta.decode, scaling)  # decode-only batch
+        dec = meta.decode
+        if dec is not None and dec.token_idx is None:
+            return _decode(q, k_cache, v_cache, dec, scaling)  # decode-only batch
         out = torch.empty_like(q)
-        if meta.decode is not None:
-            dec = meta.decode
+        if dec is not None and dec.token_idx is not None:  # always, when dec is not None
             o = _decode(q.index_select(0, dec.token_idx), k_cache, v_cache, dec, scaling)
             if dec.real is None:
                 out[dec.token_idx] = o
@@ -158,7 +170,7 @@ def _decode_metadata(fb: ForwardBatch, ids: list[int]) -> DecodeMetadata:
         token_idx = (fb.qo_indptr.index_select(0, ids_t)[:, None] + t).reshape(-1)
         if q_len > 1:
             real = (torch.arange(q_len, device=device)[None, :] < n_new[:, None]).reshape(-1)
-    min_prefix = min(n - fb.extend_lens_cpu[i] for n, i in zip(lens_cpu, ids))
+    min_prefix = min(n - fb.extend_lens_cpu[i] for n, i in zip(lens_cpu, ids, strict=True))
     shared = _shared_prefix_len(table, min_prefix + 1)
     prefix_slots = None
     if shared >= MIN_SHARED_PREFIX:
@@ -205,17 +217,18 @@ def _extend_metadata(fb: ForwardBatch, i: int, start: int, kv_start: int) -> Ext
 
 def _shared_extend_metadata(extends: list[ExtendMetadata]) -> SharedExtendMetadata | None:
     """Group the extend sequences with a cached prefix if their slots share a long start."""
-    group = [e for e in extends if e.prefix_len > 0]
+    # (sequence, its slots, its mask): slots and mask are set exactly when prefix_len > 0.
+    group = [(e, e.slots, e.mask) for e in extends if e.slots is not None and e.mask is not None]
     if len(group) < 2:
         return None
-    min_prefix = min(e.prefix_len for e in group)
-    table = torch.stack([e.slots[:min_prefix] for e in group])  # [G, min_prefix]
+    min_prefix = min(e.prefix_len for e, _, _ in group)
+    table = torch.stack([slots[:min_prefix] for _, slots, _ in group])  # [G, min_prefix]
     shared = _shared_prefix_len(table, min_prefix + 1)  # all of the shortest prefix may go
     if shared < MIN_SHARED_PREFIX:
         return None
-    rows = torch.cat([torch.arange(e.start, e.end, device=table.device) for e in group])
-    own = [ExtendMetadata(e.start, e.end, e.prefix_len, e.slots[shared:], e.mask[:, shared:])
-           for e in group]
+    rows = torch.cat([torch.arange(e.start, e.end, device=table.device) for e, _, _ in group])
+    own = [OwnKeysMetadata(e.start, e.end, slots[shared:], mask[:, shared:])
+           for e, slots, mask in group]
     return SharedExtendMetadata(rows, table[0, :shared], own)
 
 
@@ -289,7 +302,7 @@ def _own_keys_attention(
     qg: torch.Tensor,  # [n, Hkv, G, D]
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    ext: ExtendMetadata,  # slots/mask: the sequence's keys after the shared prefix
+    ext: OwnKeysMetadata,
     scaling: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # [n, Hkv, G, D], [n, Hkv, G]
     n, hkv, g, d = qg.shape

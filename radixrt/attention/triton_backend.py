@@ -79,7 +79,8 @@ class TritonAttentionBackend(AttentionBackend):
         """Store k/v at fb.out_cache_loc (negative slots: padding, skipped), then attend."""
         k_buffer, v_buffer = fb.kv_pool.get_kv(layer_id)
         store_kv(k_buffer, v_buffer, fb.out_cache_loc, k, v)
-        meta: TritonAttentionMetadata = fb.attn_metadata
+        meta = fb.attn_metadata
+        assert isinstance(meta, TritonAttentionMetadata), "init_forward_metadata did not run"
         if meta.decode:
             return decode_attention(q, k_buffer, v_buffer, meta.kv_indptr, meta.kv_indices,
                                     scaling, meta.num_splits)

@@ -11,12 +11,24 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 import torch
 
 from radixrt.cache.allocator import PageAllocator
+
+
+class CacheNode(Protocol):
+    """A node of a prefix cache, as everyone but its own cache sees it: an opaque handle to
+    lock and publish through, whose `parent` (None at the root) and `children` the cache-aware
+    schedule policies walk. Only the cache that returned a node may be given it back."""
+
+    @property
+    def parent(self) -> CacheNode | None: ...
+    @property
+    def children(self) -> Mapping[Hashable, CacheNode]: ...
 
 
 @dataclass(frozen=True)
@@ -27,7 +39,7 @@ class MatchResult:
     schedule policies walk them."""
 
     indices: torch.Tensor
-    last_node: Any
+    last_node: CacheNode
 
 
 @dataclass(frozen=True)
@@ -37,7 +49,7 @@ class Published:
 
     length: int
     slots: torch.Tensor
-    node: Any
+    node: CacheNode
 
 
 class PrefixCache(ABC):
@@ -56,7 +68,9 @@ class PrefixCache(ABC):
         """The longest cached prefix of `key`, cut to whole pages; refreshes its access time."""
 
     @abstractmethod
-    def publish(self, key: list[int], slots: torch.Tensor, held: int, node: Any) -> Published:
+    def publish(
+        self, key: list[int], slots: torch.Tensor, held: int, node: CacheNode
+    ) -> Published:
         """Offer the K/V of `key` (whole pages; `slots` int64 [len(key)] its slots). The first
         `held` positions are already the cache's (borrowed through the lock on `node`), the
         rest the caller's own pages. The cache takes what it keeps, frees the caller's copies
@@ -64,11 +78,11 @@ class PrefixCache(ABC):
         leading positions the caller now borrows; the caller still owns slots[length:]."""
 
     @abstractmethod
-    def inc_lock_ref(self, node: Any) -> int:
+    def inc_lock_ref(self, node: CacheNode) -> int:
         """Lock `node`'s prefix (counted: one unlock per lock); returns tokens newly locked."""
 
     @abstractmethod
-    def dec_lock_ref(self, node: Any) -> int:
+    def dec_lock_ref(self, node: CacheNode) -> int:
         """Undo one `inc_lock_ref(node)`; returns the tokens that became evictable."""
 
     @abstractmethod
@@ -110,5 +124,6 @@ def create_prefix_cache(kind: str, allocator: PageAllocator) -> PrefixCache:
     if kind not in _KINDS:
         raise ValueError(f"prefix cache kind must be one of {sorted(_KINDS)}, got {kind!r}")
     module_name, cls_name = _KINDS[kind].split(":")
-    cls = getattr(importlib.import_module(module_name), cls_name)
-    return cls(allocator)  # type: ignore[no-any-return]
+    cls: Callable[[PageAllocator], PrefixCache] = getattr(importlib.import_module(module_name),
+                                                          cls_name)
+    return cls(allocator)

@@ -4,12 +4,12 @@ measured against, and the cache for workloads without shared prefixes."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Hashable
 
 import torch
 
 from radixrt.cache.allocator import PageAllocator
-from radixrt.cache.base import MatchResult, PrefixCache, Published
+from radixrt.cache.base import CacheNode, MatchResult, PrefixCache, Published
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
@@ -17,8 +17,8 @@ _EMPTY = torch.empty(0, dtype=torch.int64)
 class _Root:
     """The node every match ends at: a tree of one node (as the policies walk it)."""
 
-    parent = None
-    children: dict[object, object] = {}
+    parent: None = None
+    children: dict[Hashable, CacheNode] = {}
 
 
 _ROOT = _Root()  # locking it holds nothing
@@ -35,14 +35,16 @@ class NoSharingCache(PrefixCache):
     def match_prefix(self, key: list[int]) -> MatchResult:
         return MatchResult(_EMPTY, _ROOT)
 
-    def publish(self, key: list[int], slots: torch.Tensor, held: int, node: Any) -> Published:
+    def publish(
+        self, key: list[int], slots: torch.Tensor, held: int, node: CacheNode
+    ) -> Published:
         assert held == 0, "this cache lends nothing"
         return Published(0, _EMPTY, node)
 
-    def inc_lock_ref(self, node: Any) -> int:
+    def inc_lock_ref(self, node: CacheNode) -> int:
         return 0
 
-    def dec_lock_ref(self, node: Any) -> int:
+    def dec_lock_ref(self, node: CacheNode) -> int:
         return 0
 
     def evict(self, num_tokens: int) -> int:

@@ -15,12 +15,11 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Hashable, Iterator
-from typing import Any
 
 import torch
 
 from radixrt.cache.allocator import PageAllocator
-from radixrt.cache.base import MatchResult, PrefixCache, Published
+from radixrt.cache.base import CacheNode, MatchResult, PrefixCache, Published
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
@@ -118,7 +117,9 @@ class RadixCache(PrefixCache):
             node, pos = child, pos + n
         return pos
 
-    def publish(self, key: list[int], slots: torch.Tensor, held: int, node: Any) -> Published:
+    def publish(
+        self, key: list[int], slots: torch.Tensor, held: int, node: CacheNode
+    ) -> Published:
         """Insert `key`; the caller's copies of pages someone cached meanwhile are freed, and
         its lock moves to the node where `key` ends (see PrefixCache.publish)."""
         if len(key) <= held:
@@ -172,30 +173,35 @@ class RadixCache(PrefixCache):
 
     # ---- locking --------------------------------------------------------------------------
 
-    def inc_lock_ref(self, node: TreeNode) -> int:
+    def inc_lock_ref(self, node: CacheNode) -> int:
         """Lock every node from `node` up to the root; returns the tokens that became protected."""
         moved = 0
-        while node is not self.root:
-            if node.lock_ref == 0:
-                moved += len(node.key)
-            node.lock_ref += 1
-            node = node.parent
+        for n in self._path(node):
+            if n.lock_ref == 0:
+                moved += len(n.key)
+            n.lock_ref += 1
         self._evictable -= moved
         self._protected += moved
         return moved
 
-    def dec_lock_ref(self, node: TreeNode) -> int:
+    def dec_lock_ref(self, node: CacheNode) -> int:
         """Undo one `inc_lock_ref(node)`; returns the tokens that became evictable."""
         moved = 0
-        while node is not self.root:
-            assert node.lock_ref > 0, f"unlock of unlocked {node!r}"
-            node.lock_ref -= 1
-            if node.lock_ref == 0:
-                moved += len(node.key)
-            node = node.parent
+        for n in self._path(node):
+            assert n.lock_ref > 0, f"unlock of unlocked {n!r}"
+            n.lock_ref -= 1
+            if n.lock_ref == 0:
+                moved += len(n.key)
         self._evictable += moved
         self._protected -= moved
         return moved
+
+    def _path(self, node: CacheNode) -> Iterator[TreeNode]:
+        """`node` and its ancestors, the root excluded; `node` must be one of this tree's."""
+        assert isinstance(node, TreeNode), f"{node!r} is not a radix tree node"
+        while node is not self.root:
+            yield node
+            node = _parent(node)
 
     # ---- eviction and sizes ---------------------------------------------------------------
 
@@ -211,7 +217,7 @@ class RadixCache(PrefixCache):
         while freed < num_tokens and heap:
             _, _, leaf = heapq.heappop(heap)
             freed += self._delete_leaf(leaf)
-            parent = leaf.parent
+            parent = _parent(leaf)
             if self._evictable_leaf(parent):
                 heapq.heappush(heap, (parent.last_access_time, parent.id, parent))
         return freed
@@ -221,7 +227,7 @@ class RadixCache(PrefixCache):
 
     def _delete_leaf(self, leaf: TreeNode) -> int:
         self.allocator.free_slots(leaf.value)
-        del leaf.parent.children[self._child_key(leaf.key, 0)]
+        del _parent(leaf).children[self._child_key(leaf.key, 0)]
         self._evictable -= len(leaf.key)
         return len(leaf.key)
 
@@ -276,6 +282,12 @@ class RadixCache(PrefixCache):
     def pretty_print(self) -> None:
         """Print `format_tree()`."""
         print(self.format_tree())
+
+
+def _parent(node: TreeNode) -> TreeNode:
+    """The parent of a node that is not the root (the only node without one)."""
+    assert node.parent is not None, f"{node!r} is the root"
+    return node.parent
 
 
 def _whole_pages(value: torch.Tensor, page_size: int) -> bool:

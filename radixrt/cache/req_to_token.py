@@ -50,7 +50,7 @@ class ReqToTokenTable:
         """Positions start.. of `row` now live at `slots` (int64 [n], CPU); the device table
         has them after the next `flush`."""
         end = start + slots.numel()
-        assert 0 <= start and end <= self.context_length, (start, end, self.context_length)
+        assert start >= 0 and end <= self.context_length, (start, end, self.context_length)
         self._host[row, start:end] = slots
         if self._queue_writes and slots.numel():
             self._pending.append((row, start, slots))

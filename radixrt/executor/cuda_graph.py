@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,6 +26,9 @@ from radixrt.attention.base import AttentionBackend
 from radixrt.cache.kv_pool import KVPool
 from radixrt.cache.req_to_token import ReqToTokenTable
 from radixrt.executor.forward_batch import ForwardBatch, StepInput
+
+if TYPE_CHECKING:
+    from radixrt.models.base import CausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +113,7 @@ class CudaGraphRunner:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: CausalLM,
         kv_pool: KVPool,
         backend: AttentionBackend,
         table: ReqToTokenTable,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -57,10 +57,11 @@ class ForwardBatch:
     seq_lens_cpu: list[int]
     extend_lens_cpu: list[int]
     prefix_lens_cpu: list[int]
-    kv_pool: "KVPool"
-    attn_backend: "AttentionBackend"
-    # Backend-private precomputed data (index tables, masks), set by init_forward_metadata.
-    attn_metadata: Any = field(default=None)
+    kv_pool: KVPool
+    attn_backend: AttentionBackend
+    # Backend-private precomputed data (index tables, masks), set by init_forward_metadata;
+    # only the backend that set it knows its type.
+    attn_metadata: object = field(default=None)
 
     @property
     def batch_size(self) -> int:

@@ -3,6 +3,8 @@ request-to-token table, forwards, returns the logits of the rows the step needs.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from radixrt.attention.base import AttentionBackend
@@ -10,6 +12,9 @@ from radixrt.cache.kv_pool import KVPool
 from radixrt.cache.req_to_token import ReqToTokenTable
 from radixrt.executor.cuda_graph import CudaGraphRunner
 from radixrt.executor.forward_batch import ForwardBatch, StepInput
+
+if TYPE_CHECKING:
+    from radixrt.models.base import CausalLM
 
 
 class ModelRunner:
@@ -19,7 +24,7 @@ class ModelRunner:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: CausalLM,
         kv_pool: KVPool,
         attn_backend: AttentionBackend,
         table: ReqToTokenTable,
@@ -80,8 +85,7 @@ class ModelRunner:
             self.attn_backend.init_forward_metadata(fb)
             hidden = self.model(fb.input_ids, fb.positions, fb)
         rows = torch.tensor(step.logit_rows, dtype=torch.int64, device=hidden.device)
-        logits: torch.Tensor = self.model.compute_logits(hidden.index_select(0, rows))
-        return logits
+        return self.model.compute_logits(hidden.index_select(0, rows))
 
 
 def _indptr(lengths: list[int], device: torch.device) -> torch.Tensor:

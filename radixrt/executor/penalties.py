@@ -15,8 +15,8 @@ retraction); nothing is built for a penalty no request in the batch uses.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Sequence
 
 import torch
 
@@ -25,7 +25,9 @@ from radixrt.sampling_params import SamplingParams
 
 @dataclass
 class PenaltyState:
-    """What `apply` needs; each part is None when no row of the batch uses it."""
+    """What `apply` needs; each part is None when no row of the batch uses it. A part's fields
+    are set together, by one `_add_*` builder: frequency, presence and output_counts;
+    repetition and seen; the three bias_*; the two mask_*."""
 
     frequency: torch.Tensor | None = None  # [B, 1] float32
     presence: torch.Tensor | None = None  # [B, 1] float32
@@ -44,15 +46,19 @@ class PenaltyState:
     def apply(self, logits: torch.Tensor) -> None:
         """Penalize `logits` [B, V] float32 IN PLACE (callers pass a copy)."""
         if self.seen is not None:
+            assert self.repetition is not None
             # Divide positive logits, multiply negative ones: both move toward "less likely".
             scaled = torch.where(logits > 0, logits / self.repetition, logits * self.repetition)
             torch.where(self.seen, scaled, logits, out=logits)
         if self.output_counts is not None:
+            assert self.frequency is not None and self.presence is not None
             logits -= self.frequency * self.output_counts
             logits -= self.presence * (self.output_counts > 0).to(logits.dtype)
         if self.bias_rows is not None:
+            assert self.bias_cols is not None and self.bias_values is not None
             logits.index_put_((self.bias_rows, self.bias_cols), self.bias_values, accumulate=True)
         if self.mask_rows is not None:
+            assert self.mask_cols is not None
             logits[self.mask_rows, self.mask_cols] = float("-inf")
 
 
@@ -119,7 +125,7 @@ def _add_repetition(
     if not any(p.repetition_penalty != 1.0 for p in params):
         return
     state.repetition = _column([p.repetition_penalty for p in params], device)
-    both = [list(prompt) + list(out) for prompt, out in zip(prompt_ids, output_ids)]
+    both = [list(prompt) + list(out) for prompt, out in zip(prompt_ids, output_ids, strict=True)]
     state.seen = token_counts(both, vocab_size, device) > 0
 
 
@@ -147,7 +153,7 @@ def _add_min_tokens_mask(
     device: torch.device | str,
 ) -> None:
     rows, cols = [], []
-    for row, (p, out) in enumerate(zip(params, output_ids)):
+    for row, (p, out) in enumerate(zip(params, output_ids, strict=True)):
         if len(out) >= p.min_new_tokens:
             continue
         banned = set(eos_token_ids) | set(p.stop_token_ids or [])

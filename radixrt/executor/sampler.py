@@ -12,8 +12,8 @@ else shares its batch. Rows without one draw from torch's default generator, in 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -61,13 +61,13 @@ class SamplingBatch:
         """
         assert len(params) == len(generators) == len(output_ids) == len(prompt_ids)
         greedy = [p.is_greedy for p in params]
-        sampled = [p for p, g in zip(params, greedy) if not g]
+        sampled = [p for p, g in zip(params, greedy, strict=True) if not g]
         seeded = [i for i, g in enumerate(generators) if g is not None and not greedy[i]]
         unseeded = [i for i, g in enumerate(generators) if g is None and not greedy[i]]
         top_ks = [vocab_size if p.top_k < 1 else min(p.top_k, vocab_size) for p in params]
         return cls(
             temperatures=_floats(
-                [1.0 if g else p.temperature for p, g in zip(params, greedy)], device
+                [1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)], device
             ).unsqueeze(1),
             top_ps=_floats([p.top_p for p in params], device),
             top_ks=torch.tensor(top_ks, dtype=torch.int64, device=device),
