@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from radixrt.executor.forward_batch import ForwardBatch
 from radixrt.layers.linear import MergedLinear
 from radixrt.layers.rotary import rotate_qk
+
+if TYPE_CHECKING:
+    from radixrt.executor.forward_batch import ForwardBatch
 
 
 @dataclass(frozen=True, kw_only=True)

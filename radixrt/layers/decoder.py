@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
-from radixrt.executor.forward_batch import ForwardBatch
 from radixrt.layers.attention import RotaryAttention
 from radixrt.layers.mlp import GatedMLP
 from radixrt.layers.norm import RMSNorm
+
+if TYPE_CHECKING:
+    from radixrt.executor.forward_batch import ForwardBatch
 
 
 class DecoderLayer(nn.Module):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any, cast
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
@@ -62,11 +63,13 @@ class LazyTokenizer:
                                else load_tokenizer(*self._args))
         return self._tokenizer
 
-    def decode(self, *args, **kwargs) -> str:
-        return self.get().decode(*args, **kwargs)
+    def decode(self, *args: Any, **kwargs: Any) -> str:
+        # One sequence of ids decodes to one string (a batch would give a list).
+        return cast(str, self.get().decode(*args, **kwargs))
 
-    def encode(self, *args, **kwargs) -> list[int]:
-        return self.get().encode(*args, **kwargs)
+    def encode(self, *args: Any, **kwargs: Any) -> list[int]:
+        ids: list[int] = self.get().encode(*args, **kwargs)
+        return ids
 
 
 def hand_over_tokenizer(tokenizer: PreTrainedTokenizerBase, folder: str) -> None:

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from radixrt.executor.forward_batch import ForwardBatch
 from radixrt.models.config import TransformerConfig
+
+if TYPE_CHECKING:
+    from radixrt.executor.forward_batch import ForwardBatch
 
 Weights = Iterable[tuple[str, torch.Tensor]]
 

@@ -3,10 +3,11 @@ Hugging Face config reads and, where its attention differs, which attention bloc
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
-from radixrt.executor.forward_batch import ForwardBatch
 from radixrt.layers.attention import AttentionShape, RotaryAttention
 from radixrt.layers.decoder import DecoderLayer
 from radixrt.layers.embedding import LMHead
@@ -16,6 +17,9 @@ from radixrt.layers.rotary import RotaryEmbedding
 from radixrt.models.base import CausalLM, Weights
 from radixrt.models.config import TransformerConfig
 from radixrt.models.weight_loader import load_hf_weights
+
+if TYPE_CHECKING:
+    from radixrt.executor.forward_batch import ForwardBatch
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 

@@ -1,7 +1,8 @@
 """Qwen3: the shared decoder whose attention normalizes each q and k head (RMSNorm over
 head_dim, one weight per projection) before the rotary. `head_dim` comes from the config (128
 in the released models, whatever hidden_size / heads is); `attention_bias` puts biases on q, k, v
-and o alike. Sliding-window attention is not implemented: a config that enables it is refused.
+and o alike. Sliding-window attention is not implemented: a config that enables a window
+shorter than the context is refused.
 """
 
 from __future__ import annotations

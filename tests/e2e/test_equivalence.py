@@ -59,18 +59,21 @@ TINY_OVERRIDES = {"qwen3": dict(head_dim=32, tie_word_embeddings=True)}
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2", "mistral", "qwen3", "default"])
-def model_case(request, tiny_model_dir):
+def model_case(request, tiny_model_dir) -> tuple[str, str, dict]:
+    """(name, model path, the engine's tokenizer arguments)."""
     if request.param == "default":
         from radixrt.loader.default_model import default_model_path
 
-        return request.param, default_model_path()
+        tokenizer_dir = request.getfixturevalue("default_tokenizer_dir")
+        return request.param, default_model_path(), {"tokenizer_path": tokenizer_dir}
     overrides = TINY_OVERRIDES.get(request.param, {})
-    return request.param, str(tiny_model_dir(request.param, **overrides))
+    path = str(tiny_model_dir(request.param, **overrides))
+    return request.param, path, {"skip_tokenizer_init": True}
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS) + list(TINY_ONLY))
 def test_greedy_matches_transformers(model_case, setting, hf_loader):
-    name, path = model_case
+    name, path, tokenizer_args = model_case
     if setting in TINY_ONLY and name == "default":
         pytest.skip("scheduling variants run on the tiny models only, to keep the suite short")
     hf = hf_loader(path)
@@ -80,8 +83,7 @@ def test_greedy_matches_transformers(model_case, setting, hf_loader):
     # The scheduler runs on a thread here (quicker to start); test_engine_api covers the
     # default child-process mode.
     engine = radixrt.Engine(model_path=path, dtype="float32", device="cpu", in_process=True,
-                            enable_kv_checks=True, skip_tokenizer_init=(name != "default"),
-                            **args)
+                            enable_kv_checks=True, **tokenizer_args, **args)
     try:
         encode = engine.tokenizer.encode if engine.tokenizer else None
         sets = prompt_sets(engine.info.vocab_size, encode)
@@ -109,11 +111,11 @@ def test_greedy_matches_transformers(model_case, setting, hf_loader):
 
 
 def test_logprobs_match_transformers(model_case, hf_loader):
-    name, path = model_case
+    _, path, tokenizer_args = model_case
     hf = hf_loader(path)
     engine = radixrt.Engine(model_path=path, dtype="float32", device="cpu", in_process=True,
-                            skip_tokenizer_init=(name != "default"), enable_kv_checks=True,
-                            chunked_prefill_size=8, max_total_tokens=8192)
+                            enable_kv_checks=True, chunked_prefill_size=8, max_total_tokens=8192,
+                            **tokenizer_args)
     try:
         encode = engine.tokenizer.encode if engine.tokenizer else None
         prompts = prompt_sets(engine.info.vocab_size, encode)["shared"]

@@ -140,10 +140,11 @@ def test_bfloat16_close_to_transformers(tiny_model_dir):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_ragged_batch_on_cuda(tiny_model_dir):
+@pytest.mark.parametrize("arch, overrides", [("qwen2", {}), ("qwen3", {"head_dim": 32})])
+def test_ragged_batch_on_cuda(tiny_model_dir, arch, overrides):
     # TF32 matmuls would loosen float32; the reference runs on the CPU.
     torch.backends.cuda.matmul.allow_tf32 = False
-    check_ragged_batches(tiny_model_dir("qwen2"), device="cuda", atol=1e-3)
+    check_ragged_batches(tiny_model_dir(arch, **overrides), device="cuda", atol=1e-3)
 
 
 def test_qwen2_has_qkv_bias_only(tiny_model_dir):
