@@ -91,13 +91,5 @@ class GrammarBackend:
             self.xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device),
                                                  indices=rows)
 
-    def apply_masks(self, logits: torch.Tensor, matchers: list[Any], rows: list[int]) -> None:
-        """Mask, in place, the tokens each matcher forbids next in its row of `logits`
-        ([B, vocab] float32). One bitmask for the batch, filled for the constrained rows."""
-        bitmask = self.new_bitmask(logits.shape[0])
-        for matcher, row in zip(matchers, rows):
-            matcher.fill_next_token_bitmask(bitmask, row)
-        self.apply_bitmask(logits, bitmask, rows)
-
     def close(self) -> None:
         self.pool.shutdown()

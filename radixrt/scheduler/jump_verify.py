@@ -27,8 +27,9 @@ def verify_proposal(req: Req, logits: torch.Tensor, grammar: Any, vocab_size: in
     proposal in req.output_ids and the matcher; returns (the new token, proposals kept).
     RequestFailed if no token may follow the kept proposal (the request cannot go on)."""
     k = logits.shape[0] - 1
-    assert k == req.num_unverified, (k, req.num_unverified)
-    out, matcher = req.output_ids, req.grammar
+    state = req.grammar
+    assert state is not None and k == state.unverified, (k, req.num_unverified)
+    out, matcher = req.output_ids, state.matcher
     first = len(out) - k  # index of the first proposal
     matcher.rollback(k)
     masks = _masks_along(grammar, matcher, out[first:], logits.shape[0])
@@ -46,7 +47,7 @@ def verify_proposal(req: Req, logits: torch.Tensor, grammar: Any, vocab_size: in
         matcher.rollback(dropped)  # it stood after the whole proposal (_masks_along)
         del out[len(out) - dropped:]
         truncate_kv(req, req.kv_len - dropped)
-    req.num_unverified = 0
+    state.unverified = 0
     if picks[kept] == NO_TOKEN:  # the kept proposal stands; nothing may follow it
         raise RequestFailed(req.no_token_message(bool(torch.isfinite(logits[kept]).any())))
     out.append(picks[kept])

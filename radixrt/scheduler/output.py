@@ -15,12 +15,11 @@ import torch
 
 from radixrt.executor.logprobs import compute_logprobs
 from radixrt.executor.sampler import NO_TOKEN, SamplingBatch, sample
-from radixrt.grammar.jump_forward import propose
 from radixrt.messages import DetokParams, ReqOutput
-from radixrt.scheduler.jump_verify import verify_proposal
 from radixrt.scheduler.req import Req, RequestFailed
 from radixrt.scheduler.schedule_batch import LogitRows
 from radixrt.scheduler.stops import matched_stop_regex, matched_stop_string
+from radixrt.scheduler.structured import StructuredGeneration
 
 logger = logging.getLogger(__name__)
 # Prompt logprobs are computed this many rows at a time: a [rows, vocab] float32 log_softmax
@@ -30,12 +29,9 @@ PROMPT_LOGPROB_ROWS = 256
 
 class OutputProcessor:
     def __init__(self, eos_token_ids: list[int], vocab_size: int, context_length: int,
-                 tokenizer=None, device: str = "cpu", jump_forward: bool = True,
-                 truncate_kv: Callable[[Req, int], None] | None = None) -> None:
-        self.grammar = None  # the GrammarBackend, set by the scheduler at the first constraint
-        self.truncate_kv = truncate_kv  # KVManager.truncate: drops a rejected proposal's K/V
-        self.jump_forward = jump_forward
-        self.jump_forward_tokens = 0
+                 structured: StructuredGeneration, tokenizer: Any = None,
+                 device: str = "cpu") -> None:
+        self.structured = structured
         self.eos_token_ids = set(eos_token_ids)
         self.vocab_size = vocab_size
         self.context_length = context_length
@@ -60,7 +56,7 @@ class OutputProcessor:
             return
         reqs = [plan.sample_reqs[i] for i in live]
         sample_logits = logits[[plan.sample_rows[i] for i in live]]
-        self._apply_masks(reqs, sample_logits)
+        self.structured.mask(reqs, sample_logits, self._guarded)
         next_ids = self._sample(reqs, sample_logits)
         self._record_output_logprobs(reqs, sample_logits, next_ids)
         for i, (req, tok) in enumerate(zip(reqs, next_ids)):
@@ -93,22 +89,7 @@ class OutputProcessor:
             return False
 
     def _verify(self, req: Req, logits: torch.Tensor) -> None:
-        tok, kept = verify_proposal(req, logits, self.grammar, self.vocab_size,
-                                    sorted(self.eos_token_ids), self.truncate_kv)
-        self.jump_forward_tokens += kept
-        self._advance_grammar(req, tok)
-
-    def _apply_masks(self, reqs: list[Req], logits: torch.Tensor) -> None:
-        """Each constrained row of `logits` is masked by its grammar, in place (one bitmask
-        for the batch); a matcher that fails to fill its row fails its request."""
-        constrained = [i for i, r in enumerate(reqs) if r.grammar is not None]
-        if not constrained:
-            return
-        bitmask = self.grammar.new_bitmask(len(reqs))
-        filled = [i for i in constrained if self._guarded(
-            reqs[i], "filling its grammar's mask", reqs[i].grammar.fill_next_token_bitmask,
-            bitmask, i)]
-        self.grammar.apply_bitmask(logits, bitmask, filled)
+        self._advance_grammar(req, self.structured.verify(req, logits))
 
     def _sample(self, reqs: list[Req], logits: torch.Tensor) -> list[int]:
         """One sample for the batch; if that raises, each row alone, so that only the rows
@@ -142,23 +123,12 @@ class OutputProcessor:
             self._check_finished(req, tok)
 
     def _advance_grammar(self, req: Req, tok: int) -> None:
-        """The matcher takes the new token (already in output_ids); the request ends when its
-        grammar is complete, else the text the grammar now fixes is proposed at once
-        (jump-forward)."""
-        if not req.grammar.accept_token(tok):
-            req.output_ids.pop()
-            raise RequestFailed(f"the grammar of the request refused token {tok}, which its "
-                                "own mask allowed")
-        if req.grammar.is_terminated():
-            req.finish_reason = {"type": "stop", "matched": tok}
-            return
-        self._check_finished(req, tok)
-        if req.finished or not self.jump_forward or req.return_logprob:
-            return
-        # Room for the proposal and the token sampled after it.
-        proposal = propose(req.grammar, self.tokenizer, req.remaining_new_tokens - 1)
-        req.output_ids.extend(proposal)
-        req.num_unverified = len(proposal)
+        """The matcher takes the new token (already in output_ids); unless that ends the
+        request, the text the grammar now fixes is proposed at once (jump-forward)."""
+        self.structured.accept(req, tok)
+        if not req.finished:
+            self._check_finished(req, tok)
+        self.structured.propose(req)
 
     def _record_prompt_logprobs(self, req: Req, first_t: int, logits: torch.Tensor) -> None:
         for lo in range(0, logits.shape[0], PROMPT_LOGPROB_ROWS):

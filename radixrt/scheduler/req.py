@@ -16,6 +16,24 @@ class RequestFailed(Exception):
 
 
 @dataclass
+class GrammarState:
+    """A constrained request's grammar: its kind (regex, json_schema, ebnf), its xgrammar
+    matcher, and the jump-forward tokens at the end of its output_ids that the model has not
+    checked yet (not emitted; dropped if the request is retracted)."""
+
+    kind: str
+    matcher: Any
+    unverified: int = 0
+
+    def drop_proposal(self, output_ids: list[int]) -> None:
+        """Forget an unchecked proposal: out of output_ids, and the matcher steps back."""
+        if self.unverified:
+            del output_ids[-self.unverified:]
+            self.matcher.rollback(self.unverified)
+            self.unverified = 0
+
+
+@dataclass
 class Req:
     rid: str
     origin_input_ids: list[int]
@@ -54,10 +72,7 @@ class Req:
     admitted_at: float | None = None
     first_token_at: float | None = None
     detok_sent: bool = False  # whether an output carried this request's DetokParams yet
-    grammar: Any = None  # the xgrammar matcher of a constrained request (structured output)
-    # Jump-forward tokens at the end of output_ids that the model has not checked yet: not
-    # emitted, and dropped if the request is retracted.
-    num_unverified: int = 0
+    grammar: GrammarState | None = None  # set once a constraint's grammar has compiled
     # token_ids_logprob: ids whose logprob is reported at every position, and those not yet
     # emitted (per position, (logprob, id) for each id; None for the first prompt token).
     token_ids_logprob: list[int] | None = None
@@ -90,19 +105,16 @@ class Req:
     def fail(self, message: str) -> None:
         """End the request with finish reason abort and `message`. An unchecked proposal is
         dropped from the output (not from the matcher: it goes with the request)."""
-        if self.num_unverified:
-            del self.output_ids[-self.num_unverified:]
-            self.num_unverified = 0
+        if self.grammar is not None and self.grammar.unverified:
+            del self.output_ids[-self.grammar.unverified:]
+            self.grammar.unverified = 0
         self.failed = True
         self.finish_reason = {"type": "abort", "message": message}
 
     def no_token_message(self, grammar_allows_some: bool) -> str:
         """Why no token could be drawn for this request: its grammar allows none here, or what
         it allows is banned (min_new_tokens bans the end of sequence; stop_token_ids)."""
-        from radixrt.grammar.constraint import constraint_of
-
-        found = constraint_of(self.sampling_params)
-        kind, n = (found[0] if found else None), len(self.output_ids)
+        kind, n = (self.grammar.kind if self.grammar else None), len(self.output_ids)
         if kind is None:
             return f"no token can follow output token {n}: the model's logits are not finite"
         if not grammar_allows_some:
@@ -117,10 +129,13 @@ class Req:
 
     def drop_unverified(self) -> None:
         """Forget an unchecked jump-forward proposal (the matcher steps back too)."""
-        if self.num_unverified:
-            del self.output_ids[-self.num_unverified:]
-            self.grammar.rollback(self.num_unverified)
-            self.num_unverified = 0
+        if self.grammar is not None:
+            self.grammar.drop_proposal(self.output_ids)
+
+    @property
+    def num_unverified(self) -> int:
+        """Jump-forward tokens at the end of output_ids the model has not checked yet."""
+        return self.grammar.unverified if self.grammar is not None else 0
 
     @property
     def num_emittable(self) -> int:

@@ -10,7 +10,6 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 
 import torch
 
@@ -36,8 +35,9 @@ from radixrt.scheduler.kv_manager import KVManager
 from radixrt.scheduler.output import OutputProcessor, make_output
 from radixrt.scheduler.planner import Planner
 from radixrt.scheduler.policy import SchedulePolicy
-from radixrt.scheduler.req import Req, RequestFailed
+from radixrt.scheduler.req import Req
 from radixrt.scheduler.schedule_batch import ScheduleBatch
+from radixrt.scheduler.structured import StructuredGeneration
 from radixrt.scheduler.transport import Transport
 from radixrt.server_args import ServerArgs
 
@@ -56,15 +56,14 @@ class Scheduler:
                                args.chunked_prefill_size, args.max_running_requests,
                                args.schedule_conservativeness)
         cfg = parts.model_config
+        self.structured = StructuredGeneration(
+            parts.tokenizer, cfg.vocab_size, cfg.eos_token_ids, args.grammar_compile_timeout,
+            jump_forward=not args.disable_jump_forward,
+            json_any_whitespace=args.json_any_whitespace, truncate_kv=self.kv.truncate)
         self.outputs = OutputProcessor(cfg.eos_token_ids, cfg.vocab_size, parts.context_length,
-                                       parts.tokenizer, parts.device,
-                                       jump_forward=not args.disable_jump_forward,
-                                       truncate_kv=self.kv.truncate)
+                                       self.structured, parts.tokenizer, parts.device)
         self.running: list[Req] = []
         self.waiting: list[Req] = []
-        # Constrained requests wait here while their grammar compiles (off the step loop).
-        self.grammar_queue: list[tuple[Req, Future]] = []
-        self.grammar_timeout_s = args.grammar_compile_timeout
         self.arrivals = itertools.count()
         self._failed_outputs: list[Req] = []
         self.stopped = False
@@ -81,17 +80,17 @@ class Scheduler:
             if self.running or self.waiting:
                 timeout = 0
             else:  # idle: sleep on the socket, briefly while grammars compile
-                timeout = 0.005 if self.grammar_queue else (1.0 if orphaned else None)
+                compiling = self.structured.compiling
+                timeout = 0.005 if compiling else (1.0 if orphaned else None)
             for data in self.transport.recv(timeout=timeout):
                 self._receive(data)
             self._admit_compiled()
             if self.running or self.waiting:
                 self.step()
-            elif not self.grammar_queue and orphaned is not None and orphaned():
+            elif not self.structured.compiling and orphaned is not None and orphaned():
                 logger.warning("the frontend process is gone: the scheduler stops")
-                return
-        if self.outputs.grammar is not None:
-            self.outputs.grammar.close()
+                break
+        self.structured.close()
 
     def step(self) -> None:
         batch = self.planner.plan(self.running, self.waiting)
@@ -200,9 +199,9 @@ class Scheduler:
     def get_stats(self) -> dict:
         p = self.parts
         return {**self.stats, "num_preemptions": self.planner.num_preemptions,
-                "jump_forward_tokens": self.outputs.jump_forward_tokens,
+                "jump_forward_tokens": self.structured.jump_forward_tokens,
                 "failed_requests": self.outputs.num_failed,
-                "grammar_queue": len(self.grammar_queue),
+                "grammar_queue": len(self.structured.compiling),
                 "cache_hit_rate": self.cache_hit_rate, "running": len(self.running),
                 "queued": len(self.waiting), "pool_tokens": p.pool_tokens,
                 "free_tokens": p.allocator.available_tokens,
@@ -231,54 +230,17 @@ class Scheduler:
             return
         self.stats["prompt_tokens"] += len(req.origin_input_ids)
         self.stats["requests"] = self.stats.get("requests", 0) + 1
-        constraint = constraint_of(req.sampling_params)
-        if constraint is None:
+        if not self.structured.submit(req):
             self.waiting.append(req)
-        else:
-            self.grammar_queue.append((req, self._grammar_backend().compile(*constraint)))
-
-    def _grammar_backend(self):
-        if self.outputs.grammar is None:
-            from radixrt.grammar.backend import GrammarBackend
-
-            self.outputs.grammar = GrammarBackend(self.parts.tokenizer,
-                                                  self.parts.model_config.vocab_size,
-                                                  self.args.json_any_whitespace)
-        return self.outputs.grammar
 
     def _admit_compiled(self) -> None:
-        """Move requests whose grammar has compiled to the waiting queue, or fail them: a
-        constraint that does not compile (within the timeout, counted from the start of its
-        compile), or that no token can start (the frontend refuses both; other frontends may
-        not)."""
-        now = time.monotonic()
-        for item in list(self.grammar_queue):
-            req, future = item
-            started = getattr(future, "started_at", None)
-            late = started is not None and now - started > self.grammar_timeout_s
-            if not future.done() and not late:
-                continue
-            self.grammar_queue.remove(item)
-            try:
-                req.grammar = self._matcher_of(req, future)
-            except Exception as e:  # noqa: BLE001 - xgrammar's errors end this request only
-                self._send_abort(req.rid, len(req.origin_input_ids), str(e))
-                continue
-            self.waiting.append(req)
-
-    def _matcher_of(self, req: Req, future: Future):
-        """The matcher of a compiled constraint; RequestFailed saying why there is none."""
-        kind = constraint_of(req.sampling_params)[0]
-        if not future.done():
-            raise RequestFailed(f"sampling param {kind!r} did not compile within "
-                                f"{self.grammar_timeout_s:g} s (the server's "
-                                "--grammar-compile-timeout): simplify it")
-        if future.exception() is not None:
-            raise RequestFailed(f"the constraint did not compile: {future.exception()}")
-        if not self.outputs.grammar.allows_some_token(future.result()):
-            raise RequestFailed(f"sampling param {kind!r} can never be satisfied: no token of "
-                                "this model's vocabulary can start a text it accepts")
-        return self.outputs.grammar.matcher(future.result())
+        """Requests whose grammar has compiled join the waiting queue; those whose constraint
+        did not compile in time, or admits no token, end here (the frontend refuses both;
+        other frontends may not)."""
+        compiled = self.structured.take_compiled()
+        self.waiting.extend(compiled.ready)
+        for req, message in compiled.failed:
+            self._send_abort(req.rid, len(req.origin_input_ids), message)
 
     def _make_req(self, msg: GenerateReq) -> Req:
         # The engine validated this already, but the scheduler's socket will also take requests
@@ -310,10 +272,8 @@ class Scheduler:
                    arrival_order=next(self.arrivals), token_ids_logprob=msg.token_ids_logprob)
 
     def _abort(self, rid: str) -> None:
-        for item in [x for x in self.grammar_queue if x[0].rid == rid]:
-            self.grammar_queue.remove(item)
-            item[1].cancel()
-            self._send_abort(rid, len(item[0].origin_input_ids), "aborted by the client")
+        for held in self.structured.cancel(rid):
+            self._send_abort(rid, len(held.origin_input_ids), "aborted by the client")
         for queue_ in (self.waiting, self.running):
             for req in [r for r in queue_ if r.rid == rid]:
                 if queue_ is self.running:

@@ -1,9 +1,9 @@
 """The grammar backend and jump-forward proposals on the default model's tokenizer, with real
 xgrammar matchers: the forced text is proposed as the tokenizer would write it, the matcher
 stays in the state the tokens imply, `room` caps the proposal, the compile cache reuses and
-retries, and apply_masks masks exactly the forbidden tokens of the constrained rows. (That the
-model's check of a proposal keeps the output equal to masked decoding is tested end to end in
-tests/e2e/test_structured.py.)"""
+retries, and the scheduler's mask (StructuredGeneration.mask) masks exactly the forbidden
+tokens of the constrained rows. (That the model's check of a proposal keeps the output equal
+to masked decoding is tested end to end in tests/e2e/test_structured.py.)"""
 
 from __future__ import annotations
 
@@ -121,12 +121,24 @@ def test_compile_cache_reuses_by_text_and_retries_failures(backend):
         again.result(timeout=30)
 
 
-def test_apply_masks_masks_exactly_the_forbidden_tokens(tokenizer, backend):
+def test_the_scheduler_masks_exactly_the_forbidden_tokens_of_constrained_rows(tokenizer):
+    from radixrt.sampling_params import SamplingParams
+    from radixrt.scheduler.req import GrammarState, Req
+    from radixrt.scheduler.structured import StructuredGeneration
+
+    structured = StructuredGeneration(tokenizer, VOCAB, [], compile_timeout_s=30)
     torch.manual_seed(0)
     logits = torch.randn(3, VOCAB)
     original = logits.clone()
-    digits, answer = matcher_for(backend, r"[0-9]"), matcher_for(backend, r"(Yes|No)")
-    backend.apply_masks(logits, [digits, answer], [0, 2])
+    reqs = [Req(f"r{i}", [1], SamplingParams()) for i in range(3)]
+    for req, regex in ((reqs[0], r"[0-9]"), (reqs[2], r"(Yes|No)")):
+        req.grammar = GrammarState("regex", matcher_for(structured.backend, regex))
+
+    def guard(req, doing, fn, *args):
+        fn(*args)
+        return True
+
+    structured.mask(reqs, logits, guard)
     assert torch.equal(logits[1], original[1])  # an unconstrained row is untouched
     for row, ok in ((0, lambda s: len(s) == 1 and s.isdigit()),
                     (2, lambda s: s and ("Yes".startswith(s) or "No".startswith(s)))):

@@ -37,7 +37,7 @@ def run(scheduler, front, *msgs: GenerateReq) -> dict[str, dict]:
     for msg in msgs:
         scheduler.handle(msg)
     deadline = time.monotonic() + 60
-    while scheduler.running or scheduler.waiting or scheduler.grammar_queue:
+    while scheduler.running or scheduler.waiting or scheduler.structured.compiling:
         assert time.monotonic() < deadline, "the scheduler did not finish"
         scheduler._admit_compiled()
         if scheduler.running or scheduler.waiting:
@@ -101,7 +101,7 @@ def test_a_compile_past_the_timeout_ends_its_request(scheduler_and_outbox):
     stuck.started_at = time.monotonic() - 10  # running for 10 s, past the 5 s timeout
     params = SamplingParams(regex="a+")
     params.verify(320)
-    scheduler.grammar_queue.append((Req("slow", [1], params), stuck))
+    scheduler.structured.compiling.append((Req("slow", [1], params), stuck))
     out = run(scheduler, front)["slow"]
     assert out["finish"]["type"] == "abort"
     assert "'regex' did not compile within 5 s" in out["finish"]["message"]

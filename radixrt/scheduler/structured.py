@@ -1,0 +1,178 @@
+"""Structured generation as the scheduler sees it: one object called at three points.
+
+- admit: `submit` starts compiling a constrained request's grammar (off the step loop) and
+  holds the request; `take_compiled` hands back those whose grammar is ready (a matcher
+  attached) and those that cannot run (it did not compile in time, or admits no token).
+- mask: `mask` forbids, in each constrained row of a step's logits, what its grammar forbids.
+- accept / rollback: `accept` advances the matcher by the sampled token (ending the request
+  when the grammar is complete), `propose` appends a jump-forward proposal, `verify` settles a
+  proposal against the model's logits, and `GrammarState.drop_proposal` rolls one back.
+
+Everything per request lives in its `GrammarState` (`req.grammar`); an unconstrained request
+has None there and is never seen here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from radixrt.grammar.constraint import constraint_of
+from radixrt.grammar.jump_forward import propose
+from radixrt.scheduler.jump_verify import verify_proposal
+from radixrt.scheduler.req import GrammarState, Req, RequestFailed
+
+if TYPE_CHECKING:
+    from radixrt.grammar.backend import GrammarBackend
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """What `take_compiled` found: requests ready to schedule, and (request, why) for those
+    that end here."""
+
+    ready: list[Req]
+    failed: list[tuple[Req, str]]
+
+
+class StructuredGeneration:
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int],
+                 compile_timeout_s: float, jump_forward: bool = True,
+                 json_any_whitespace: bool = False,
+                 truncate_kv: Callable[[Req, int], None] | None = None) -> None:
+        """`truncate_kv` (KVManager.truncate) drops the K/V of a rejected proposal."""
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_token_ids = sorted(eos_token_ids)
+        self.compile_timeout_s = compile_timeout_s
+        self.jump_forward = jump_forward
+        self.json_any_whitespace = json_any_whitespace
+        self.truncate_kv = truncate_kv
+        self.jump_forward_tokens = 0  # proposed tokens the model confirmed
+        self.compiling: list[tuple[Req, Future[Any]]] = []
+        self._backend: GrammarBackend | None = None  # made at the first constraint
+
+    # -- admit ------------------------------------------------------------------------------
+    def submit(self, req: Req) -> bool:
+        """Start compiling the request's constraint and hold the request; False (nothing
+        done) if it has none."""
+        constraint = constraint_of(req.sampling_params)
+        if constraint is None:
+            return False
+        self.compiling.append((req, self.backend.compile(*constraint)))
+        return True
+
+    def take_compiled(self) -> Compiled:
+        """The held requests whose compile has ended (or run past the timeout, counted from
+        its start), with their matchers attached, or with why they cannot run."""
+        ready, failed = [], []
+        now = time.monotonic()
+        for item in list(self.compiling):
+            req, future = item
+            started = getattr(future, "started_at", None)
+            late = started is not None and now - started > self.compile_timeout_s
+            if not future.done() and not late:
+                continue
+            self.compiling.remove(item)
+            try:
+                req.grammar = self._state_of(req, future)
+            except Exception as e:  # noqa: BLE001 - xgrammar's errors end this request only
+                failed.append((req, str(e)))
+                continue
+            ready.append(req)
+        return Compiled(ready, failed)
+
+    def cancel(self, rid: str) -> list[Req]:
+        """Stop holding the requests of `rid` (aborted while compiling); returns them."""
+        gone = [item for item in self.compiling if item[0].rid == rid]
+        for item in gone:
+            self.compiling.remove(item)
+            item[1].cancel()
+        return [req for req, _ in gone]
+
+    @property
+    def backend(self) -> GrammarBackend:
+        if self._backend is None:
+            from radixrt.grammar.backend import GrammarBackend
+
+            self._backend = GrammarBackend(self.tokenizer, self.vocab_size,
+                                           self.json_any_whitespace)
+        return self._backend
+
+    def _state_of(self, req: Req, future: Future[Any]) -> GrammarState:
+        """The matcher of a compiled constraint; RequestFailed saying why there is none."""
+        found = constraint_of(req.sampling_params)
+        assert found is not None
+        kind = found[0]
+        if not future.done():
+            raise RequestFailed(f"sampling param {kind!r} did not compile within "
+                                f"{self.compile_timeout_s:g} s (the server's "
+                                "--grammar-compile-timeout): simplify it")
+        if future.exception() is not None:
+            raise RequestFailed(f"the constraint did not compile: {future.exception()}")
+        if not self.backend.allows_some_token(future.result()):
+            raise RequestFailed(f"sampling param {kind!r} can never be satisfied: no token of "
+                                "this model's vocabulary can start a text it accepts")
+        return GrammarState(kind, self.backend.matcher(future.result()))
+
+    # -- mask -------------------------------------------------------------------------------
+    def mask(self, reqs: list[Req], logits: torch.Tensor,
+             guard: Callable[..., bool]) -> None:
+        """Mask, in place, each constrained row of `logits` ([len(reqs), vocab]) by its
+        grammar, with one bitmask for the batch. `guard(req, doing, fn, *args)` runs a
+        matcher's fill and fails its request alone if it raises."""
+        constrained = [i for i, r in enumerate(reqs) if r.grammar is not None]
+        if not constrained:
+            return
+        bitmask = self.backend.new_bitmask(len(reqs))
+        filled = []
+        for i in constrained:
+            state = reqs[i].grammar
+            assert state is not None
+            if guard(reqs[i], "filling its grammar's mask", state.matcher.fill_next_token_bitmask,
+                     bitmask, i):
+                filled.append(i)
+        self.backend.apply_bitmask(logits, bitmask, filled)
+
+    # -- accept / rollback ------------------------------------------------------------------
+    def accept(self, req: Req, tok: int) -> None:
+        """The matcher takes `tok` (already the last of req.output_ids); the request ends
+        when its grammar is complete. RequestFailed if the matcher refuses it."""
+        state = req.grammar
+        assert state is not None
+        if not state.matcher.accept_token(tok):
+            req.output_ids.pop()
+            raise RequestFailed(f"the grammar of the request refused token {tok}, which its "
+                                "own mask allowed")
+        if state.matcher.is_terminated():
+            req.finish_reason = {"type": "stop", "matched": tok}
+
+    def propose(self, req: Req) -> None:
+        """Append the tokens the grammar now forces (jump-forward), unchecked: the next step
+        computes them and `verify` settles them. Not with logprobs (they would be the
+        proposal's, not the model's)."""
+        state = req.grammar
+        if state is None or req.finished or not self.jump_forward or req.return_logprob:
+            return
+        # Room for the proposal and the token sampled after it.
+        proposal = propose(state.matcher, self.tokenizer, req.remaining_new_tokens - 1)
+        req.output_ids.extend(proposal)
+        state.unverified = len(proposal)
+
+    def verify(self, req: Req, logits: torch.Tensor) -> int:
+        """Settle the request's proposal with `logits` [k+1, vocab] (its last rows); returns
+        the token that follows what was kept (already in output_ids and accepted)."""
+        assert self.truncate_kv is not None
+        tok, kept = verify_proposal(req, logits, self.backend, self.vocab_size,
+                                    self.eos_token_ids, self.truncate_kv)
+        self.jump_forward_tokens += kept
+        return tok
+
+    def close(self) -> None:
+        if self._backend is not None:
+            self._backend.close()
