@@ -57,7 +57,7 @@ def verify_proposal(req: Req, logits: torch.Tensor, grammar: Any, vocab_size: in
 def _masks_along(grammar: Any, matcher: Any, proposal: list[int], rows: int) -> torch.Tensor:
     """Bitmasks [rows, words]: row i in the matcher state after proposal[:i]. Leaves the
     matcher after the whole proposal."""
-    masks = grammar.xgr.allocate_token_bitmask(rows, grammar.vocab_size)
+    masks: torch.Tensor = grammar.xgr.allocate_token_bitmask(rows, grammar.vocab_size)
     for i in range(rows):
         matcher.fill_next_token_bitmask(masks, i)
         if i < len(proposal):

@@ -16,6 +16,7 @@ import torch
 from radixrt.executor.logprobs import compute_logprobs
 from radixrt.executor.sampler import NO_TOKEN, SamplingBatch, sample
 from radixrt.messages import DetokParams, ReqOutput
+from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.req import Req, RequestFailed
 from radixrt.scheduler.schedule_batch import LogitRows
 from radixrt.scheduler.stops import matched_stop_regex, matched_stop_string
@@ -59,7 +60,7 @@ class OutputProcessor:
         self.structured.mask(reqs, sample_logits, self._guarded)
         next_ids = self._sample(reqs, sample_logits)
         self._record_output_logprobs(reqs, sample_logits, next_ids)
-        for i, (req, tok) in enumerate(zip(reqs, next_ids)):
+        for i, (req, tok) in enumerate(zip(reqs, next_ids, strict=True)):
             if req.finished:  # its mask or its logprobs failed
                 continue
             if tok == NO_TOKEN:
@@ -109,7 +110,7 @@ class OutputProcessor:
                 ids.append(NO_TOKEN)
         return ids
 
-    def _sampling_batch(self, reqs: list[Req], device) -> SamplingBatch:
+    def _sampling_batch(self, reqs: list[Req], device: torch.device) -> SamplingBatch:
         return SamplingBatch.build(
             [r.sampling_params for r in reqs], [r.generator for r in reqs],
             [r.output_ids for r in reqs], [r.origin_input_ids for r in reqs],
@@ -138,7 +139,7 @@ class OutputProcessor:
         tokens = req.origin_input_ids[first_t:first_t + logits.shape[0]]
         lp, top_v, top_i, every = compute_logprobs(logits, torch.tensor(tokens),
                                                    req.top_logprobs_num)
-        req.input_token_logprobs.extend(zip(lp.tolist(), tokens))
+        req.input_token_logprobs.extend(zip(lp.tolist(), tokens, strict=True))
         req.input_top_logprobs.extend(_top_pairs(top_v, top_i, req.top_logprobs_num))
         req.input_logprobs_count += len(tokens)
         if req.token_ids_logprob:
@@ -184,21 +185,23 @@ class OutputProcessor:
             if matched is not None:  # SGLang: the stop string, or the regex's pattern
                 req.finish_reason = {"type": "stop", "matched": matched}
                 return
-        if len(req.output_ids) >= sp.max_new_tokens:
-            req.finish_reason = {"type": "length", "length": sp.max_new_tokens}
+        if len(req.output_ids) >= req.max_new_tokens:
+            req.finish_reason = {"type": "length", "length": req.max_new_tokens}
         elif req.seq_len >= self.context_length:
             req.finish_reason = {"type": "length", "length": len(req.output_ids)}
 
 
 def _ids_pairs(logprobs: torch.Tensor, ids: list[int]) -> list[list[tuple[float, int]]]:
     """Per row of logprobs [N, V], the (logprob, id) of each of `ids`."""
-    return [list(zip(row, ids)) for row in logprobs[:, ids].tolist()]
+    return [list(zip(row, ids, strict=True)) for row in logprobs[:, ids].tolist()]
 
 
-def _top_pairs(values: torch.Tensor, indices: torch.Tensor, k: int) -> list:
+def _top_pairs(values: torch.Tensor, indices: torch.Tensor,
+               k: int) -> list[list[tuple[float, int]]]:
     if k <= 0:
         return [[] for _ in range(values.shape[0])]
-    return [list(zip(v[:k].tolist(), i[:k].tolist())) for v, i in zip(values, indices)]
+    return [list(zip(v[:k].tolist(), i[:k].tolist(), strict=True))
+            for v, i in zip(values, indices, strict=True)]
 
 
 def make_output(req: Req) -> ReqOutput:
@@ -229,7 +232,7 @@ def make_output(req: Req) -> ReqOutput:
     return out
 
 
-def _detok_params(params) -> DetokParams:
+def _detok_params(params: SamplingParams) -> DetokParams:
     return DetokParams(params.skip_special_tokens, params.spaces_between_special_tokens,
                        list(params.stop or []), params.no_stop_trim,
                        list(params.stop_regex or []))

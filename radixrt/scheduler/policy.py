@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 
+from radixrt.cache.base import CacheNode
 from radixrt.scheduler.kv_manager import KVManager
 from radixrt.scheduler.req import Req
 
@@ -40,7 +41,7 @@ class SchedulePolicy:
         if policy == "fcfs":
             return by_arrival
         if policy == "lof":
-            return sorted(by_arrival, key=lambda r: -r.sampling_params.max_new_tokens)
+            return sorted(by_arrival, key=lambda r: -r.max_new_tokens)
         if policy == "random":
             self.rng.shuffle(by_arrival)
             return by_arrival
@@ -50,12 +51,12 @@ class SchedulePolicy:
         return _dfs_weight_order(by_arrival, nodes)
 
 
-def _dfs_weight_order(reqs: list[Req], nodes: dict[int, object]) -> list[Req]:
+def _dfs_weight_order(reqs: list[Req], nodes: dict[int, CacheNode]) -> list[Req]:
     reqs_at: dict[int, list[Req]] = defaultdict(list)
     weight: dict[int, int] = defaultdict(int)
-    node_by_id: dict[int, object] = {}
+    node_by_id: dict[int, CacheNode] = {}
     for req in reqs:
-        node = nodes[id(req)]
+        node: CacheNode | None = nodes[id(req)]
         reqs_at[id(node)].append(req)
         while node is not None:  # every ancestor's subtree holds this request
             weight[id(node)] += 1

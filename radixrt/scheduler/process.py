@@ -15,6 +15,7 @@ import os
 import shutil
 import sys
 import traceback
+from typing import Any
 
 from radixrt.messages import SchedulerFailed, encode
 from radixrt.processes import guard_parent, ignore_stop_signals
@@ -24,7 +25,7 @@ from radixrt.transport import ZmqTransport
 logger = logging.getLogger("radixrt.scheduler")
 
 
-def run(config: dict) -> int:
+def run(config: dict[str, Any]) -> int:
     ignore_stop_signals()
     guard_parent(config["parent_pid"], config.get("ipc_dir"))  # before any thread starts
     args = ServerArgs(**config["server_args"])

@@ -151,8 +151,15 @@ class Req:
         return self.finish_reason is not None
 
     @property
+    def max_new_tokens(self) -> int:
+        """The request's max_new_tokens (the scheduler fills it in when the user gave none)."""
+        value = self.sampling_params.max_new_tokens
+        assert value is not None, "max_new_tokens is filled in before the request is made"
+        return value
+
+    @property
     def remaining_new_tokens(self) -> int:
-        return max(self.sampling_params.max_new_tokens - len(self.output_ids), 0)
+        return max(self.max_new_tokens - len(self.output_ids), 0)
 
     @property
     def max_prefix_reuse(self) -> int:

@@ -68,7 +68,7 @@ class ScheduleBatch:
 
     def commit(self) -> None:
         """The forward ran: each request's K/V now covers its new positions."""
-        for req, prefix, n in zip(self.reqs, self.prefix_lens, self.extend_lens):
+        for req, prefix, n in zip(self.reqs, self.prefix_lens, self.extend_lens, strict=True):
             assert req.kv_len == prefix, (req.rid, req.kv_len, prefix)
             req.kv_len = prefix + n
 

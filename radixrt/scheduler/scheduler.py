@@ -10,6 +10,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -77,9 +78,9 @@ class Scheduler:
         """Loop until a ShutdownReq arrives, or, while idle, until `orphaned()` says the
         frontend is gone."""
         while not self.stopped:
-            if self.running or self.waiting:
-                timeout = 0
-            else:  # idle: sleep on the socket, briefly while grammars compile
+            timeout: float | None = 0
+            if not (self.running or self.waiting):
+                # Idle: sleep on the socket, briefly while grammars compile.
                 compiling = self.structured.compiling
                 timeout = 0.005 if compiling else (1.0 if orphaned else None)
             for data in self.transport.recv(timeout=timeout):
@@ -177,7 +178,7 @@ class Scheduler:
             return
         self.handle(msg)
 
-    def handle(self, msg) -> None:
+    def handle(self, msg: object) -> None:
         if isinstance(msg, GenerateReq):
             self._add_request(msg)
         elif isinstance(msg, AbortReq):
@@ -196,7 +197,7 @@ class Scheduler:
                               str(p.dtype).removeprefix("torch."), p.device, p.attention_backend,
                               os.getpid())
 
-    def get_stats(self) -> dict:
+    def get_stats(self) -> dict[str, Any]:
         p = self.parts
         return {**self.stats, "num_preemptions": self.planner.num_preemptions,
                 "jump_forward_tokens": self.structured.jump_forward_tokens,
@@ -248,12 +249,14 @@ class Scheduler:
         params = SamplingParams.from_dict(msg.sampling_params)
         params.fill_max_new_tokens(min(self.parts.context_length, self.parts.pool_tokens)
                                    - len(msg.input_ids))
+        max_new = params.max_new_tokens
+        assert max_new is not None, "fill_max_new_tokens gives every request one"
         vocab = self.parts.model_config.vocab_size
         params.verify(vocab)
         if constraint_of(params) is not None and self.parts.tokenizer is None:
             raise ValueError("structured generation (regex, json_schema, ebnf) needs a "
                              "tokenizer: this server runs with skip_tokenizer_init")
-        validate_request_size(len(msg.input_ids), params.max_new_tokens,
+        validate_request_size(len(msg.input_ids), max_new,
                               self.parts.context_length, self.parts.pool_tokens)
         validate_token_ids(msg.input_ids, vocab)
         validate_token_ids(msg.token_ids_logprob or [], vocab, "token_ids_logprob")
@@ -261,7 +264,7 @@ class Scheduler:
                           token_ids_logprob=msg.token_ids_logprob,
                           logprob_start_len=msg.logprob_start_len,
                           return_logprob=msg.return_logprob, prompt_len=len(msg.input_ids),
-                          max_new_tokens=params.max_new_tokens,
+                          max_new_tokens=max_new,
                           max_logprobs=self.args.max_logprobs,
                           max_entries=self.args.max_logprob_entries)
         gen = None

@@ -38,16 +38,17 @@ def matched_stop_regex(req: Req, tokenizer: Any) -> str | None:
     compiled = [_compiled_stop_regex(p) for p in patterns]
     # The tail that holds any match ending at the newest token (all of it when a regex's
     # match has no bound), as for stop strings: a token holds at least one character.
-    widths = [w for _, w in compiled]
-    tail = req.output_ids if None in widths else req.output_ids[-(max(widths) + 2):]
+    bounded = [w for _, w in compiled if w is not None]
+    unbounded = len(bounded) < len(compiled)
+    tail = req.output_ids if unbounded else req.output_ids[-(max(bounded) + 2):]
     text = tokenizer.decode(tail, skip_special_tokens=False)
-    for pattern, (rx, _) in zip(patterns, compiled):
+    for pattern, (rx, _) in zip(patterns, compiled, strict=True):
         if _search(rx, pattern, text):
             return pattern
     return None
 
 
-def _search(rx: regex.Pattern, pattern: str, text: str) -> bool:
+def _search(rx: regex.Pattern[str], pattern: str, text: str) -> bool:
     try:
         return rx.search(text, timeout=STOP_REGEX_TIMEOUT_S) is not None
     except TimeoutError:
@@ -61,7 +62,7 @@ def _compiled_stop_regex(pattern: str) -> tuple[Any, int | None]:
     """The compiled regex (validation made sure `regex` takes it) and the most characters a
     match can span (None: no bound)."""
     try:  # CPython's regex parser: the width bounds of a pattern
-        from re import _parser
+        from re import _parser  # type: ignore[attr-defined]  # private: no stubs
     except ImportError:  # Python < 3.11
         import sre_parse as _parser
 
