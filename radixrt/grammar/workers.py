@@ -16,6 +16,12 @@ from concurrent.futures import Future
 from typing import Any
 
 
+class TimedFuture(Future[Any]):
+    """A Future that says when its task started (None: still queued)."""
+
+    started_at: float | None = None
+
+
 class DaemonExecutor:
     def __init__(self, workers: int, name: str) -> None:
         self._tasks: queue.SimpleQueue = queue.SimpleQueue()
@@ -23,11 +29,10 @@ class DaemonExecutor:
         for i in range(workers):
             threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True).start()
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+    def submit(self, fn: Callable[..., Any], *args: Any) -> TimedFuture:
         """A future of fn(*args), run in order of submission; `future.started_at` is None
         until a worker takes it, then its time.monotonic()."""
-        future: Future = Future()
-        future.started_at = None
+        future = TimedFuture()
         self._tasks.put((future, fn, args))
         return future
 
