@@ -263,7 +263,9 @@ def test_zmq_frontend_serves_the_same_engine(server):
             client.generate("x", {"temperature": -1})
 
 
-def test_sigterm_stops_all_three_processes(server):
+def test_sigterm_stops_all_three_processes(launch_server, tiny_model_dir):
+    # A server of its own: the default one is shared by the whole run.
+    server = launch_server("--model-path", tiny_model_dir("llama"), "--log-level", "warning")
     children = server.children()
     assert len(children) == 2  # the scheduler and the detokenizer
     server.proc.send_signal(15)
