@@ -47,7 +47,7 @@ class LazyTokenizer:
     @classmethod
     def for_process(cls, model_path: str | None, tokenizer_path: str | None,
                     skip_tokenizer_init: bool,
-                    prepared_dir: str | None) -> "LazyTokenizer | None":
+                    prepared_dir: str | None) -> LazyTokenizer | None:
         """The tokenizer of a scheduler or detokenizer process (None: token ids only)."""
         if skip_tokenizer_init:
             return None

@@ -37,5 +37,5 @@ def iter_safetensors(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]
     """Yield every tensor of the folder's weight files, one at a time (CPU tensors)."""
     for path in safetensors_files(model_dir):
         with safe_open(str(path), framework="pt", device="cpu") as f:
-            for name in f.keys():
+            for name in f.keys():  # noqa: SIM118 - safe_open has keys(), no __iter__
                 yield name, f.get_tensor(name)

@@ -69,7 +69,7 @@ def _greedy(model, prompt: list[int], max_new: int) -> Reference:
 
 def assert_same_greedy(ours: list[int], ref: Reference, label: str) -> None:
     """Token-for-token equality, except after a step where the reference itself had a tie."""
-    for i, (a, b) in enumerate(zip(ours, ref.tokens)):
+    for i, (a, b) in enumerate(zip(ours, ref.tokens, strict=False)):  # lengths: below
         if a != b:
             assert ref.gaps[i] < TIE_GAP, (
                 f"{label}: token {i} is {a}, reference {b} (top-2 gap {ref.gaps[i]:.2e}); "

@@ -90,7 +90,7 @@ def test_greedy_matches_transformers(model_case, setting, hf_loader):
         params = {"temperature": 0, "max_new_tokens": MAX_NEW, "ignore_eos": True}
         for group in ("mixed", "shared"):
             outs = engine.generate(input_ids=sets[group], sampling_params=params)
-            for i, (prompt, out) in enumerate(zip(sets[group], outs)):
+            for i, (prompt, out) in enumerate(zip(sets[group], outs, strict=True)):
                 ref = hf_greedy(hf, prompt, MAX_NEW)
                 assert_same_greedy(out["output_ids"], ref, f"{name}/{setting}/{group}[{i}]")
         twice = sets["twice"][0]
@@ -123,17 +123,17 @@ def test_logprobs_match_transformers(model_case, hf_loader):
         params = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
         outs = engine.generate(input_ids=prompts, sampling_params=params, return_logprob=True,
                                logprob_start_len=0, top_logprobs_num=3)
-        for prompt, out in zip(prompts, outs):
+        for prompt, out in zip(prompts, outs, strict=True):
             ref = hf_greedy(hf, prompt, 6)
             meta = out["meta_info"]
             inputs = meta["input_token_logprobs"]
             assert inputs[0][0] is None and [t for _, t, _ in inputs] == prompt
             ours = [lp for lp, _, _ in inputs[1:]]
-            assert max(abs(a - b) for a, b in zip(ours, ref.prompt_logprobs)) < 1e-4
+            assert max(abs(a - b) for a, b in zip(ours, ref.prompt_logprobs, strict=True)) < 1e-4
             outs_lp = [lp for lp, _, _ in meta["output_token_logprobs"]]
-            assert max(abs(a - b) for a, b in zip(outs_lp, ref.output_logprobs)) < 1e-4
+            assert max(abs(a - b) for a, b in zip(outs_lp, ref.output_logprobs, strict=True)) < 1e-4
             tops = meta["output_top_logprobs"]
             assert len(tops) == 6 and all(len(t) == 3 for t in tops)
-            assert all(t[0][1] == tok for t, tok in zip(tops, out["output_ids"]))
+            assert all(t[0][1] == tok for t, tok in zip(tops, out["output_ids"], strict=True))
     finally:
         engine.shutdown()

@@ -28,7 +28,7 @@ def test_max_new_tokens_zero_prefills_caches_and_scores_without_sampling(tiny_mo
             "max_new_tokens": 0}, return_logprob=True, logprob_start_len=0)
         got = [lp for lp, _, _ in longer["meta_info"]["input_token_logprobs"][1:len(prompt)]]
         want = [lp for lp, _, _ in scored[1:]]
-        assert max(abs(a - b) for a, b in zip(got, want)) < 1e-4
+        assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4
         engine.get_stats(check_kv=True)
         # A one-token prompt has no logprob to compute, but still reports its first token.
         one = engine.generate(input_ids=[7], sampling_params={"max_new_tokens": 0},

@@ -55,7 +55,7 @@ def test_sampled_outputs_always_validate(engine):
     assert len(CASES) >= 20
     outs = engine.generate([c.prompt for c, _ in runs], [
         c.params(temperature=1.0, seed=s, max_new_tokens=MAX_NEW) for c, s in runs])
-    for (case, _), out in zip(runs, outs):
+    for (case, _), out in zip(runs, outs, strict=True):
         assert_valid(case, out)
     assert engine.get_stats()["jump_forward_tokens"] > 0
     assert pool_is_whole(engine)
@@ -87,7 +87,7 @@ def test_greedy_output_unchanged_when_the_constraint_already_holds(request, whic
 def _greedy_json(engine) -> list[str]:
     outs = engine.generate([c.prompt for c in JSON_CASES],
                            [c.params(**GREEDY) for c in JSON_CASES])
-    for case, out in zip(JSON_CASES, outs):
+    for case, out in zip(JSON_CASES, outs, strict=True):
         assert_valid(case, out)
     return [o["text"] for o in outs]
 
@@ -107,7 +107,7 @@ def test_jump_forward_same_text_fewer_steps(engine, plain):
     jumped, masked = _greedy_json(engine), _greedy_json(plain)
     assert plain.get_stats()["jump_forward_tokens"] == 0
     assert pool_is_whole(plain)
-    differ = {c.name: (a, b) for c, a, b in zip(JSON_CASES, jumped, masked) if a != b}
+    differ = {c.name: (a, b) for c, a, b in zip(JSON_CASES, jumped, masked, strict=True) if a != b}
     assert not differ, f"jump-forward != masked decoding: {differ}"
 
 
@@ -202,7 +202,7 @@ def test_jump_forward_equals_masked_decoding_with_pages_and_chunks(tiny_model_di
                 for t in (0.0, 0.0, 1.0, 1.0)])
             jumped = tiny.get_stats(check_kv=True)["jump_forward_tokens"]
             assert (jumped == 0) == off
-    for i, (with_jump, masked) in enumerate(zip(outs[False], outs[True])):
+    for i, (with_jump, masked) in enumerate(zip(outs[False], outs[True], strict=True)):
         assert re.fullmatch(regex, with_jump["text"]), with_jump["text"]
         assert re.fullmatch(regex, masked["text"]), masked["text"]
         if i < 2:  # greedy: the same tokens (sampled ones draw their noise in other order)
