@@ -23,14 +23,6 @@ import msgspec
 from radixrt.errors import ParamError
 
 
-class RequestFieldError(ParamError):
-    """ParamError with the old argument order (message, param), kept only for
-    radixrt/grammar/constraint.py until it raises ParamError itself; nothing else uses it."""
-
-    def __init__(self, message: str, param: str | None) -> None:
-        super().__init__(param, message)
-
-
 class GenerateReqInput(msgspec.Struct, kw_only=True, omit_defaults=True):
     """SGLang 0.5's GenerateReqInput. A list value of a per-request field gives one value per
     prompt of a batch. Defaults are SGLang's."""

@@ -7,7 +7,7 @@ Two levels, so that nothing slow or unbounded runs where it must not:
 - `parse_constraint` (xgrammar's parser; a deep schema takes seconds): the frontend's
   ConstraintChecker and the scheduler's GrammarBackend run it on worker threads, bounded in
   time by --grammar-compile-timeout. `check_constraint` is both, cached by text.
-Errors are RequestFieldError naming the field (regex, json_schema or ebnf): HTTP 400s.
+Errors are ParamError naming the field (regex, json_schema or ebnf): HTTP 400s.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import json
 import re
 from typing import Any
 
-from radixrt.request_input import RequestFieldError
+from radixrt.errors import ParamError
 
 CONSTRAINT_FIELDS = ("regex", "json_schema", "ebnf")
 _WHAT = {"regex": "regular expression", "json_schema": "JSON schema",
@@ -42,17 +42,17 @@ def constraint_of(params) -> tuple[str, str] | None:
     """(kind, text) of the one constraint in SamplingParams, or None; error if several."""
     given = [name for name in CONSTRAINT_FIELDS if getattr(params, name) is not None]
     if len(given) > 1:
-        raise RequestFieldError(f"give at most one of the sampling params "
-                                f"{list(CONSTRAINT_FIELDS)}; got {given}", given[1])
+        raise ParamError(given[1], f"give at most one of the sampling params "
+                                f"{list(CONSTRAINT_FIELDS)}; got {given}")
     return (given[0], getattr(params, given[0])) if given else None
 
 
 def check_constraint_size(kind: str, text: str) -> None:
-    """RequestFieldError unless `text` is short enough and, for a JSON schema, JSON text of an
+    """ParamError unless `text` is short enough and, for a JSON schema, JSON text of an
     object (or a bool) nested at most MAX_SCHEMA_DEPTH deep. Linear in len(text)."""
     if len(text) > MAX_CONSTRAINT_CHARS:
-        raise RequestFieldError(f"sampling param {kind!r} has {len(text)} characters; at most "
-                                f"{MAX_CONSTRAINT_CHARS} are allowed", kind)
+        raise ParamError(kind, f"sampling param {kind!r} has {len(text)} characters; at most "
+                                f"{MAX_CONSTRAINT_CHARS} are allowed")
     if kind != "json_schema":
         return
     depth = json_text_depth(text)
@@ -61,11 +61,10 @@ def check_constraint_size(kind: str, text: str) -> None:
     try:
         schema = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as e:
-        raise RequestFieldError(f"sampling param 'json_schema' is not valid JSON: {e}",
-                                kind) from None
+        raise ParamError(kind, f"sampling param 'json_schema' is not valid JSON: {e}") from None
     if not isinstance(schema, (dict, bool)):
-        raise RequestFieldError("sampling param 'json_schema' must be a JSON object (a "
-                                f"schema), got {type(schema).__name__}", kind)
+        raise ParamError(kind, "sampling param 'json_schema' must be a JSON object (a "
+                                f"schema), got {type(schema).__name__}")
 
 
 def json_text_depth(text: str) -> int:
@@ -99,25 +98,24 @@ def nests_deeper_than(value: Any, limit: int) -> bool:
 
 
 def schema_object_text(schema: dict) -> str:
-    """A schema given as a dict, as JSON text; RequestFieldError if it nests past
+    """A schema given as a dict, as JSON text; ParamError if it nests past
     MAX_SCHEMA_DEPTH (measured without recursion, before json.dumps recurses into it)."""
     if nests_deeper_than(schema, MAX_SCHEMA_DEPTH):
         raise _too_deep(f"more than {MAX_SCHEMA_DEPTH}")
     try:
         return json.dumps(schema)
     except (TypeError, ValueError) as e:  # a value JSON cannot hold, a cycle
-        raise RequestFieldError(f"sampling param 'json_schema' is not JSON: {e}",
-                                "json_schema") from None
+        raise ParamError("json_schema", f"sampling param 'json_schema' is not JSON: {e}") from None
 
 
-def _too_deep(depth: object) -> RequestFieldError:
-    return RequestFieldError(f"sampling param 'json_schema' nests {depth} levels deep; at "
+def _too_deep(depth: object) -> ParamError:
+    return ParamError("json_schema", f"sampling param 'json_schema' nests {depth} levels deep; at "
                              f"most {MAX_SCHEMA_DEPTH} (objects and arrays inside one another) "
-                             "are allowed", "json_schema")
+                             "are allowed")
 
 
 def parse_constraint(xgr: Any, kind: str, text: str, any_whitespace: bool = False) -> Any:
-    """The xgrammar Grammar of a constraint; RequestFieldError naming the field if `text` is
+    """The xgrammar Grammar of a constraint; ParamError naming the field if `text` is
     not a valid one. JSON schemas get json.dumps' spacing unless `any_whitespace` (small models
     given the freedom tend to loop on newlines until max_new_tokens cuts the JSON short)."""
     check_constraint_size(kind, text)
@@ -130,8 +128,8 @@ def parse_constraint(xgr: Any, kind: str, text: str, any_whitespace: bool = Fals
     except Exception as e:  # noqa: BLE001 - xgrammar raises several types for bad input
         # xgrammar prefixes its messages with a time and a C++ source location.
         reason = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", str(e).strip()) or type(e).__name__
-        raise RequestFieldError(f"sampling param {kind!r} is not a valid {_WHAT[kind]}: "
-                                f"{reason}", kind) from None
+        raise ParamError(kind, f"sampling param {kind!r} is not a valid {_WHAT[kind]}: "
+                                f"{reason}") from None
     ebnf = str(grammar)
     if _LOOSE_STRING_CHAR in ebnf:
         grammar = xgr.Grammar.from_ebnf(ebnf.replace(_LOOSE_STRING_CHAR, _JSON_STRING_CHAR))
@@ -140,7 +138,7 @@ def parse_constraint(xgr: Any, kind: str, text: str, any_whitespace: bool = Fals
 
 @functools.lru_cache(maxsize=1024)
 def check_constraint(kind: str, text: str) -> None:
-    """RequestFieldError naming the field if `text` is not a valid constraint of `kind`.
+    """ParamError naming the field if `text` is not a valid constraint of `kind`.
     Runs xgrammar's parser in the caller's thread: unbounded in time for large inputs."""
     import xgrammar as xgr
 

@@ -39,8 +39,8 @@ from radixrt.scheduler.policy import SchedulePolicy
 from radixrt.scheduler.req import Req
 from radixrt.scheduler.schedule_batch import ScheduleBatch
 from radixrt.scheduler.structured import StructuredGeneration
-from radixrt.scheduler.transport import Transport
 from radixrt.server_args import ServerArgs
+from radixrt.transport import Transport
 
 logger = logging.getLogger(__name__)
 

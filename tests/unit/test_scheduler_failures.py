@@ -21,7 +21,7 @@ def scheduler_and_outbox(tiny_model_dir):
     from radixrt.loader.tokenizer import load_tokenizer
     from radixrt.scheduler.components import build_components
     from radixrt.scheduler.scheduler import Scheduler
-    from radixrt.scheduler.transport import queue_pair
+    from radixrt.transport import queue_pair
 
     path = tiny_model_dir("llama")
     args = ServerArgs(model_path=path, dtype="float32", max_total_tokens=512,
