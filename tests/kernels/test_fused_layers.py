@@ -84,18 +84,26 @@ def test_store_kv_skips_padding(gen, pool_dtype):
     assert bool((bufs[0][[1, 2, 4, 19]] == 7.0).all())  # other slots untouched
 
 
-def test_model_layers_use_the_fused_kernels(tiny_model_dir, monkeypatch, prefill_logits):
+# (tiny model, its options, kernel calls per layer at least): Qwen2's two residual norms,
+# rotary and SiLU-and-mul; Qwen3 adds its per-head q and k norms.
+FUSED_CASES = {"qwen2": ({}, 3), "qwen3": ({"head_dim": 32}, 6)}
+
+
+@pytest.mark.parametrize("arch", list(FUSED_CASES))
+def test_model_layers_use_the_fused_kernels(arch, tiny_model_dir, monkeypatch, prefill_logits):
     """With the fused path forced on (on CUDA it is the default), a tiny model's forward gives
-    the torch path's logits: the in-place rotary on the qkv view, the deferred residual adds."""
+    the torch path's logits: the in-place rotary on the qkv view, the deferred residual adds,
+    Qwen3's per-head q/k norms."""
     from radixrt.layers import activation, norm, rotary
     from radixrt.loader.load import load_model
 
-    model, cfg = load_model(tiny_model_dir("qwen2"), torch.float32, "cpu")
+    options, per_layer = FUSED_CASES[arch]
+    model, cfg = load_model(tiny_model_dir(arch, **options), torch.float32, "cpu")
     tokens = list(range(3, 12))
     want = prefill_logits(model, cfg, tokens)
     calls = []
     for module in (norm, activation, rotary):
         monkeypatch.setattr(module, "use_triton", lambda x: calls.append(1) or True)
     got = prefill_logits(model, cfg, tokens)
-    assert len(calls) >= 3 * cfg.num_layers  # norms, rotary and MLP all went through Triton
+    assert len(calls) >= per_layer * cfg.num_layers  # every one went through Triton
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
