@@ -81,7 +81,7 @@ class GraphInputs:
         for buf, values in ((self.input_ids, list(step.input_ids) + [0] * pad),
                             (self.rows, list(step.table_rows) + [0] * pad),
                             (self.seq_lens, lens)):
-            buf[:padded_bs].copy_(torch.tensor(values, dtype=torch.int64), non_blocking=True)
+            buf[:padded_bs].copy_(torch.tensor(values, dtype=torch.int64))
 
     def prepare(self, bs: int) -> None:
         """Derive positions, slots and offsets of the first `bs` sequences from their rows and
