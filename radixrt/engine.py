@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-_LIVE_ENGINES: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+_LIVE_ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
 _DEATH_POLL_S = 0.1  # how soon the dispatcher notices a dead child process
 _SEND_POLL_S = 0.5  # how often a send that cannot go out checks that the scheduler lives
 
@@ -251,7 +251,7 @@ class Engine:
         self._handle.local_scheduler = None
         gc.collect()
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Engine:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -268,7 +268,7 @@ class Engine:
         states = [self._new_state(planned, loop, i, shared) for i, planned in enumerate(reqs)]
         batch_rid = {req.rid} if isinstance(req.rid, str) else set()
         self._requests.add([(state, {planned.parent_rid} | batch_rid)
-                            for state, planned in zip(states, reqs)])
+                            for state, planned in zip(states, reqs, strict=True)])
         stopped = self._error or self._refusal  # while these were being registered
         if stopped is not None:
             self._requests.remove(states)

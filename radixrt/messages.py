@@ -6,7 +6,7 @@ several kinds. Nothing read from a socket is ever unpickled.
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 
@@ -114,8 +114,8 @@ class SchedulerFailed(msgspec.Struct, tag="failed"):
     error_type: str = "RuntimeError"  # the exception's class name, to re-raise it alike
 
 
-ToScheduler = Union[GenerateReq, AbortReq, FlushCacheReq, ShutdownReq, GetStatsReq]
-FromScheduler = Union[BatchOutput, ControlReply, SchedulerReady, SchedulerFailed]
+ToScheduler = GenerateReq | AbortReq | FlushCacheReq | ShutdownReq | GetStatsReq
+FromScheduler = BatchOutput | ControlReply | SchedulerReady | SchedulerFailed
 
 _to_scheduler = msgspec.msgpack.Decoder(ToScheduler)
 _from_scheduler = msgspec.msgpack.Decoder(FromScheduler)
@@ -141,7 +141,7 @@ def decode_from_scheduler(data: bytes) -> FromScheduler:
 MAX_REQUEST_ID_BYTES = 256
 
 
-def client_frames(msg: "ClientGenerate | ClientAbort | ClientControl",
+def client_frames(msg: ClientGenerate | ClientAbort | ClientControl,
                   api_key: str | None) -> list[bytes]:
     return [msg.request_id.encode(), (api_key or "").encode(), encode(msg)]
 
@@ -177,7 +177,7 @@ class ClientReply(msgspec.Struct, tag="client_reply"):
     status: int = 200
 
 
-FromClient = Union[ClientGenerate, ClientAbort, ClientControl]
+FromClient = ClientGenerate | ClientAbort | ClientControl
 _from_client = msgspec.msgpack.Decoder(FromClient)
 _client_reply = msgspec.msgpack.Decoder(ClientReply)
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import reprlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import regex
 

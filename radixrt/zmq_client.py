@@ -100,7 +100,7 @@ class ZmqClient:
         os.close(self._wake_r)
         os.close(self._wake_w)
 
-    def __enter__(self) -> "ZmqClient":
+    def __enter__(self) -> ZmqClient:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -69,7 +69,7 @@ def chat_logprobs(texts: TokenTexts, token_lps: list, top_lps: list) -> dict[str
     """{"content": [{token, logprob, bytes, top_logprobs}]} from the engine's
     (logprob, id, _) entries."""
     content = []
-    for (lp, tid, _), tops in zip(token_lps, top_lps):
+    for (lp, tid, _), tops in zip(token_lps, top_lps, strict=True):
         entry = _chat_entry(texts, lp, tid)
         entry["top_logprobs"] = [_chat_entry(texts, t_lp, t_id) for t_lp, t_id, _ in tops or []]
         content.append(entry)
@@ -88,7 +88,7 @@ def completion_logprobs(texts: TokenTexts, token_lps: list, top_lps: list,
     and the offset after them."""
     out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
                             "text_offset": []}
-    for (lp, tid, _), tops in zip(token_lps, top_lps):
+    for (lp, tid, _), tops in zip(token_lps, top_lps, strict=True):
         text = texts.get(tid)[0]
         out["tokens"].append(text)
         out["token_logprobs"].append(proto.clamp_logprob(lp))

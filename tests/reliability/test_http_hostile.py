@@ -120,7 +120,8 @@ def test_a_running_rid_cannot_be_taken_and_server_ids_are_uuid4(pool_conserved):
 
 # -- item 5: the body limit and the prompt-length cap --------------------------------------
 def _rss_peak_kb(server) -> int:
-    status = open(f"/proc/{server.proc.pid}/status").read()
+    with open(f"/proc/{server.proc.pid}/status") as f:
+        status = f.read()
     return int(re.search(r"VmHWM:\s+(\d+)", status).group(1))
 
 

@@ -121,7 +121,7 @@ def combo_results(server):
     response to the text prompt stands for the one to the ids too (same usage, same echo)."""
     runs = [(*c, "stream") for c in COMBOS] + [(*c, "full") for c in COMBOS if not c[-1]]
     with ThreadPoolExecutor(8) as pool:
-        got = dict(zip(runs, pool.map(lambda r: _run_combo(server, r), runs)))
+        got = dict(zip(runs, pool.map(lambda r: _run_combo(server, r), runs), strict=True))
     return {c: (got[(*c[:-1], False, "full")], got[(*c, "stream")]) for c in COMBOS}
 
 

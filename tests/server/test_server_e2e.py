@@ -9,6 +9,7 @@ import json
 import os
 import re
 import time
+from itertools import pairwise
 
 import httpx
 import jsonschema
@@ -89,7 +90,7 @@ def test_native_generate_text_batch_stream_and_logprobs(server):
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert chunks[-1]["text"] == one["text"]  # SGLang's native streams carry the text so far
-    assert all(b["text"].startswith(a["text"]) for a, b in zip(chunks, chunks[1:]))
+    assert all(b["text"].startswith(a["text"]) for a, b in pairwise(chunks))
     lp = httpx.post(url, json={"text": "Hello there", "sampling_params": greedy,
                                "return_logprob": True, "logprob_start_len": 0,
                                "top_logprobs_num": 2}, timeout=60).json()
