@@ -17,7 +17,7 @@ import queue
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from radixrt.messages import (
     AbortReq,
@@ -43,6 +43,7 @@ from radixrt.server_args import ServerArgs
 
 if TYPE_CHECKING:
     from radixrt.frontend_validation import PlannedReq
+    from radixrt.processes import SchedulerHandle
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +80,10 @@ class Engine:
         if not os.path.exists(path):
             raise FileNotFoundError(f"model_path {path!r} does not exist")
         # The child process loads the model while this one loads the tokenizer.
-        wait_ready, tokenizer_dir = (None, None) if in_process else start_process(args)
+        wait_ready: Callable[[], SchedulerHandle] | None = None
+        tokenizer_dir: str | None = None
+        if not in_process:
+            wait_ready, tokenizer_dir = start_process(args)
         self.tokenizer = None
         try:
             if not args.skip_tokenizer_init:
@@ -102,7 +106,7 @@ class Engine:
         # (error) runs once if the scheduler side dies. Both run on the dispatcher thread.
         self.observer: Callable[[ReqState, Any], None] | None = None
         self.on_death: Callable[[SchedulerDied], None] | None = None
-        if in_process:
+        if wait_ready is None:  # in_process
             from radixrt.scheduler.launcher import start_thread
 
             self._handle = start_thread(args, self.tokenizer)
@@ -188,7 +192,7 @@ class Engine:
         """The scheduler's counters (tokens, steps, preemptions, KV pool usage). With check_kv,
         the KV accounting check runs too and a failure raises AssertionError."""
         reply = self._control(GetStatsReq(check_kv))
-        if not reply.success:
+        if not reply.success or reply.stats is None:
             raise AssertionError(reply.message)
         return reply.stats
 
@@ -314,7 +318,9 @@ class Engine:
         """A token's text as SGLang reports it in logprobs: the id decoded alone."""
         text = self._token_texts.get(token_id)
         if text is None:
-            text = self._token_texts[token_id] = self.tokenizer.decode([token_id])
+            assert self.tokenizer is not None, "token_text is given out only with a tokenizer"
+            # One flat id list decodes to one str (the annotation's list[str] is for batches).
+            text = self._token_texts[token_id] = cast(str, self.tokenizer.decode([token_id]))
         return text
 
     # -- waiting for results ----------------------------------------------------------------
@@ -331,7 +337,7 @@ class Engine:
     async def _stream_async(self, states: list[ReqState]) -> AsyncIterator[dict[str, Any]]:
         try:
             while not all(s.finished for s in states):
-                state, item = await states[0].async_q.get()
+                state, item = await states[0].async_queue().get()
                 chunk = state.stream_chunk(raise_if_error(item))
                 if chunk is not None:
                     yield state.indexed(chunk, len(states))

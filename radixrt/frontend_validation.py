@@ -56,13 +56,15 @@ def build_requests(engine: Any, req: GenerateReqInput) -> tuple[list[PlannedReq]
     for i, ids in enumerate(_token_lists(engine.tokenizer, req.text, req.input_ids)):
         params = _checked_params(params_list[i], engine, len(ids))
         validate_token_ids(ids, vocab)
-        validate_request_size(len(ids), params.max_new_tokens, engine.info.context_length,
+        max_new = params.max_new_tokens
+        assert max_new is not None, "verify() checked that fill_max_new_tokens resolved it"
+        validate_request_size(len(ids), max_new, engine.info.context_length,
                               engine.info.pool_tokens, prompt_field)
         start = -1 if starts[i] is None else starts[i]
         top_n = tops[i] or 0
         validate_logprobs(top_logprobs_num=top_n, token_ids_logprob=id_lists[i],
                           logprob_start_len=start, return_logprob=bool(want_lp[i]),
-                          prompt_len=len(ids), max_new_tokens=params.max_new_tokens,
+                          prompt_len=len(ids), max_new_tokens=max_new,
                           max_logprobs=limits.max_logprobs,
                           max_entries=limits.max_logprob_entries)
         _check_constraint(engine, params)

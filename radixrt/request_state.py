@@ -73,9 +73,14 @@ class ReqState:
 
     def push(self, item: ReqOutput | BaseException) -> None:
         if self.loop is not None:
-            self.loop.call_soon_threadsafe(self.async_q.put_nowait, (self, item))
+            self.loop.call_soon_threadsafe(self.async_queue().put_nowait, (self, item))
         else:
             self.sync_q.put((self, item))
+
+    def async_queue(self) -> asyncio.Queue:
+        """The asyncio queue of a state made with an event loop (async callers)."""
+        assert self.async_q is not None, "only a state made with a loop is awaited"
+        return self.async_q
 
     def wait(self) -> dict[str, Any]:
         """For a sync caller: the result, once finished; raises the error pushed instead."""
@@ -85,7 +90,7 @@ class ReqState:
 
     async def wait_async(self) -> dict[str, Any]:
         while not self.finished:
-            self.absorb(raise_if_error((await self.async_q.get())[1]))
+            self.absorb(raise_if_error((await self.async_queue().get())[1]))
         return self.result()
 
     def indexed(self, chunk: dict[str, Any], count: int) -> dict[str, Any]:

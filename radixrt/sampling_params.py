@@ -2,34 +2,24 @@
 
 The field names are those of SGLang's offline engine `sampling_params` dict, so a dict written
 for SGLang works here unchanged. Lifecycle: `from_dict` (unknown keys and wrong types) →
-`verify` (ranges, needs the model's vocab size; normalizes in place) → `to_dict` for the wire.
+`verify` (ranges, needs the model's vocab size; normalizes in place; the range checks are in
+sampling_ranges.py) → `to_dict` for the wire.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import reprlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import regex
-
 from radixrt.errors import ParamError
+from radixrt.sampling_ranges import MAX_SEED, check_ranges, require, short
 
 # Below this temperature a row is sampled greedily (softmax(x / 1e-6) is argmax in float32).
 GREEDY_TEMPERATURE = 1e-6
 
-# Sane bounds, stated in the errors. Beyond them a value is almost surely a mistake.
-MAX_TEMPERATURE = 100.0
-PENALTY_RANGE = (-2.0, 2.0)  # frequency / presence, as in the OpenAI API
-MAX_REPETITION_PENALTY = 10.0
-MAX_N = 128
-LOGIT_BIAS_RANGE = (-100.0, 100.0)  # as in the OpenAI API
-MAX_SEED = 2**63
-MAX_STOP_REGEX_COUNT = 32  # SGLang's limits
-MAX_STOP_REGEX_BYTES = 256
 MAX_CUSTOM_DEPTH = 32  # custom_params: unused here, passed on; dicts inside dicts at most this
 # SGLang's internal SamplingParams fields: accepted (and dropped) at their defaults only.
 _SGLANG_INTERNAL = {"stop_strs": None, "stop_regex_strs": None, "stop_str_max_len": 0,
@@ -108,7 +98,7 @@ class SamplingParams:
             value = getattr(self, name)
             if not check(value):
                 raise ParamError(name, f"sampling param {name!r} must be {expected}, got "
-                                 f"{type(value).__name__} {_short(value)}")
+                                 f"{type(value).__name__} {short(value)}")
         for name in _FLOAT_FIELDS:
             setattr(self, name, float(getattr(self, name)))
         if isinstance(self.stop_token_ids, tuple):
@@ -130,10 +120,10 @@ class SamplingParams:
     def _apply_sampling_seed(self) -> None:
         if self.sampling_seed is None:
             return
-        _require(-MAX_SEED <= self.sampling_seed < MAX_SEED, "sampling_seed",
+        require(-MAX_SEED <= self.sampling_seed < MAX_SEED, "sampling_seed",
                  "an int in [-2**63, 2**63)", self.sampling_seed)
         seed = self.sampling_seed % MAX_SEED  # radixrt's generators take [0, 2**63)
-        _require(self.seed in (None, seed), "sampling_seed",
+        require(self.seed in (None, seed), "sampling_seed",
                  f"equal to seed ({self.seed}) when both are given", self.sampling_seed)
         self.seed = seed
 
@@ -149,15 +139,7 @@ class SamplingParams:
         request greedy (top_k = 1, see `is_greedy`).
         """
         self.check_types()
-        _require(self.max_new_tokens is not None, "max_new_tokens", "an int (fill_max_new_tokens "
-                 "resolves None)", None)
-        _check_lengths(self, max_context)
-        _check_distribution(self)
-        _check_penalties(self)
-        _check_stops(self, vocab_size)
-        _check_stop_regex(self)
-        _check_misc(self, vocab_size)
-        _check_unsupported(self)
+        check_ranges(self, vocab_size, max_context)
         self._normalize()
 
     def _normalize(self) -> None:
@@ -182,11 +164,6 @@ class SamplingParams:
         return dataclasses.asdict(self)
 
 
-def _short(value: object) -> str:
-    """repr for an error message: bounded in length and depth, whatever the value holds."""
-    return reprlib.repr(value)
-
-
 def _unknown_key_message(key: object, allowed: list[str]) -> str:
     close = difflib.get_close_matches(str(key), allowed, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
@@ -201,7 +178,7 @@ def _internal_at_default(key: str, value: object) -> bool:
         return True
     raise ParamError(key, f"sampling param {key!r} is internal to SGLang and cannot be set "
                      f"(allowed: {_SGLANG_INTERNAL[key]!r} or null), got "
-                     f"{_short(value)}")
+                     f"{short(value)}")
 
 
 def _is_int(v: object) -> bool:
@@ -266,123 +243,3 @@ _FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
 }
 _FLOAT_FIELDS = [name for name, spec in _FIELD_TYPES.items() if spec is _FLOAT]
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
-
-
-def _require(ok: bool, field: str, allowed: str, value: object) -> None:
-    if not ok:
-        raise ParamError(field, f"sampling param {field!r} must be {allowed}, got "
-                         f"{_short(value)}")
-
-
-def _check_lengths(p: SamplingParams, max_context: int | None) -> None:
-    _require(p.max_new_tokens >= 0, "max_new_tokens", ">= 0", p.max_new_tokens)
-    if max_context is not None:
-        _require(
-            p.max_new_tokens <= max_context,
-            "max_new_tokens",
-            f"<= the context length {max_context}",
-            p.max_new_tokens,
-        )
-    _require(
-        0 <= p.min_new_tokens <= p.max_new_tokens,
-        "min_new_tokens",
-        f"in [0, max_new_tokens={p.max_new_tokens}]",
-        p.min_new_tokens,
-    )
-
-
-def _check_distribution(p: SamplingParams) -> None:
-    _require(
-        0.0 <= p.temperature <= MAX_TEMPERATURE,
-        "temperature",
-        f"in [0, {MAX_TEMPERATURE}] (0 means greedy)",
-        p.temperature,
-    )
-    _require(0.0 < p.top_p <= 1.0, "top_p", "in (0, 1]", p.top_p)
-    _require(p.top_k == -1 or p.top_k >= 1, "top_k", "-1 (off) or >= 1", p.top_k)
-    _require(0.0 <= p.min_p <= 1.0, "min_p", "in [0, 1]", p.min_p)
-
-
-def _check_penalties(p: SamplingParams) -> None:
-    lo, hi = PENALTY_RANGE
-    for name in ("frequency_penalty", "presence_penalty"):
-        value = getattr(p, name)
-        _require(lo <= value <= hi, name, f"in [{lo}, {hi}]", value)
-    _require(
-        0.0 < p.repetition_penalty <= MAX_REPETITION_PENALTY,
-        "repetition_penalty",
-        f"in (0, {MAX_REPETITION_PENALTY}] (1 = off)",
-        p.repetition_penalty,
-    )
-
-
-def _check_stops(p: SamplingParams, vocab_size: int) -> None:
-    stops = [p.stop] if isinstance(p.stop, str) else (p.stop or [])
-    for s in stops:
-        _require(len(s) > 0, "stop", "non-empty strings", p.stop)
-    for t in p.stop_token_ids or []:
-        _require(0 <= t < vocab_size, "stop_token_ids", f"ids in [0, {vocab_size})", t)
-
-
-def _check_stop_regex(p: SamplingParams) -> None:
-    """Each regex compiles, is short (SGLang's limits) and cannot match the empty string."""
-    patterns = [p.stop_regex] if isinstance(p.stop_regex, str) else (p.stop_regex or [])
-    _require(len(patterns) <= MAX_STOP_REGEX_COUNT, "stop_regex",
-             f"at most {MAX_STOP_REGEX_COUNT} regexes", f"{len(patterns)} regexes")
-    for pattern in patterns:
-        _require(len(pattern.encode()) <= MAX_STOP_REGEX_BYTES, "stop_regex",
-                 f"regexes of at most {MAX_STOP_REGEX_BYTES} bytes", pattern)
-        try:  # the `regex` module: the one the scheduler and detokenizer search with
-            compiled = regex.compile(pattern)
-        except (regex.error, RecursionError, OverflowError) as e:
-            raise ParamError("stop_regex", f"sampling param 'stop_regex' {pattern!r} does not "
-                             f"compile: {e}") from None
-        _require(compiled.search("") is None, "stop_regex",
-                 "regexes that cannot match the empty string (that would stop at once)",
-                 pattern)
-
-
-def _check_unsupported(p: SamplingParams) -> None:
-    if p.stream_interval is not None:
-        _require(p.stream_interval >= 1, "stream_interval", ">= 1 or None", p.stream_interval)
-    if p.beam_width is not None:
-        _require(p.beam_width >= 1, "beam_width", ">= 1 or None", p.beam_width)
-        if p.beam_width > 1:
-            raise ParamError("beam_width", "sampling param 'beam_width' > 1 (beam search) is not "
-                             f"supported by this server, got {p.beam_width}: use n for "
-                             "several samples")
-    if p.structural_tag is not None:
-        raise ParamError("structural_tag", "sampling param 'structural_tag' is not supported "
-                         "by this server: use json_schema, regex or ebnf")
-    if p.watermark not in (None, {}, False):
-        raise ParamError("watermark", "sampling param 'watermark' is not supported by this server")
-
-
-def _parse_int(text: str) -> int | None:
-    try:
-        return int(text)
-    except ValueError:
-        return None
-
-
-def _check_misc(p: SamplingParams, vocab_size: int) -> None:
-    _require(1 <= p.n <= MAX_N, "n", f"in [1, {MAX_N}]", p.n)
-    if p.seed is not None:
-        _require(0 <= p.seed < MAX_SEED, "seed", "an int in [0, 2**63)", p.seed)
-    lo, hi = LOGIT_BIAS_RANGE
-    for key, bias in (p.logit_bias or {}).items():
-        ok = _parse_int(key) is not None and 0 <= _parse_int(key) < vocab_size
-        _require(ok, "logit_bias", f"keyed by token ids in [0, {vocab_size})", key)
-        _require(lo <= bias <= hi, "logit_bias", f"values in [{lo}, {hi}]", bias)
-    _check_constraint(p)
-
-
-def _check_constraint(p: SamplingParams) -> None:
-    """At most one of regex / json_schema / ebnf, of a bounded size (a schema: JSON text of an
-    object, nested a bounded depth). Parsing it with xgrammar can take seconds: that is left
-    to the frontend's ConstraintChecker and the scheduler's compile, bounded in time."""
-    from radixrt.grammar.constraint import check_constraint_size, constraint_of
-
-    found = constraint_of(p)
-    if found is not None:
-        check_constraint_size(*found)
