@@ -16,7 +16,7 @@ import os
 import queue
 import threading
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 from radixrt.messages import (
@@ -334,7 +334,7 @@ class Engine:
         finally:
             self._abort_unfinished(states)
 
-    async def _stream_async(self, states: list[ReqState]) -> AsyncIterator[dict[str, Any]]:
+    async def _stream_async(self, states: list[ReqState]) -> AsyncGenerator[dict[str, Any], None]:
         try:
             while not all(s.finished for s in states):
                 state, item = await states[0].async_queue().get()

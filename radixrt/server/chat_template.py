@@ -69,11 +69,13 @@ def template_message(msg: ChatMessage, i: int) -> dict[str, Any]:
             call["function"]["arguments"], f"messages[{i}].tool_calls[{j}].function.arguments")
     content = msg.content
     if isinstance(content, list):
+        texts = []
         for j, part in enumerate(content):
             if part.type != "text" or part.text is None:
                 raise APIError(f"only text content parts are supported, got {part.type!r}",
                                f"messages[{i}].content[{j}].type")
-        content = "\n".join(part.text for part in content)
+            texts.append(part.text)
+        content = "\n".join(texts)
     out["content"] = content or ""
     return out
 

@@ -160,7 +160,9 @@ class BodyLimit:
 def _add_error_handlers(app: FastAPI) -> None:
     """Every error in the OpenAI shape: the router's 404 and 405, the engine's and endpoint
     code's exceptions, and a generic 500 (its traceback goes to the log, not the client)."""
-    async def http_error(request: Request, exc: HTTPException) -> Response:
+    async def http_error(request: Request, exc: Exception) -> Response:
+        if not isinstance(exc, HTTPException):  # Starlette types every handler's exc as Exception
+            return exception_response(exc)
         return error_response(str(exc.detail), None, exc.status_code,
                               headers=getattr(exc, "headers", None))
 
@@ -187,12 +189,13 @@ def _declare_bodies(app: FastAPI) -> None:
     build = app.openapi
 
     def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            schema = build()
+        schema = app.openapi_schema
+        if schema is None:
+            schema = build()  # FastAPI's openapi() caches it as app.openapi_schema
             schema.setdefault("components", {}).setdefault("schemas", {}).update(components)
-        return app.openapi_schema
+        return schema
 
-    app.openapi = openapi
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented override
 
 
 def _generate_components() -> dict[str, dict[str, Any]]:

@@ -9,7 +9,7 @@ import asyncio
 import json
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -202,7 +202,7 @@ async def sse_stream(events: AsyncIterator[Any]) -> AsyncIterator[bytes]:
     except (asyncio.CancelledError, GeneratorExit):
         raise
     except Exception as exc:  # noqa: BLE001 - reported to the client, which is still there
-        yield sse_event(json.loads(exception_response(exc).body))
+        yield sse_event(json.loads(bytes(exception_response(exc).body)))
     yield sse_event("[DONE]")
 
 
@@ -224,13 +224,16 @@ async def await_or_disconnect(request: Request, work: Awaitable[T]) -> T:
             await asyncio.wait({task})  # its abort is sent before the handler returns
 
 
-async def _disconnected(receive: Callable[[], Awaitable[dict]]) -> None:
+async def _disconnected(receive: Callable[[], Awaitable[MutableMapping[str, Any]]]) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
 
 
-async def event_stream(chunks: AsyncIterator[dict[str, Any]],
-                       events: Callable[[AsyncIterator[dict]], AsyncIterator[Any]]) -> Response:
+# An engine stream: its result chunks; closing it aborts what still runs.
+Chunks = AsyncGenerator[dict[str, Any], None]
+
+
+async def event_stream(chunks: Chunks, events: Callable[[Chunks], AsyncIterator[Any]]) -> Response:
     """The SSE response of an engine stream, `events(chunks)` encoded. The engine's generator
     is started here, before the response: a generator never started has no cleanup to run,
     so a client gone before the first event would leave its request running."""
@@ -239,7 +242,7 @@ async def event_stream(chunks: AsyncIterator[dict[str, Any]],
     return EngineStream(events(_after(first, chunks)), chunks, first)
 
 
-async def _after(first: asyncio.Future, rest: AsyncIterator[dict]) -> AsyncIterator[dict]:
+async def _after(first: asyncio.Future, rest: Chunks) -> Chunks:
     try:
         yield await first
     except StopAsyncIteration:
@@ -253,7 +256,7 @@ class EngineStream(StreamingResponse):
     ends (finished, client gone, never iterated): closing it aborts what still runs.
     Starlette cancels the iteration as soon as the client disconnects."""
 
-    def __init__(self, events: AsyncIterator[Any], source: AsyncIterator[dict],
+    def __init__(self, events: AsyncIterator[Any], source: Chunks,
                  first: asyncio.Future) -> None:
         super().__init__(sse_stream(events), media_type="text/event-stream")
         self.source, self.first = source, first

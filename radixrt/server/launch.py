@@ -49,10 +49,13 @@ def launch_server(args: ServerArgs) -> int:
         name = args.served_model_name or args.model_path or DEFAULT_MODEL_NAME
         state = ServerState(engine, args, name, ServerMetrics(engine.get_stats, name))
         app = build_app(state, lifespan=_lifespan(state))
-        server = _DrainingServer(uvicorn.Config(
+        config = uvicorn.Config(
             app, host=args.host, port=args.port, log_level=args.log_level,
             loop="uvloop" if _has_uvloop() else "asyncio", access_log=False,
-            timeout_graceful_shutdown=FLUSH_TIMEOUT_S), state, args.graceful_shutdown_timeout)
+            # uvicorn annotates int | None but hands it to asyncio.wait_for, which takes a float.
+            timeout_graceful_shutdown=FLUSH_TIMEOUT_S,  # type: ignore[arg-type]
+        )
+        server = _DrainingServer(config, state, args.graceful_shutdown_timeout)
         failure: list[str] = []
 
         def on_death(error: Exception) -> None:  # on the engine's dispatcher thread
@@ -102,16 +105,16 @@ class _DrainingServer(uvicorn.Server):
 
     async def on_tick(self, counter: int) -> bool:
         if self.drain_until is not None and not self.should_exit:
-            self._drain_step()
+            self._drain_step(self.drain_until)
         return await super().on_tick(counter)
 
-    def _drain_step(self) -> None:
+    def _drain_step(self, drain_until: float) -> None:
         engine = self.state.engine
         if not self._announced:
             self._announced = True
             logger.info("shutting down: new requests get 503; %d running %s", engine.num_requests,
                         f"may finish within {self.grace_s:g} s" if self.grace_s else "end now")
-        if engine.num_requests and time.monotonic() < self.drain_until:
+        if engine.num_requests and time.monotonic() < drain_until:
             return
         ended = engine.end_all_requests(ServerShuttingDown(
             "the server is shutting down: the request was ended before it finished"))

@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +84,8 @@ def add_native_info_routes(app: FastAPI, state: Any) -> None:
     async def health_generate() -> Response:
         return await _health_generate(state)
 
-    routes = [("/concate_and_append_request", concat_and_append_body, ConcateAndAppendReq)]
+    routes: list[tuple[str, _Compute, type[BaseModel]]] = [
+        ("/concate_and_append_request", concat_and_append_body, ConcateAndAppendReq)]
     routes += [(path, tokenize_body, TokenizeReq) for path in ("/tokenize", "/v1/tokenize")]
     routes += [(path, detokenize_body, DetokenizeReq)
                for path in ("/detokenize", "/v1/detokenize")]
@@ -92,7 +94,11 @@ def add_native_info_routes(app: FastAPI, state: Any) -> None:
             _json_route(engine, state.args, compute))
 
 
-def _json_route(engine: Any, args: Any, compute: Any) -> Any:
+# A native route's body: compute(engine, body, server_args) -> the JSON answer.
+_Compute = Callable[[Any, dict[str, Any], Any], dict[str, Any]]
+
+
+def _json_route(engine: Any, args: Any, compute: _Compute) -> Any:
     """A POST route answering `compute(engine, body, args)` as JSON, or the error it raised;
     computed on a worker thread (tokenizing a long prompt must not stall the event loop)."""
     def answer(body: dict[str, Any]) -> Response:

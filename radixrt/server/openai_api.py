@@ -44,11 +44,10 @@ Choices, where the OpenAI API leaves room:
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -56,6 +55,7 @@ from fastapi.responses import JSONResponse, Response
 
 from radixrt.request_limits import validate_prompt_len, validate_request_size, validate_token_ids
 from radixrt.server import openai_protocol as proto
+from radixrt.server import openai_translate as translate
 from radixrt.server.chat_template import chat_prompt_ids, conversation_chars
 from radixrt.server.http_utils import (
     CLIENT_CLOSED,
@@ -67,16 +67,10 @@ from radixrt.server.http_utils import (
     json_response,
     read_json,
 )
+from radixrt.server.openai_jobs import Job, chat_response, completion_response, engine_kwargs
 from radixrt.server.openai_protocol import ChatCompletionRequest, CompletionRequest
-from radixrt.server.openai_stream import (
-    TokenTexts,
-    chat_events,
-    chat_logprobs,
-    completion_entries,
-    completion_events,
-    completion_logprobs,
-)
-from radixrt.server.tool_calls import MISTRAL_MARK, ToolPlan, plan_tools, read_calls
+from radixrt.server.openai_stream import TokenTexts, chat_events, completion_events
+from radixrt.server.tool_calls import MISTRAL_MARK, ToolPlan, plan_tools
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # the OpenAI API's default for /v1/completions
 
@@ -91,27 +85,6 @@ def add_openai_routes(app: FastAPI, manager: Any, served_model_name: str) -> Non
                       openapi_extra=json_body("CompletionRequest"))
     app.add_api_route("/v1/chat/completions", api.chat_completions, methods=["POST"],
                       openapi_extra=json_body("ChatCompletionRequest"))
-
-
-@dataclass
-class Job:
-    """One validated request, ready for the engine."""
-
-    req: ChatCompletionRequest | CompletionRequest
-    ids: list[list[int]]  # token ids per prompt
-    batch: bool  # several prompts (a list), as opposed to one
-    max_new_tokens: int
-    names: dict[str, str]  # engine field name → OpenAI field name, for errors
-    prompt_texts: list[str] = field(default_factory=list)  # for echo
-    id: str = ""  # unguessable (uuid4): the rid /abort_request takes
-    created: int = 0
-    model: str = ""
-    tools: ToolPlan | None = None  # chat requests with tools
-    kwargs: dict[str, Any] = field(default_factory=dict)  # the engine call's arguments
-
-    @property
-    def chat(self) -> bool:
-        return isinstance(self.req, ChatCompletionRequest)
 
 
 class OpenAIServing:
@@ -141,8 +114,8 @@ class OpenAIServing:
 
     def _serves(self, model: str | None) -> bool:
         """Whether `model` names the served model (see the module's docstring)."""
-        names = [self.model_name, getattr(self.manager.info, "model_path", None)]
-        names = [n for n in names if n]
+        candidates = (self.model_name, getattr(self.manager.info, "model_path", None))
+        names: list[str] = [n for n in candidates if n]
         if model is None or model == "default" or model in names:
             return True
         return _last_part(model) in {_last_part(n) for n in names}
@@ -156,14 +129,15 @@ class OpenAIServing:
     async def _serve(self, request: Request, prepare: Callable[[dict], Job]) -> Response:
         names: dict[str, str] = {}
         try:
-            if self.texts is None:
+            texts = self.texts
+            if texts is None:
                 raise APIError("this server runs without a tokenizer (skip_tokenizer_init): "
                                "use /generate with input_ids", None)
             # Validating, rendering the chat template and tokenizing are CPU work: a worker
             # thread does them, so that a long conversation does not stall the event loop.
             job = await asyncio.to_thread(self._prepared, prepare, await read_json(request))
             names = job.names
-            return await self._run(request, job)
+            return await self._run(request, job, texts)
         except ModelNotFound as exc:
             return _model_not_found(exc.model, self.model_name)
         except asyncio.CancelledError:
@@ -171,48 +145,31 @@ class OpenAIServing:
         except APIError as exc:
             return exception_response(exc)
         except ValueError as exc:
-            return exception_response(proto.rename_engine_error(exc, names))
+            return exception_response(translate.rename_engine_error(exc, names))
         except Exception as exc:  # noqa: BLE001 - overload, dead scheduler, client gone
             return exception_response(exc)
 
     def _prepared(self, prepare: Callable[[dict], Job], body: dict[str, Any]) -> Job:
         job = prepare(body)
-        job.kwargs = self._engine_kwargs(job)
+        job.kwargs = engine_kwargs(job, self.special_call_marker)
         return job
 
-    async def _run(self, request: Request, job: Job) -> Response:
+    async def _run(self, request: Request, job: Job, texts: TokenTexts) -> Response:
         if job.req.stream:
             chunks = await self.manager.async_generate(**job.kwargs, stream=True)
             make = chat_events if job.chat else completion_events
-            return await event_stream(chunks, lambda c: make(job, c, self.texts))
+            return await event_stream(chunks, lambda c: make(job, c, texts))
         outs = await await_or_disconnect(request, self.manager.async_generate(**job.kwargs))
         outs = outs if isinstance(outs, list) else [outs]
-        build = self._chat_response if job.chat else self._completion_response
+        build = chat_response if job.chat else completion_response
         # Logprobs of a long answer make a large body: built and encoded off the event loop.
-        return await asyncio.to_thread(lambda: json_response(build(job, outs)))
-
-    def _engine_kwargs(self, job: Job) -> dict[str, Any]:
-        req = job.req
-        want_logprobs = bool(req.logprobs) or (not job.chat and req.logprobs is not None)
-        top = (req.top_logprobs if job.chat else req.logprobs) or 0
-        echo_logprobs = not job.chat and req.echo and want_logprobs
-        rid = [f"{job.id}-{i}" for i in range(len(job.ids))] if job.batch else job.id
-        params = proto.sampling_params(req, job.max_new_tokens)
-        if job.tools is not None and job.tools.forced:
-            params["json_schema"] = json.dumps(job.tools.schema)
-        elif job.tools is not None and job.tools.mode == "auto" and self.special_call_marker:
-            params.setdefault("skip_special_tokens", False)
-        return {"input_ids": job.ids if job.batch else job.ids[0],
-                "sampling_params": params,
-                "return_logprob": want_logprobs, "top_logprobs_num": top,
-                "logprob_start_len": 0 if echo_logprobs else None, "rid": rid,
-                **proto.request_extras(req)}
+        return await asyncio.to_thread(lambda: json_response(build(job, outs, texts)))
 
     # -- preparing requests -------------------------------------------------------------------
     def _prepare_chat(self, body: dict[str, Any]) -> Job:
         req = proto.parse_request(ChatCompletionRequest, body)
         self._check_model(req.model)
-        names = proto.field_names(req)
+        names = translate.field_names(req)
         self._check_chars(conversation_chars(req), "messages")
         plan = _tool_plan(req)
         if plan is not None and plan.forced:
@@ -222,7 +179,7 @@ class OpenAIServing:
         requested = req.max_tokens if requested is None else requested
         # OpenAI's default: up to the end of the context (which the KV pool may cut shorter).
         default = self.manager.info.pool_tokens - len(ids)
-        with proto.openai_names(names):
+        with translate.openai_names(names):
             max_new = self._max_new_tokens(len(ids), requested, default)
         return Job(req, [ids], False, max_new, names, id=f"chatcmpl-{uuid.uuid4().hex}",
                    created=int(time.time()), model=self.model_name, tools=plan)
@@ -230,8 +187,8 @@ class OpenAIServing:
     def _prepare_completion(self, body: dict[str, Any]) -> Job:
         req = proto.parse_request(CompletionRequest, body)
         self._check_model(req.model)
-        names = proto.field_names(req)
-        with proto.openai_names(names):
+        names = translate.field_names(req)
+        with translate.openai_names(names):
             ids, texts, batch = self._prompt_ids(req)
             max_new = min(self._max_new_tokens(len(p), req.max_tokens,
                                                COMPLETIONS_DEFAULT_MAX_TOKENS) for p in ids)
@@ -281,45 +238,6 @@ class OpenAIServing:
             max_new = max(1, min(default, info.context_length - prompt_len))
         validate_request_size(prompt_len, max_new, info.context_length, info.pool_tokens)
         return max_new
-
-    # -- responses ----------------------------------------------------------------------------
-    def _chat_response(self, job: Job, outs: list[dict[str, Any]]) -> dict[str, Any]:
-        choices = []
-        for i, out in enumerate(outs):
-            meta = out["meta_info"]
-            logprobs = None
-            if job.req.logprobs:
-                logprobs = chat_logprobs(self.texts, meta["output_token_logprobs"],
-                                         meta["output_top_logprobs"])
-            parsed = read_calls(job.tools, out["text"])
-            message: dict[str, Any] = {"role": "assistant", "content": parsed.content,
-                                       "reasoning_content": None}
-            if parsed.calls:
-                message["tool_calls"] = [call.to_openai() for call in parsed.calls]
-            choices.append({"index": i, "message": message, "logprobs": logprobs,
-                            "finish_reason": proto.finish_reason(meta, bool(parsed.calls)),
-                            "matched_stop": proto.matched_stop(meta)})
-        return {"id": job.id, "object": "chat.completion", "created": job.created,
-                "model": self.model_name, "choices": choices,
-                "usage": proto.usage([o["meta_info"] for o in outs], job.req.n)}
-
-    def _completion_response(self, job: Job, outs: list[dict[str, Any]]) -> dict[str, Any]:
-        choices = []
-        req = job.req
-        for i, out in enumerate(outs):
-            meta = out["meta_info"]
-            prefix = job.prompt_texts[i // req.n] if req.echo else ""
-            logprobs = None
-            if req.logprobs is not None:
-                entries = completion_entries(meta, bool(req.echo))
-                logprobs, _ = completion_logprobs(self.texts, *entries, offset=0)
-            choices.append({"index": i, "text": prefix + out["text"], "logprobs": logprobs,
-                            "finish_reason": proto.finish_reason(meta),
-                            "matched_stop": proto.matched_stop(meta)})
-        return {"id": job.id, "object": "text_completion", "created": job.created,
-                "model": self.model_name, "choices": choices,
-                "usage": proto.usage([o["meta_info"] for o in outs], req.n)}
-
 
 class ModelNotFound(Exception):
     """A request's `model` is not the served model."""

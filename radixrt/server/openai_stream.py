@@ -9,7 +9,8 @@ from contextlib import aclosing
 from functools import lru_cache
 from typing import Any
 
-from radixrt.server import openai_protocol as proto
+from radixrt.server import openai_translate as translate
+from radixrt.server.http_utils import Chunks
 from radixrt.server.tool_calls import (
     AutoToolStream,
     ForcedCallScanner,
@@ -78,7 +79,7 @@ def chat_logprobs(texts: TokenTexts, token_lps: list, top_lps: list) -> dict[str
 
 def _chat_entry(texts: TokenTexts, lp: float, tid: int) -> dict[str, Any]:
     text, data = texts.get(tid)
-    return {"token": text, "logprob": proto.clamp_logprob(lp), "bytes": list(data)}
+    return {"token": text, "logprob": translate.clamp_logprob(lp), "bytes": list(data)}
 
 
 def completion_logprobs(texts: TokenTexts, token_lps: list, top_lps: list,
@@ -91,9 +92,9 @@ def completion_logprobs(texts: TokenTexts, token_lps: list, top_lps: list,
     for (lp, tid, _), tops in zip(token_lps, top_lps, strict=True):
         text = texts.get(tid)[0]
         out["tokens"].append(text)
-        out["token_logprobs"].append(proto.clamp_logprob(lp))
+        out["token_logprobs"].append(translate.clamp_logprob(lp))
         out["top_logprobs"].append(None if tops is None else {
-            texts.get(t_id)[0]: proto.clamp_logprob(t_lp) for t_lp, t_id, _ in tops})
+            texts.get(t_id)[0]: translate.clamp_logprob(t_lp) for t_lp, t_id, _ in tops})
         out["text_offset"].append(offset)
         offset += len(text)
     return out, offset
@@ -144,7 +145,7 @@ def _chunk_maker(job: Any, obj: str):
     return make, with_usage
 
 
-async def chat_events(job: Any, chunks: AsyncIterator[dict], texts: TokenTexts,
+async def chat_events(job: Any, chunks: Chunks, texts: TokenTexts,
                       ) -> AsyncIterator[dict[str, Any]]:
     """chat.completion.chunk events: a role delta per choice, content deltas, a final delta
     with finish_reason per choice, then (include_usage) one chunk with usage and no choices."""
@@ -170,7 +171,7 @@ async def chat_events(job: Any, chunks: AsyncIterator[dict], texts: TokenTexts,
                 yield make([_chat_choice(i, {}, None, meta, deltas[i].has_calls)])
             progress.metas[i] = meta
     if with_usage:
-        yield make([], proto.usage(progress.metas, job.req.n))
+        yield make([], translate.usage(progress.metas, job.req.n))
 
 
 def _chat_choice(i: int, delta: dict[str, Any], logprobs: dict | None = None,
@@ -179,8 +180,8 @@ def _chat_choice(i: int, delta: dict[str, Any], logprobs: dict | None = None,
     delta = {**delta, "reasoning_content": None}
     choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": None}
     if meta is not None:
-        choice["finish_reason"] = proto.finish_reason(meta, calls)
-        choice["matched_stop"] = proto.matched_stop(meta)
+        choice["finish_reason"] = translate.finish_reason(meta, calls)
+        choice["matched_stop"] = translate.matched_stop(meta)
     return choice
 
 
@@ -190,10 +191,11 @@ class ChoiceDeltas:
     "auto", content until a call may have begun, then the parsed rest at the end."""
 
     def __init__(self, plan: ToolPlan | None) -> None:
-        self.plan = plan
         self.mode = "plain" if plan is None or plan.mode == "none" else plan.mode
+        # The function a "named" plan calls; the call parser of "required" or "auto".
+        self.named = plan.function_name if plan is not None and self.mode == "named" else ""
         self.scanner = ForcedCallScanner() if self.mode == "required" else None
-        self.auto = AutoToolStream(plan.names) if self.mode == "auto" else None
+        self.auto = AutoToolStream(plan.names) if plan is not None and self.mode == "auto" else None
         self.ids: list[str] = []  # ids of the calls begun
 
     @property
@@ -213,11 +215,12 @@ class ChoiceDeltas:
 
     def _tool_deltas(self, text: str) -> list[dict[str, Any]]:
         if self.mode == "named":
-            out = [] if self.ids else [self._start(self.plan.forced_name)]
+            out = [] if self.ids else [self._start(self.named)]
             return out + ([_args_delta(0, text)] if text else [])
-        if self.mode == "required":
+        if self.scanner is not None:  # "required"
             return [self._start(ev[2]) if ev[0] == "start" else _args_delta(ev[1], ev[2])
                     for ev in self.scanner.feed(text)]
+        assert self.auto is not None, "the mode left is auto"
         sent = self.auto.feed(text)
         return [{"content": sent}] if sent else []
 
@@ -229,8 +232,8 @@ class ChoiceDeltas:
     def finish(self) -> list[dict[str, Any]]:
         """The deltas held back to the end (auto), or the call header of an empty output."""
         if self.mode == "named" and not self.ids:
-            return [self._start(self.plan.forced_name)]
-        if self.mode != "auto":
+            return [self._start(self.named)]
+        if self.auto is None:  # not "auto"
             return []
         parsed = self.auto.finish()
         out = [{"content": parsed.content}] if parsed.content else []
@@ -241,7 +244,7 @@ def _args_delta(index: int, text: str) -> dict[str, Any]:
     return {"tool_calls": [{"index": index, "function": {"arguments": text}}]}
 
 
-async def completion_events(job: Any, chunks: AsyncIterator[dict], texts: TokenTexts,
+async def completion_events(job: Any, chunks: Chunks, texts: TokenTexts,
                             ) -> AsyncIterator[dict[str, Any]]:
     """text_completion chunks, one per engine update of a choice (as SGLang streams them):
     the first one starts with the prompt (echo) and carries its logprobs; the last one carries
@@ -269,13 +272,13 @@ async def completion_events(job: Any, chunks: AsyncIterator[dict], texts: TokenT
                 started[i] = True
             progress.metas[i] = meta
     if with_usage:
-        yield make([], proto.usage(progress.metas, req.n))
+        yield make([], translate.usage(progress.metas, req.n))
 
 
 def _text_choice(i: int, text: str, logprobs: dict | None = None,
                  meta: dict[str, Any] | None = None) -> dict[str, Any]:
     choice = {"index": i, "text": text, "logprobs": logprobs, "finish_reason": None}
     if meta is not None:
-        choice["finish_reason"] = proto.finish_reason(meta)
-        choice["matched_stop"] = proto.matched_stop(meta)
+        choice["finish_reason"] = translate.finish_reason(meta)
+        choice["matched_stop"] = translate.matched_stop(meta)
     return choice

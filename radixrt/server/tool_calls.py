@@ -68,6 +68,12 @@ class ToolPlan:
     def forced(self) -> bool:
         return self.mode in ("named", "required")
 
+    @property
+    def function_name(self) -> str:
+        """The function a "named" plan calls."""
+        assert self.forced_name is not None, f"a {self.mode!r} plan names no function"
+        return self.forced_name
+
 
 def plan_tools(tools: list[dict[str, Any]] | None, tool_choice: str | dict | None,
                parallel_tool_calls: bool | None) -> ToolPlan | None:
@@ -82,7 +88,7 @@ def plan_tools(tools: list[dict[str, Any]] | None, tool_choice: str | dict | Non
     names = tuple(params)
     parallel = parallel_tool_calls is not False
     mode = _mode(tool_choice, names)
-    if mode == "named":
+    if mode == "named" and isinstance(tool_choice, dict):  # "named": only from an object
         name = tool_choice["function"]["name"]
         return ToolPlan(mode, names, params[name], name, parallel)
     if mode == "required":
@@ -229,7 +235,7 @@ def _call_from(obj: Any, args_keys: tuple[str, ...] = ("arguments", "parameters"
     """A ToolCall from {"name": str, "arguments" | "parameters": object}, else None."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
-    args = next((obj[k] for k in args_keys if k in obj), {})
+    args: Any = next((obj[k] for k in args_keys if k in obj), {})
     if isinstance(args, str):  # some models write the arguments as JSON text
         try:
             args = json.loads(args)
@@ -294,8 +300,8 @@ def _parse_mistral(text: str) -> ParsedOutput:
     except _NOT_JSON:
         return ParsedOutput(_content([text]), [])
     items = obj if isinstance(obj, list) else [obj]
-    calls = [_call_from(item) for item in items]
-    if not calls or None in calls:
+    calls = [call for call in map(_call_from, items) if call is not None]
+    if not calls or len(calls) < len(items):
         return ParsedOutput(_content([text]), [])
     return ParsedOutput(_content([before, after.strip()[end:]]), calls)
 
@@ -352,7 +358,7 @@ def read_calls(plan: ToolPlan | None, text: str) -> ParsedOutput:
     if plan is None or plan.mode == "none":
         return ParsedOutput(text, [])
     if plan.mode == "named":
-        return ParsedOutput(None, [ToolCall(plan.forced_name, text)])
+        return ParsedOutput(None, [ToolCall(plan.function_name, text)])
     if plan.mode == "required":
         scanner = ForcedCallScanner()
         scanner.feed(text)

@@ -208,7 +208,7 @@ def test_shared_checks_name_the_field_they_are_given():
 
 
 def test_openai_layer_takes_param_from_the_error_not_its_text():
-    from radixrt.server.openai_protocol import rename_engine_error
+    from radixrt.server.openai_translate import rename_engine_error
 
     names = {"max_new_tokens": "max_tokens", "input_ids": "prompt"}
     # The message names other fields first: only the exception's own param counts.
