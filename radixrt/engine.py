@@ -12,13 +12,13 @@ import asyncio
 import atexit
 import gc
 import logging
-import os
 import queue
 import threading
 import weakref
-from collections.abc import AsyncGenerator, Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
+from radixrt.engine_start import start_backend
 from radixrt.messages import (
     AbortReq,
     BatchOutput,
@@ -38,12 +38,13 @@ from radixrt.request_state import (
     ServerOverloaded,
     new_queues,
     raise_if_error,
+    stream_async,
+    stream_sync,
 )
 from radixrt.server_args import ServerArgs
 
 if TYPE_CHECKING:
     from radixrt.frontend_validation import PlannedReq
-    from radixrt.processes import SchedulerHandle
 
 logger = logging.getLogger(__name__)
 
@@ -70,30 +71,9 @@ class Engine:
 
     def __init__(self, model_path: str | None = None, *, in_process: bool = False,
                  **kwargs: Any) -> None:
-        from radixrt.loader.default_model import default_model_path
-        from radixrt.loader.tokenizer import hand_over_tokenizer, load_tokenizer
-        from radixrt.processes import abandon, start_process
-
         self.server_args = args = ServerArgs.from_kwargs(model_path=model_path, **kwargs)
         logging.basicConfig(level=args.log_level.upper())
-        path = args.model_path or default_model_path()
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"model_path {path!r} does not exist")
-        # The child process loads the model while this one loads the tokenizer.
-        wait_ready: Callable[[], SchedulerHandle] | None = None
-        tokenizer_dir: str | None = None
-        if not in_process:
-            wait_ready, tokenizer_dir = start_process(args)
-        self.tokenizer = None
-        try:
-            if not args.skip_tokenizer_init:
-                self.tokenizer = load_tokenizer(path, args.tokenizer_path)
-                if tokenizer_dir is not None:
-                    hand_over_tokenizer(self.tokenizer, tokenizer_dir)
-        except BaseException:
-            if wait_ready is not None:
-                abandon(wait_ready)
-            raise
+        self._handle, self.tokenizer = start_backend(args, in_process)
         self._requests = RequestRegistry()
         self._send_lock = threading.Lock()  # sockets are not thread-safe
         self._control_lock = threading.Lock()  # one control request at a time
@@ -106,12 +86,6 @@ class Engine:
         # (error) runs once if the scheduler side dies. Both run on the dispatcher thread.
         self.observer: Callable[[ReqState, Any], None] | None = None
         self.on_death: Callable[[SchedulerDied], None] | None = None
-        if wait_ready is None:  # in_process
-            from radixrt.scheduler.launcher import start_thread
-
-            self._handle = start_thread(args, self.tokenizer)
-        else:
-            self._handle = wait_ready()
         self.info = self._handle.info
         self._dispatch_thread = threading.Thread(target=self._dispatch, daemon=True,
                                                  name="radixrt-dispatch")
@@ -155,7 +129,7 @@ class Engine:
         """generate, given the request struct itself."""
         states, batch = self._submit(req, loop=None)
         if req.stream:
-            return self._stream_sync(states)
+            return stream_sync(states, self._abort_unfinished)
         results = [s.wait() for s in states]
         return results if batch or len(results) > 1 else results[0]
 
@@ -171,7 +145,7 @@ class Engine:
             submitted.add_done_callback(self._abort_submitted)
             raise
         if req.stream:
-            return self._stream_async(states)
+            return stream_async(states, self._abort_unfinished)
         try:
             results = [await s.wait_async() for s in states]
         except asyncio.CancelledError:  # the caller gave up (an HTTP client went away)
@@ -322,27 +296,6 @@ class Engine:
             # One flat id list decodes to one str (the annotation's list[str] is for batches).
             text = self._token_texts[token_id] = cast(str, self.tokenizer.decode([token_id]))
         return text
-
-    # -- waiting for results ----------------------------------------------------------------
-    def _stream_sync(self, states: list[ReqState]) -> Iterator[dict[str, Any]]:
-        try:
-            while not all(s.finished for s in states):
-                state, item = states[0].sync_q.get()
-                chunk = state.stream_chunk(raise_if_error(item))
-                if chunk is not None:
-                    yield state.indexed(chunk, len(states))
-        finally:
-            self._abort_unfinished(states)
-
-    async def _stream_async(self, states: list[ReqState]) -> AsyncGenerator[dict[str, Any], None]:
-        try:
-            while not all(s.finished for s in states):
-                state, item = await states[0].async_queue().get()
-                chunk = state.stream_chunk(raise_if_error(item))
-                if chunk is not None:
-                    yield state.indexed(chunk, len(states))
-        finally:
-            self._abort_unfinished(states)
 
     # -- plumbing ---------------------------------------------------------------------------
     def _send(self, msg, quiet: bool = False) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import Any
 
 from radixrt.messages import ReqOutput
@@ -170,3 +170,30 @@ def raise_if_error(item):
     if isinstance(item, BaseException):
         raise item
     return item
+
+
+def stream_sync(states: list[ReqState],
+                abort: Callable[[list[ReqState]], None]) -> Iterator[dict[str, Any]]:
+    """The chunks of `states` (sharing one thread queue) as they come, "index"ed when there
+    are several; however the iteration ends, `abort(states)` ends what still runs."""
+    try:
+        while not all(s.finished for s in states):
+            state, item = states[0].sync_q.get()
+            chunk = state.stream_chunk(raise_if_error(item))
+            if chunk is not None:
+                yield state.indexed(chunk, len(states))
+    finally:
+        abort(states)
+
+
+async def stream_async(states: list[ReqState], abort: Callable[[list[ReqState]], None],
+                       ) -> AsyncGenerator[dict[str, Any], None]:
+    """stream_sync for async callers (the states share one asyncio queue)."""
+    try:
+        while not all(s.finished for s in states):
+            state, item = await states[0].async_queue().get()
+            chunk = state.stream_chunk(raise_if_error(item))
+            if chunk is not None:
+                yield state.indexed(chunk, len(states))
+    finally:
+        abort(states)
