@@ -43,14 +43,17 @@ def classify(s, sentence):
 
 
 def main(backend) -> dict:
-    states = classify.run_batch([{"sentence": x} for x in INPUTS], backend=backend,
-                                temperature=0, progress_bar=False)
+    states = classify.run_batch(
+        [{"sentence": x} for x in INPUTS], backend=backend, temperature=0, progress_bar=False
+    )
     labels = [state["label"] for state in states]
     for sentence, label in zip(INPUTS, labels, strict=True):
         print(f"{label:>8}  {sentence}")
     meta = states.get_meta_info()
-    print(f"batch: {meta['num_requests']} requests, {meta['prompt_tokens']} prompt tokens, "
-          f"{meta['cached_tokens']} cached, cache hit rate {meta['cache_hit_rate']:.0%}")
+    print(
+        f"batch: {meta['num_requests']} requests, {meta['prompt_tokens']} prompt tokens, "
+        f"{meta['cached_tokens']} cached, cache hit rate {meta['cache_hit_rate']:.0%}"
+    )
     return {"labels": labels, "cache_hit_rate": meta["cache_hit_rate"]}
 
 

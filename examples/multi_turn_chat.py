@@ -33,8 +33,10 @@ def main(backend) -> dict:
     for message in state.messages():
         print(f"{message['role']:>9}: {message['content'].strip()}")
     meta = state.get_meta_info("answer_1")
-    print(f"(second answer: {meta['prompt_tokens']} prompt tokens, {meta['cached_tokens']} "
-          f"of them already in the radix cache)")
+    print(
+        f"(second answer: {meta['prompt_tokens']} prompt tokens, {meta['cached_tokens']} "
+        f"of them already in the radix cache)"
+    )
 
     # 2. Stream: run returns at once; print the first answer piece by piece as it arrives.
     streamed = chat.run(questions=QUESTIONS[:1], backend=backend, temperature=0, stream=True)

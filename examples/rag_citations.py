@@ -41,8 +41,10 @@ def retrieve(question: str, k: int = 2) -> list[str]:
 @rt.function
 def answer_with_citation(s, question, docs):
     context = "\n".join(f"[{i}] {doc}" for i, doc in enumerate(docs, 1))
-    s += rt.system("Answer the question in one sentence using only the documents. "
-                   "Then cite the document you used, like [1].")
+    s += rt.system(
+        "Answer the question in one sentence using only the documents. "
+        "Then cite the document you used, like [1]."
+    )
     s += rt.user(f"Documents:\n{context}\n\nQuestion: {question}")
     with s.assistant():
         s += rt.gen("answer", max_tokens=32, stop=["\n", "["])
@@ -53,8 +55,7 @@ def answer_with_citation(s, question, docs):
 
 def main(backend) -> dict:
     docs = retrieve(QUESTION)
-    state = answer_with_citation.run(question=QUESTION, docs=docs, backend=backend,
-                                     temperature=0)
+    state = answer_with_citation.run(question=QUESTION, docs=docs, backend=backend, temperature=0)
     cited = int(state["citation"].strip("[]"))
     print(f"Question: {QUESTION}")
     for i, doc in enumerate(docs, 1):

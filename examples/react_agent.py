@@ -22,14 +22,28 @@ import radixrt as rt
 
 MAX_STEPS = 3
 QUESTION = "What is 17 * 23?"
-CAPITALS = {"france": "Paris", "japan": "Tokyo", "italy": "Rome", "kenya": "Nairobi",
-            "canada": "Ottawa", "brazil": "Brasilia", "germany": "Berlin"}
-OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-             ast.Div: operator.truediv, ast.Mod: operator.mod, ast.USub: operator.neg}
+CAPITALS = {
+    "france": "Paris",
+    "japan": "Tokyo",
+    "italy": "Rome",
+    "kenya": "Nairobi",
+    "canada": "Ottawa",
+    "brazil": "Brasilia",
+    "germany": "Berlin",
+}
+OPERATORS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.Mod: operator.mod,
+    ast.USub: operator.neg,
+}
 
 
 def calculator(expression: str) -> str:
     """Evaluate + - * / % on numbers; anything else (names, calls, **) is refused."""
+
     def evaluate(node):
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
             return node.value
@@ -38,6 +52,7 @@ def calculator(expression: str) -> str:
         if isinstance(node, ast.UnaryOp) and type(node.op) in OPERATORS:
             return OPERATORS[type(node.op)](evaluate(node.operand))
         raise ValueError(f"unsupported expression {ast.unparse(node)!r}")
+
     return str(evaluate(ast.parse(expression.strip(), mode="eval").body))
 
 

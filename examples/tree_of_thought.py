@@ -48,12 +48,18 @@ def main(backend) -> dict:
     for i in range(NUM_BRANCHES):
         cached = forks[i].get_meta_info("idea")["cached_tokens"]
         prompt = forks[i].get_meta_info("idea")["prompt_tokens"]
-        print(f"branch {i} [{state['verdict'][i]}] ({cached}/{prompt} prompt tokens cached): "
-              f"{STARTS[i]} {state['idea'][i].strip()}")
+        print(
+            f"branch {i} [{state['verdict'][i]}] ({cached}/{prompt} prompt tokens cached): "
+            f"{STARTS[i]} {state['idea'][i].strip()}"
+        )
     best = state["best"]
     print(f"Best: branch {best}: {STARTS[best]} {state['idea'][best].strip()}")
-    return {"ideas": state["idea"], "verdicts": state["verdict"], "best": state["best"],
-            "cached_tokens": [f.get_meta_info("idea")["cached_tokens"] for f in forks]}
+    return {
+        "ideas": state["idea"],
+        "verdicts": state["verdict"],
+        "best": state["best"],
+        "cached_tokens": [f.get_meta_info("idea")["cached_tokens"] for f in forks],
+    }
 
 
 if __name__ == "__main__":

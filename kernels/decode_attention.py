@@ -64,19 +64,26 @@ def _decode_split_kernel(
         ok = pos < hi  # every block has at least one valid key, so each row's max is finite
         slot = tl.load(KV_indices + kv_start + pos, mask=ok, other=0).to(tl.int64)
         kv_mask = ok[:, None] & dim_ok[None, :]
-        k = tl.load(K + slot[:, None] * stride_kt + kv_head * stride_kh + dims[None, :],
-                    mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+        k = tl.load(
+            K + slot[:, None] * stride_kt + kv_head * stride_kh + dims[None, :],
+            mask=kv_mask,
+            other=0.0,
+        )  # [BLOCK_N, BLOCK_D]
         s = tl.dot(q, tl.trans(k.to(IN).to(DOT)), input_precision=PRECISION) * scaling
         s = tl.where(ok[None, :], s, float("-inf"))  # [BLOCK_H, BLOCK_N]
         m_new = tl.maximum(m, tl.max(s, 1))
         p = tl.exp(s - m_new[:, None])
         alpha = tl.exp(m - m_new)
         denom = denom * alpha + tl.sum(p, 1)
-        v = tl.load(V + slot[:, None] * stride_vt + kv_head * stride_vh + dims[None, :],
-                    mask=kv_mask, other=0.0)
+        v = tl.load(
+            V + slot[:, None] * stride_vt + kv_head * stride_vh + dims[None, :],
+            mask=kv_mask,
+            other=0.0,
+        )
         # p is rounded to the activations' dtype for the tensor cores, as flash attention does.
-        acc = acc * alpha[:, None] + tl.dot(p.to(IN).to(DOT), v.to(IN).to(DOT),
-                                            input_precision=PRECISION)
+        acc = acc * alpha[:, None] + tl.dot(
+            p.to(IN).to(DOT), v.to(IN).to(DOT), input_precision=PRECISION
+        )
         m = m_new
 
     # Mid_O [B, Hq, S, D] and Mid_LSE [B, Hq, S], contiguous. An empty chunk (denom 0) stores
@@ -85,8 +92,9 @@ def _decode_split_kernel(
     o = acc / tl.where(empty, 1.0, denom)[:, None]
     lse = tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, denom)))
     row = (b * GROUP * tl.num_programs(1) + heads) * num_splits + split  # [BLOCK_H]
-    tl.store(Mid_O + row[:, None] * HEAD_DIM + dims[None, :], o,
-             mask=head_ok[:, None] & dim_ok[None, :])
+    tl.store(
+        Mid_O + row[:, None] * HEAD_DIM + dims[None, :], o, mask=head_ok[:, None] & dim_ok[None, :]
+    )
     tl.store(Mid_LSE + row, lse, mask=head_ok)
 
 
@@ -107,16 +115,18 @@ def _decode_merge_kernel(
     m = tl.where(m == float("-inf"), 0.0, m)  # a sequence with no keys at all: output 0
     w = tl.exp(lse - m)
     total = tl.sum(w, 0)
-    o = tl.load(Mid_O + (row + splits)[:, None] * HEAD_DIM + dims[None, :],
-                mask=split_ok[:, None] & dim_ok[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
+    o = tl.load(
+        Mid_O + (row + splits)[:, None] * HEAD_DIM + dims[None, :],
+        mask=split_ok[:, None] & dim_ok[None, :],
+        other=0.0,
+    )  # [BLOCK_S, BLOCK_D]
     out = tl.sum(o * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)
-    tl.store(Out + b * stride_ob + head * stride_oh + dims, out.to(Out.dtype.element_ty),
-             mask=dim_ok)
+    tl.store(
+        Out + b * stride_ob + head * stride_oh + dims, out.to(Out.dtype.element_ty), mask=dim_ok
+    )
 
 
-def choose_num_splits(
-    batch: int, num_kv_heads: int, max_seq_len: int | None, num_sms: int
-) -> int:
+def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int | None, num_sms: int) -> int:
     """Splits per sequence: enough programs for PROGRAMS_PER_SM on every SM, no split shorter
     than MIN_SPLIT_TOKENS (when max_seq_len is known), at most MAX_SPLITS; a power of two."""
     want = triton.cdiv(num_sms * PROGRAMS_PER_SM, batch * num_kv_heads)
@@ -145,8 +155,9 @@ def decode_attention(
     assert num_heads % num_kv_heads == 0 and q.stride(2) == 1 and k_buffer.stride(2) == 1
     if out is None:
         out = torch.empty_like(q)
-    mid_o = torch.empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32,
-                        device=q.device)
+    mid_o = torch.empty(
+        batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
+    )
     mid_lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
     block_d = max(16, triton.next_power_of_2(head_dim))
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](

@@ -30,18 +30,25 @@ def _attend(q, K, V, slot, kv_head, dims, key_mask, visible, m, denom, acc, scal
             IN: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
     """One block of keys into the running softmax. visible [BLOCK_M, BLOCK_N]; a row with no
     visible key so far keeps m = -inf and contributes nothing (no NaN)."""
-    k = tl.load(K + slot[:, None] * stride_kt + kv_head * stride_kh + dims[None, :],
-                mask=key_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+    k = tl.load(
+        K + slot[:, None] * stride_kt + kv_head * stride_kh + dims[None, :],
+        mask=key_mask,
+        other=0.0,
+    )  # [BLOCK_N, BLOCK_D]
     s = tl.dot(q, tl.trans(k.to(IN).to(DOT)), input_precision=PRECISION) * scaling
     s = tl.where(visible, s, float("-inf"))  # [BLOCK_M, BLOCK_N]
     m_new = tl.maximum(m, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.exp(s - m_safe[:, None])
     alpha = tl.exp(m - m_safe)
-    v = tl.load(V + slot[:, None] * stride_vt + kv_head * stride_vh + dims[None, :],
-                mask=key_mask, other=0.0)
-    acc = acc * alpha[:, None] + tl.dot(p.to(IN).to(DOT), v.to(IN).to(DOT),
-                                        input_precision=PRECISION)
+    v = tl.load(
+        V + slot[:, None] * stride_vt + kv_head * stride_vh + dims[None, :],
+        mask=key_mask,
+        other=0.0,
+    )
+    acc = acc * alpha[:, None] + tl.dot(
+        p.to(IN).to(DOT), v.to(IN).to(DOT), input_precision=PRECISION
+    )
     return m_new, denom * alpha + tl.sum(p, 1), acc
 
 
@@ -67,8 +74,11 @@ def _extend_kernel(
     q_pos = prefix + rows  # [BLOCK_M] positions of the queries in their sequence
     dims = tl.arange(0, BLOCK_D)
     dim_ok = dims < HEAD_DIM
-    q = tl.load(Q + (q_start + rows)[:, None] * stride_qt + head * stride_qh + dims[None, :],
-                mask=row_ok[:, None] & dim_ok[None, :], other=0.0).to(DOT)
+    q = tl.load(
+        Q + (q_start + rows)[:, None] * stride_qt + head * stride_qh + dims[None, :],
+        mask=row_ok[:, None] & dim_ok[None, :],
+        other=0.0,
+    ).to(DOT)
 
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     denom = tl.zeros([BLOCK_M], tl.float32)
@@ -80,9 +90,27 @@ def _extend_kernel(
         pos = start + tl.arange(0, BLOCK_N)
         ok = pos < prefix_end
         slot = tl.load(KV_indices + kv_start + pos, mask=ok, other=0).to(tl.int64)
-        m, denom, acc = _attend(q, K, V, slot, kv_head, dims, ok[:, None] & dim_ok[None, :],
-                                ok[None, :], m, denom, acc, scaling,
-                                stride_kt, stride_kh, stride_vt, stride_vh, IN, DOT, PRECISION)
+        m, denom, acc = _attend(
+            q,
+            K,
+            V,
+            slot,
+            kv_head,
+            dims,
+            ok[:, None] & dim_ok[None, :],
+            ok[None, :],
+            m,
+            denom,
+            acc,
+            scaling,
+            stride_kt,
+            stride_kh,
+            stride_vt,
+            stride_vh,
+            IN,
+            DOT,
+            PRECISION,
+        )
     # The new tokens, causally, up to this block's last query.
     hi = tl.where(active, tl.minimum(seq_len, prefix + (m_block + 1) * BLOCK_M), 0)
     for start in range(prefix_end, hi, BLOCK_N):
@@ -90,13 +118,34 @@ def _extend_kernel(
         ok = pos < hi
         slot = tl.load(KV_indices + kv_start + pos, mask=ok, other=0).to(tl.int64)
         visible = ok[None, :] & (pos[None, :] <= q_pos[:, None])
-        m, denom, acc = _attend(q, K, V, slot, kv_head, dims, ok[:, None] & dim_ok[None, :],
-                                visible, m, denom, acc, scaling,
-                                stride_kt, stride_kh, stride_vt, stride_vh, IN, DOT, PRECISION)
+        m, denom, acc = _attend(
+            q,
+            K,
+            V,
+            slot,
+            kv_head,
+            dims,
+            ok[:, None] & dim_ok[None, :],
+            visible,
+            m,
+            denom,
+            acc,
+            scaling,
+            stride_kt,
+            stride_kh,
+            stride_vt,
+            stride_vh,
+            IN,
+            DOT,
+            PRECISION,
+        )
 
     out = acc / tl.where(denom == 0.0, 1.0, denom)[:, None]
-    tl.store(Out + (q_start + rows)[:, None] * stride_ot + head * stride_oh + dims[None, :],
-             out.to(IN), mask=row_ok[:, None] & dim_ok[None, :])
+    tl.store(
+        Out + (q_start + rows)[:, None] * stride_ot + head * stride_oh + dims[None, :],
+        out.to(IN),
+        mask=row_ok[:, None] & dim_ok[None, :],
+    )
 
 
 def _launch_config(head_dim: int, device: torch.device) -> dict[str, int]:

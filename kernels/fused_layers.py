@@ -30,8 +30,7 @@ def _rmsnorm_kernel(X, R, W, Y, H, stride_x, stride_r, stride_y, stride_h, n_col
     var = tl.sum(x32 * x32, 0) / n_cols
     normed = (x32 * tl.rsqrt(var + eps)).to(X.dtype.element_ty)
     w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
-    tl.store(Y + row * stride_y + cols, (w * normed.to(tl.float32)).to(Y.dtype.element_ty),
-             mask=ok)
+    tl.store(Y + row * stride_y + cols, (w * normed.to(tl.float32)).to(Y.dtype.element_ty), mask=ok)
 
 
 def rmsnorm(
@@ -115,7 +114,8 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     block = min(1024, triton.next_power_of_2(n_cols))
     if n_rows:
         _silu_and_mul_kernel[(n_rows, triton.cdiv(n_cols, block))](
-            gate_up, out, gate_up.stride(0), out.stride(0), n_cols, BLOCK=block)
+            gate_up, out, gate_up.stride(0), out.stride(0), n_cols, BLOCK=block
+        )
     return out
 
 

@@ -18,8 +18,9 @@ Runner = Callable[[dict[str, Any], dict[str, Any]], Any]  # (arguments, defaults
 class ProgramBatch:
     """Runs `runner` once per (arguments, defaults) pair on `workers` threads."""
 
-    def __init__(self, runner: Runner, runs: list[tuple[dict, dict]], workers: int,
-                 progress_bar: bool) -> None:
+    def __init__(
+        self, runner: Runner, runs: list[tuple[dict, dict]], workers: int, progress_bar: bool
+    ) -> None:
         self.runner = runner
         self.runs = runs
         self.workers = workers
@@ -43,8 +44,9 @@ class ProgramBatch:
         if bar is not None:
             bar.close()
 
-    def _submit(self, pool: ThreadPoolExecutor, arguments: dict, defaults: dict,
-                bar: Any) -> Future:
+    def _submit(
+        self, pool: ThreadPoolExecutor, arguments: dict, defaults: dict, bar: Any
+    ) -> Future:
         future = pool.submit(self.runner, arguments, defaults)
         if bar is not None:
             future.add_done_callback(lambda _: bar.update(1))
@@ -55,8 +57,10 @@ def batch_arguments(batch_kwargs: Any, func: Callable, arg_names: list[str]) -> 
     """run_batch's items as dicts of arguments: a dict as it is, a list or tuple as the
     program's arguments in order (as SGLang's)."""
     if not isinstance(batch_kwargs, (list, tuple)):
-        raise TypeError("run_batch: batch_kwargs must be a list of dicts of arguments (or of "
-                        "lists of them in the program's order)")
+        raise TypeError(
+            "run_batch: batch_kwargs must be a list of dicts of arguments (or of "
+            "lists of them in the program's order)"
+        )
     params = inspect.signature(func).parameters
     required = sum(1 for n in arg_names if params[n].default is inspect.Parameter.empty)
     out = []
@@ -66,9 +70,11 @@ def batch_arguments(batch_kwargs: Any, func: Callable, arg_names: list[str]) -> 
         elif isinstance(item, (list, tuple)) and required <= len(item) <= len(arg_names):
             out.append(dict(zip(arg_names, item, strict=False)))  # trailing defaults omitted
         else:
-            raise TypeError(f"run_batch: item {i} must be a dict of arguments or a list of "
-                            f"{required} to {len(arg_names)} values for {arg_names}; got "
-                            f"{item!r}")
+            raise TypeError(
+                f"run_batch: item {i} must be a dict of arguments or a list of "
+                f"{required} to {len(arg_names)} values for {arg_names}; got "
+                f"{item!r}"
+            )
     return out
 
 
@@ -76,8 +82,9 @@ def thread_count(num_threads: int | str, jobs: int) -> int:
     if num_threads == "auto":
         return max(1, min(jobs, max(96, multiprocessing.cpu_count() * 16)))
     if not isinstance(num_threads, int) or isinstance(num_threads, bool) or num_threads < 1:
-        raise ValueError(f"run_batch: num_threads must be 'auto' or an int >= 1, "
-                         f"got {num_threads!r}")
+        raise ValueError(
+            f"run_batch: num_threads must be 'auto' or an int >= 1, got {num_threads!r}"
+        )
     return max(1, min(num_threads, jobs))
 
 

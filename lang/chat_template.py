@@ -35,8 +35,9 @@ class ChatTemplate:
         return cls({r: f"{r}: " for r in ROLES}, {r: "\n" for r in ROLES})
 
     @classmethod
-    def from_jinja(cls, source: str | None, bos_token: str | None = None,
-                   eos_token: str | None = None) -> ChatTemplate:
+    def from_jinja(
+        cls, source: str | None, bos_token: str | None = None, eos_token: str | None = None
+    ) -> ChatTemplate:
         if not source:
             return cls.plain()
         render = _renderer(source, bos_token, eos_token)
@@ -46,10 +47,12 @@ class ChatTemplate:
             convo = [{"role": r, "content": c} for r, c in turns[:i]]
             full = render(convo + [{"role": role, "content": _MARK}])
             if not full.startswith(before) or full.count(_MARK) != 1:
-                logger.warning("the chat template rewrites earlier turns; rendering roles as "
-                               "plain 'role: content' lines instead")
+                logger.warning(
+                    "the chat template rewrites earlier turns; rendering roles as "
+                    "plain 'role: content' lines instead"
+                )
                 return cls.plain()
-            prefix[role], suffix[role] = full[len(before):].split(_MARK)
+            prefix[role], suffix[role] = full[len(before) :].split(_MARK)
             before = render(convo + [{"role": role, "content": content}])
         head = render([{"role": "user", "content": _MARK}]).split(_MARK)[0]
         return cls(prefix, suffix, *_default_system(head, prefix, suffix))
@@ -63,14 +66,15 @@ class ChatTemplate:
         return self.suffix[role]
 
 
-def _default_system(head: str, prefix: dict[str, str],
-                    suffix: dict[str, str]) -> tuple[str, str | None]:
+def _default_system(
+    head: str, prefix: dict[str, str], suffix: dict[str, str]
+) -> tuple[str, str | None]:
     """Out of the text before a lone user turn's content: what precedes the user prefix (the
     default system turn, or just a BOS), and that system turn's content if it is one."""
     if not head.endswith(prefix["user"]):
         return "", None
-    lead = head[:len(head) - len(prefix["user"])]
-    body = lead[len(prefix["system"]):len(lead) - len(suffix["system"])]
+    lead = head[: len(head) - len(prefix["user"])]
+    body = lead[len(prefix["system"]) : len(lead) - len(suffix["system"])]
     if lead.startswith(prefix["system"]) and lead.endswith(suffix["system"]) and body:
         return lead, body
     return lead, None
@@ -83,12 +87,18 @@ def _renderer(source: str, bos_token: str | None, eos_token: str | None):
     def raise_exception(message: str) -> None:
         raise ValueError(f"chat template: {message}")
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+    )
     env.globals["raise_exception"] = raise_exception
     template = env.from_string(source)
 
     def render(messages: list[dict[str, Any]]) -> str:
-        return template.render(messages=messages, add_generation_prompt=False,
-                               bos_token=bos_token or "", eos_token=eos_token or "")
+        return template.render(
+            messages=messages,
+            add_generation_prompt=False,
+            bos_token=bos_token or "",
+            eos_token=eos_token or "",
+        )
+
     return render

@@ -17,18 +17,22 @@ class ChoicesMethod:
     name: str
     requires_unconditional_logprobs: bool = False
 
-    def scores(self, conditional: list[list[float]],
-               unconditional: list[list[float | None]] | None = None) -> list[float]:
+    def scores(
+        self, conditional: list[list[float]], unconditional: list[list[float | None]] | None = None
+    ) -> list[float]:
         """One score per choice; higher is better."""
         if self.name == "token_length_normalized":
             return [mean_logprob(lps) for lps in conditional]
         if self.name == "unconditional_likelihood_normalized":
             if unconditional is None:
-                raise ValueError("unconditional_likelihood_normalized needs the choices' "
-                                 "unconditional logprobs")
+                raise ValueError(
+                    "unconditional_likelihood_normalized needs the choices' unconditional logprobs"
+                )
             # As SGLang: a missing unconditional logprob (the first token's) counts as 0.
-            return [mean_logprob([c - (u or 0.0) for c, u in zip(cond, uncond, strict=True)])
-                    for cond, uncond in zip(conditional, unconditional, strict=True)]
+            return [
+                mean_logprob([c - (u or 0.0) for c, u in zip(cond, uncond, strict=True)])
+                for cond, uncond in zip(conditional, unconditional, strict=True)
+            ]
         if self.name == "greedy_token_selection":
             winner = greedy_winner(conditional)
             return [1.0 if i == winner else 0.0 for i in range(len(conditional))]
@@ -40,10 +44,13 @@ class ChoicesMethod:
 
 token_length_normalized = ChoicesMethod("token_length_normalized")
 greedy_token_selection = ChoicesMethod("greedy_token_selection")
-unconditional_likelihood_normalized = ChoicesMethod("unconditional_likelihood_normalized",
-                                                    requires_unconditional_logprobs=True)
-METHODS = {m.name: m for m in (token_length_normalized, greedy_token_selection,
-                               unconditional_likelihood_normalized)}
+unconditional_likelihood_normalized = ChoicesMethod(
+    "unconditional_likelihood_normalized", requires_unconditional_logprobs=True
+)
+METHODS = {
+    m.name: m
+    for m in (token_length_normalized, greedy_token_selection, unconditional_likelihood_normalized)
+}
 
 
 def greedy_winner(conditional: list[list[float]]) -> int:

@@ -24,8 +24,10 @@ def get_default_backend() -> Backend | None:
 def resolve_backend(backend: Any = None) -> Backend:
     if backend is None:
         if global_config.default_backend is None:
-            raise RuntimeError("no backend: call radixrt.set_default_backend(...) (e.g. with "
-                               "RuntimeEndpoint(url) or Runtime()) or pass backend= to run")
+            raise RuntimeError(
+                "no backend: call radixrt.set_default_backend(...) (e.g. with "
+                "RuntimeEndpoint(url) or Runtime()) or pass backend= to run"
+            )
         return global_config.default_backend
     if isinstance(backend, Backend):
         return backend
@@ -35,8 +37,10 @@ def resolve_backend(backend: Any = None) -> Backend:
         if backend not in _engine_wrappers:
             _engine_wrappers[backend] = EngineBackend(engine=backend)
         return _engine_wrappers[backend]
-    raise TypeError(f"backend must be a RuntimeEndpoint, Runtime, EngineBackend or Engine, got "
-                    f"{type(backend).__name__}")
+    raise TypeError(
+        f"backend must be a RuntimeEndpoint, Runtime, EngineBackend or Engine, got "
+        f"{type(backend).__name__}"
+    )
 
 
 def flush_cache(backend: Any = None) -> bool:

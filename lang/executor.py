@@ -22,8 +22,12 @@ from radixrt.lang.speculative import Speculation
 from radixrt.lang.stream_meta import StreamMeta, merge_chunks, with_logprob_length
 
 _END = object()
-REQUEST_OPTIONS = ("return_logprob", "logprob_start_len", "top_logprobs_num",
-                   "return_text_in_logprobs")
+REQUEST_OPTIONS = (
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "return_text_in_logprobs",
+)
 
 
 class ProgramLog:
@@ -44,15 +48,25 @@ class ProgramLog:
 def summarize(requests: list[dict[str, Any]]) -> dict[str, Any]:
     prompt = sum(m.get("prompt_tokens", 0) for m in requests)
     cached = sum(m.get("cached_tokens", 0) for m in requests)
-    return {"num_requests": len(requests), "prompt_tokens": prompt, "cached_tokens": cached,
-            "completion_tokens": sum(m.get("completion_tokens", 0) for m in requests),
-            "cache_hit_rate": cached / prompt if prompt else 0.0}
+    return {
+        "num_requests": len(requests),
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "completion_tokens": sum(m.get("completion_tokens", 0) for m in requests),
+        "cache_hit_rate": cached / prompt if prompt else 0.0,
+    }
 
 
 class StreamExecutor:
-    def __init__(self, backend: Backend, chat_template: ChatTemplate, defaults: dict[str, Any],
-                 stream: bool = False, log: ProgramLog | None = None,
-                 spec_tokens: int | None = None) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        chat_template: ChatTemplate,
+        defaults: dict[str, Any],
+        stream: bool = False,
+        log: ProgramLog | None = None,
+        spec_tokens: int | None = None,
+    ) -> None:
         self.backend = backend
         # num_api_spec_tokens (radixrt.lang.speculative); not inherited by forks, as SGLang's
         self.speculation = Speculation(spec_tokens) if spec_tokens and not stream else None
@@ -86,8 +100,7 @@ class StreamExecutor:
         with self._cond:
             self._pending += 1
         if self._thread is None:
-            self._thread = threading.Thread(target=self._work, daemon=True,
-                                             name="radixrt-program")
+            self._thread = threading.Thread(target=self._work, daemon=True, name="radixrt-program")
             self._thread.start()
         self._queue.put(expr)
 
@@ -126,8 +139,9 @@ class StreamExecutor:
         if self.error is not None:
             raise self.error
         known = ", ".join(sorted(self.variables)) or "none"
-        raise KeyError(f"variable {name!r} was never produced by this program "
-                       f"(its variables: {known})")
+        raise KeyError(
+            f"variable {name!r} was never produced by this program (its variables: {known})"
+        )
 
     def set_var(self, name: str, value: Any) -> None:
         with self._cond:
@@ -153,8 +167,7 @@ class StreamExecutor:
         pos, pending = 0, None
         while True:
             with self._cond:
-                self._cond.wait_for(lambda seen=pos: seen < len(self.chunks)
-                                    or self._finished(var))
+                self._cond.wait_for(lambda seen=pos: seen < len(self.chunks) or self._finished(var))
                 new, pos = self.chunks[pos:], len(self.chunks)
                 finished = self._finished(var) and pos == len(self.chunks)
             for name, text, meta in new:
@@ -173,12 +186,12 @@ class StreamExecutor:
                 return
 
     def _finished(self, var: str | None) -> bool:
-        return self._done or self.error is not None or (var is not None
-                                                         and var in self.variables)
+        return self._done or self.error is not None or (var is not None and var in self.variables)
 
     def _copy(self) -> StreamExecutor:
-        child = StreamExecutor(self.backend, self.chat_template, self.defaults, self.stream,
-                               self.log)
+        child = StreamExecutor(
+            self.backend, self.chat_template, self.defaults, self.stream, self.log
+        )
         child.text_ = self.text_
         child.variables = dict(self.variables)
         child.meta_info = dict(self.meta_info)
@@ -223,13 +236,13 @@ class StreamExecutor:
         elif isinstance(expr, ir.VarScopeBegin):
             self.scopes[expr.name] = len(self.text_)
         elif isinstance(expr, ir.VarScopeEnd):
-            self.set_var(expr.name, self.text_[self.scopes.pop(expr.name):])
+            self.set_var(expr.name, self.text_[self.scopes.pop(expr.name) :])
         elif isinstance(expr, ir.SeparateReasoning):
             self._separate_reasoning(expr)
         elif isinstance(expr, ir.ConcatAndAppend):
             for fork in expr.forks:
                 fork.sync()
-                self._append(fork.text_[fork.fork_start:])
+                self._append(fork.text_[fork.fork_start :])
         else:
             raise TypeError(f"unknown expression {expr!r}")
 
@@ -252,15 +265,14 @@ class StreamExecutor:
         if not self.messages_ and role != "system":
             self._fill(template.default_system)
             if template.default_system_prompt is not None:
-                self.messages_.append({"role": "system",
-                                       "content": template.default_system_prompt})
+                self.messages_.append({"role": "system", "content": template.default_system_prompt})
         self._fill(template.begin(role))
         self.cur_role, self.role_start = role, len(self.text_)
 
     def _role_end(self, role: str) -> None:
         if self.cur_role != role:
             raise ValueError(f"cannot end a {role} turn: the current turn is {self.cur_role}")
-        self.messages_.append({"role": role, "content": self.text_[self.role_start:]})
+        self.messages_.append({"role": role, "content": self.text_[self.role_start :]})
         self.cur_role = None
         self._fill(self.chat_template.end(role))
 
@@ -273,7 +285,8 @@ class StreamExecutor:
             metas = [meta] if meta else []
         elif self.speculation is not None and params.get("n", 1) == 1:
             value, meta = self.speculation.gen(
-                lambda p: self.backend.generate(self.text_, p, **options), params)
+                lambda p: self.backend.generate(self.text_, p, **options), params
+            )
             metas = [meta] if meta else []
             self._append(value, name, meta)
         else:
@@ -309,8 +322,9 @@ class StreamExecutor:
         if not params.get("stop_regex"):
             params.pop("stop_regex", None)
         params.setdefault("skip_special_tokens", global_config.skip_special_tokens_in_output)
-        params.setdefault("spaces_between_special_tokens",
-                          global_config.spaces_between_special_tokens_in_out)
+        params.setdefault(
+            "spaces_between_special_tokens", global_config.spaces_between_special_tokens_in_out
+        )
         return params
 
     def _separate_reasoning(self, expr: ir.SeparateReasoning) -> None:
@@ -318,24 +332,27 @@ class StreamExecutor:
         reasoning, and the turn's text goes on with the answer alone."""
         model_type = expr.model_type or model_type_of(self.backend.model_path())
         if model_type is None:
-            raise ValueError(f"separate_reasoning: the served model "
-                             f"({self.backend.model_path()}) has no known reasoning format; "
-                             f"give model_type= (radixrt.lang.reasoning.REASONING_FORMATS)")
+            raise ValueError(
+                f"separate_reasoning: the served model "
+                f"({self.backend.model_path()}) has no known reasoning format; "
+                f"give model_type= (radixrt.lang.reasoning.REASONING_FORMATS)"
+            )
         for name in expr.names:
             original = self.variables[name]
             reasoning, answer = split_reasoning(original, model_type)
             with self._cond:
                 if self.cur_role is not None:  # the turn so far becomes the answer
-                    self.text_ = self.text_[:self.role_start] + answer
+                    self.text_ = self.text_[: self.role_start] + answer
                 elif self.text_.endswith(original):
-                    self.text_ = self.text_[:len(self.text_) - len(original)] + answer
+                    self.text_ = self.text_[: len(self.text_) - len(original)] + answer
             self.set_var(name + "_reasoning_content", reasoning)
             self.set_var(name, answer)
 
     def _select(self, expr: ir.Select) -> None:
         name = expr.name or f"select_{len(self.variables)}"
-        decision = self.backend.select(self.text_, expr.choices, expr.temperature,
-                                       expr.choices_method)
+        decision = self.backend.select(
+            self.text_, expr.choices, expr.temperature, expr.choices_method
+        )
         self.log.add(decision.requests)
         self._append(expr.choices[decision.index], name, decision.meta_info)
         self.meta_info[name] = decision.meta_info

@@ -21,9 +21,14 @@ class GlobalConfig:
       append") always appends the branches' text (no KV concatenation), so it has no effect.
     """
 
-    FIELDS = ("default_backend", "verbosity", "skip_special_tokens_in_output",
-              "spaces_between_special_tokens_in_out", "enable_precache_with_tracing",
-              "enable_parallel_encoding")
+    FIELDS = (
+        "default_backend",
+        "verbosity",
+        "skip_special_tokens_in_output",
+        "spaces_between_special_tokens_in_out",
+        "enable_precache_with_tracing",
+        "enable_parallel_encoding",
+    )
 
     def __init__(self) -> None:
         self._default_backend = None
@@ -45,8 +50,9 @@ class GlobalConfig:
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name != "_default_backend" and name not in self.FIELDS:
-            raise AttributeError(f"global_config has no field {name!r}; its fields: "
-                                 f"{', '.join(self.FIELDS)}")
+            raise AttributeError(
+                f"global_config has no field {name!r}; its fields: {', '.join(self.FIELDS)}"
+            )
         super().__setattr__(name, value)
 
     def __repr__(self) -> str:

@@ -19,11 +19,18 @@ REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+[ \n]*"
 REGEX_BOOL = r"(True|False)"
 REGEX_STR = r"\"[\w\d\s]*\""
 REGEX_STRING = REGEX_STR  # radixrt's earlier name
-DTYPES = {"int": (REGEX_INT, (" ", "\n")), "float": (REGEX_FLOAT, (" ", "\n")),
-          "bool": (REGEX_BOOL, ()), "str": (REGEX_STR, ())}
+DTYPES = {
+    "int": (REGEX_INT, (" ", "\n")),
+    "float": (REGEX_FLOAT, (" ", "\n")),
+    "bool": (REGEX_BOOL, ()),
+    "str": (REGEX_STR, ()),
+}
 
-CHOICES_METHODS = ("token_length_normalized", "greedy_token_selection",
-                   "unconditional_likelihood_normalized")
+CHOICES_METHODS = (
+    "token_length_normalized",
+    "greedy_token_selection",
+    "unconditional_likelihood_normalized",
+)
 
 
 class Expr:
@@ -57,6 +64,7 @@ class Gen(Expr):
     """Generate text into variable `name`. `params` holds only what the caller set; the rest
     comes from `run(...)`'s defaults. Request-level options (logprobs) sit in `params` too.
     `extra_stop` is added to whatever stop applies (gen(dtype=int|float)'s " " and "\n")."""
+
     name: str | None
     params: dict[str, Any] = field(default_factory=dict)
     extra_stop: tuple[str, ...] = ()
@@ -65,6 +73,7 @@ class Gen(Expr):
 @dataclass(eq=False)
 class SeparateReasoning(Expr):
     """Split the reasoning out of the variables `names` (see radixrt.lang.reasoning)."""
+
     model_type: str | None
     names: list[str]
 
@@ -72,6 +81,7 @@ class SeparateReasoning(Expr):
 @dataclass(eq=False)
 class Select(Expr):
     """Pick one of `choices` by scoring each against the text so far."""
+
     name: str | None
     choices: list[str]
     temperature: float = 0.0
@@ -101,6 +111,7 @@ class VarScopeEnd(Expr):
 @dataclass(eq=False)
 class ConcatAndAppend(Expr):
     """Append, in order, the text each fork added after the fork point (join's second mode)."""
+
     forks: list[Any]
 
 
@@ -111,22 +122,39 @@ def to_expr(value: Any) -> Expr:
         return Text(value)
     if isinstance(value, (int, float)):
         return Text(str(value))
-    raise TypeError(f"cannot append a {type(value).__name__} to a program state; append str or "
-                    "an expression (gen, select, a role, ...)")
+    raise TypeError(
+        f"cannot append a {type(value).__name__} to a program state; append str or "
+        "an expression (gen, select, a role, ...)"
+    )
 
 
-def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int | None = None,
-        n: int | None = None, stop: str | list[str] | None = None,
-        stop_token_ids: list[int] | None = None, stop_regex: str | list[str] | None = None,
-        temperature: float | None = None, top_p: float | None = None,
-        top_k: int | None = None, min_p: float | None = None,
-        frequency_penalty: float | None = None, presence_penalty: float | None = None,
-        ignore_eos: bool | None = None, return_logprob: bool | None = None,
-        logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
-        return_text_in_logprobs: bool | None = None, dtype: type | str | None = None,
-        choices: list[str] | None = None, choices_method: Any = None,
-        regex: str | None = None, json_schema: str | dict | Any | None = None, *,
-        seed: int | None = None) -> Expr:
+def gen(
+    name: str | None = None,
+    max_tokens: int | None = None,
+    min_tokens: int | None = None,
+    n: int | None = None,
+    stop: str | list[str] | None = None,
+    stop_token_ids: list[int] | None = None,
+    stop_regex: str | list[str] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    ignore_eos: bool | None = None,
+    return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
+    dtype: type | str | None = None,
+    choices: list[str] | None = None,
+    choices_method: Any = None,
+    regex: str | None = None,
+    json_schema: str | dict | Any | None = None,
+    *,
+    seed: int | None = None,
+) -> Expr:
     """Generate into variable `name` (with `choices`, a `select` instead); the positional
     order is SGLang's. `regex` and `json_schema` (a JSON string, a dict, or a pydantic model
     class) constrain the output; `stop_regex` ends it where a regex matches (the match is not
@@ -134,8 +162,7 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
     if choices:
         if regex is not None or json_schema is not None:
             raise ValueError("gen: choices cannot be combined with regex or json_schema")
-        return select(name, choices, temperature=temperature or 0.0,
-                      choices_method=choices_method)
+        return select(name, choices, temperature=temperature or 0.0, choices_method=choices_method)
     if regex is not None and json_schema is not None:
         raise ValueError("gen: give at most one of regex and json_schema")
     extra_stop: tuple[str, ...] = ()
@@ -143,42 +170,82 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
         if json_schema is not None:
             raise ValueError("gen: dtype cannot be combined with json_schema")
         if regex is not None:  # as SGLang: the dtype wins
-            warnings.warn(f"gen: both dtype and regex are set; only dtype={dtype!r} is used",
-                          stacklevel=2)
+            warnings.warn(
+                f"gen: both dtype and regex are set; only dtype={dtype!r} is used", stacklevel=2
+            )
         regex, extra_stop = _dtype_regex(dtype)
-    params = {"max_new_tokens": max_tokens, "min_new_tokens": min_tokens, "n": n, "stop": stop,
-              "stop_token_ids": stop_token_ids, "stop_regex": stop_regex,
-              "temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
-              "frequency_penalty": frequency_penalty, "presence_penalty": presence_penalty,
-              "ignore_eos": ignore_eos, "seed": seed, "return_logprob": return_logprob,
-              "logprob_start_len": logprob_start_len, "top_logprobs_num": top_logprobs_num,
-              "return_text_in_logprobs": return_text_in_logprobs, "regex": regex,
-              "json_schema": _schema_text(json_schema)}
+    params = {
+        "max_new_tokens": max_tokens,
+        "min_new_tokens": min_tokens,
+        "n": n,
+        "stop": stop,
+        "stop_token_ids": stop_token_ids,
+        "stop_regex": stop_regex,
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k,
+        "min_p": min_p,
+        "frequency_penalty": frequency_penalty,
+        "presence_penalty": presence_penalty,
+        "ignore_eos": ignore_eos,
+        "seed": seed,
+        "return_logprob": return_logprob,
+        "logprob_start_len": logprob_start_len,
+        "top_logprobs_num": top_logprobs_num,
+        "return_text_in_logprobs": return_text_in_logprobs,
+        "regex": regex,
+        "json_schema": _schema_text(json_schema),
+    }
     return Gen(name, {k: v for k, v in params.items() if v is not None}, extra_stop)
 
 
-def gen_int(name: str | None = None, max_tokens: int | None = None, n: int | None = None,
-            stop: str | list[str] | None = None, stop_token_ids: list[int] | None = None,
-            stop_regex: str | list[str] | None = None, temperature: float | None = None,
-            top_p: float | None = None, top_k: int | None = None, min_p: float | None = None,
-            frequency_penalty: float | None = None, presence_penalty: float | None = None,
-            ignore_eos: bool | None = None, return_logprob: bool | None = None,
-            logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
-            return_text_in_logprobs: bool | None = None, *, seed: int | None = None) -> Expr:
+def gen_int(
+    name: str | None = None,
+    max_tokens: int | None = None,
+    n: int | None = None,
+    stop: str | list[str] | None = None,
+    stop_token_ids: list[int] | None = None,
+    stop_regex: str | list[str] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    ignore_eos: bool | None = None,
+    return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
+    *,
+    seed: int | None = None,
+) -> Expr:
     """Generate an integer (REGEX_INT; it ends at a space or newline, which is not kept), as
     SGLang's gen_int; the value is its text, e.g. "42"."""
     return gen(dtype=int, **_own_arguments(locals()))
 
 
-def gen_string(name: str | None = None, max_tokens: int | None = None, n: int | None = None,
-               stop: str | list[str] | None = None, stop_token_ids: list[int] | None = None,
-               stop_regex: str | list[str] | None = None, temperature: float | None = None,
-               top_p: float | None = None, top_k: int | None = None,
-               min_p: float | None = None, frequency_penalty: float | None = None,
-               presence_penalty: float | None = None, ignore_eos: bool | None = None,
-               return_logprob: bool | None = None, logprob_start_len: int | None = None,
-               top_logprobs_num: int | None = None, return_text_in_logprobs: bool | None = None,
-               *, seed: int | None = None) -> Expr:
+def gen_string(
+    name: str | None = None,
+    max_tokens: int | None = None,
+    n: int | None = None,
+    stop: str | list[str] | None = None,
+    stop_token_ids: list[int] | None = None,
+    stop_regex: str | list[str] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    ignore_eos: bool | None = None,
+    return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
+    *,
+    seed: int | None = None,
+) -> Expr:
     """Generate a double-quoted string of words and spaces (REGEX_STR, quotes included), as
     SGLang's gen_string."""
     return gen(dtype=str, **_own_arguments(locals()))
@@ -188,8 +255,12 @@ def _own_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in arguments.items() if v is not None}
 
 
-def select(name: str | None = None, choices: list[str] | None = None,
-           temperature: float = 0.0, choices_method: Any = None) -> Select:
+def select(
+    name: str | None = None,
+    choices: list[str] | None = None,
+    temperature: float = 0.0,
+    choices_method: Any = None,
+) -> Select:
     """Choose among `choices`; the scoring `choices_method` is one of CHOICES_METHODS (a name
     or the object of that name exported by radixrt)."""
     if not choices or not all(isinstance(c, str) for c in choices):
@@ -198,8 +269,10 @@ def select(name: str | None = None, choices: list[str] | None = None,
         raise ValueError(f"select: temperature must be >= 0, got {temperature}")
     method = getattr(choices_method, "name", choices_method) or "token_length_normalized"
     if method not in CHOICES_METHODS:
-        raise ValueError(f"select: choices_method must be one of {', '.join(CHOICES_METHODS)}; "
-                         f"got {choices_method!r}")
+        raise ValueError(
+            f"select: choices_method must be one of {', '.join(CHOICES_METHODS)}; "
+            f"got {choices_method!r}"
+        )
     return Select(name, list(choices), float(temperature), method)
 
 
@@ -207,8 +280,9 @@ def _dtype_regex(dtype: type | str) -> tuple[str, tuple[str, ...]]:
     """(regex, extra stops) of a gen dtype."""
     key = dtype.__name__ if isinstance(dtype, type) else dtype
     if key not in DTYPES:
-        raise ValueError(f"gen: dtype must be one of int, float, bool, str (the type or its "
-                         f"name), got {dtype!r}")
+        raise ValueError(
+            f"gen: dtype must be one of int, float, bool, str (the type or its name), got {dtype!r}"
+        )
     return DTYPES[key]
 
 
@@ -220,8 +294,10 @@ def _schema_text(schema: Any) -> str | None:
         schema = schema.model_json_schema()
     if isinstance(schema, dict):
         return json.dumps(schema)
-    raise TypeError(f"gen: json_schema must be a JSON string, a dict or a pydantic model, "
-                    f"got {type(schema).__name__}")
+    raise TypeError(
+        f"gen: json_schema must be a JSON string, a dict or a pydantic model, "
+        f"got {type(schema).__name__}"
+    )
 
 
 # -- chat roles ---------------------------------------------------------------------------------
@@ -281,8 +357,10 @@ def separate_reasoning(expr: Any = None, model_type: str | None = None) -> Expr:
         check_model_type(model_type)
     names = _generated_names(to_expr(expr)) if expr is not None else []
     if not names:
-        raise ValueError("separate_reasoning: expr must contain a gen or select with a name "
-                         "(its variable is what gets split)")
+        raise ValueError(
+            "separate_reasoning: expr must contain a gen or select with a name "
+            "(its variable is what gets split)"
+        )
     return ExprList([to_expr(expr), SeparateReasoning(model_type, names)])
 
 
@@ -296,11 +374,15 @@ def _generated_names(expr: Expr) -> list[str]:
 
 def image(path: Any = None, *args: Any, **kwargs: Any) -> Expr:
     """Not supported: radixrt serves text-only models (SGLang's image() needs a vision model)."""
-    raise NotImplementedError("radixrt.image: multimodal input is not supported (radixrt serves "
-                              "text-only models); remove the image from the program")
+    raise NotImplementedError(
+        "radixrt.image: multimodal input is not supported (radixrt serves "
+        "text-only models); remove the image from the program"
+    )
 
 
 def video(path: Any = None, num_frames: int | None = None, *args: Any, **kwargs: Any) -> Expr:
     """Not supported: radixrt serves text-only models."""
-    raise NotImplementedError("radixrt.video: multimodal input is not supported (radixrt serves "
-                              "text-only models); remove the video from the program")
+    raise NotImplementedError(
+        "radixrt.video: multimodal input is not supported (radixrt serves "
+        "text-only models); remove the video from the program"
+    )

@@ -33,9 +33,15 @@ REASONING_FORMATS: dict[str, ReasoningFormat] = {
     "kimi": ReasoningFormat("\u25c1think\u25b7", "\u25c1/think\u25b7", forced=False),
 }
 # Model paths that name a reasoning model (checked in order; the first match wins).
-_PATH_PATTERNS = [(r"deepseek-r1", "deepseek-r1"), (r"qwen3.*thinking", "qwen3-thinking"),
-                  (r"qwen3|qwq", "qwen3"), (r"glm-?4\.5", "glm45"), (r"kimi", "kimi"),
-                  (r"step-?3", "step3"), (r"minimax-m", "minimax")]
+_PATH_PATTERNS = [
+    (r"deepseek-r1", "deepseek-r1"),
+    (r"qwen3.*thinking", "qwen3-thinking"),
+    (r"qwen3|qwq", "qwen3"),
+    (r"glm-?4\.5", "glm45"),
+    (r"kimi", "kimi"),
+    (r"step-?3", "step3"),
+    (r"minimax-m", "minimax"),
+]
 
 
 class ReasoningSplit(NamedTuple):
@@ -47,8 +53,10 @@ def check_model_type(model_type: str) -> ReasoningFormat:
     """The format of `model_type`; ValueError naming the allowed values otherwise."""
     fmt = REASONING_FORMATS.get(str(model_type).lower())
     if fmt is None:
-        raise ValueError(f"separate_reasoning: model_type must be one of "
-                         f"{', '.join(REASONING_FORMATS)}; got {model_type!r}")
+        raise ValueError(
+            f"separate_reasoning: model_type must be one of "
+            f"{', '.join(REASONING_FORMATS)}; got {model_type!r}"
+        )
     return fmt
 
 
@@ -68,7 +76,7 @@ def split_reasoning(text: str, model_type: str) -> ReasoningSplit:
         return ReasoningSplit("", text)
     body = text
     while body.startswith(fmt.start):
-        body = body[len(fmt.start):]
+        body = body[len(fmt.start) :]
     if fmt.end not in body:
         return ReasoningSplit(body, "")
     reasoning, answer = body.split(fmt.end, 1)

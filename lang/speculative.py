@@ -19,6 +19,7 @@ from typing import Any
 @dataclass
 class TokenUsage:
     """Prompt and completion tokens of every request a backend sent (SGLang's token_usage)."""
+
     prompt_tokens: int = 0
     completion_tokens: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -41,10 +42,11 @@ class Speculation:
     def on_fill(self, value: str) -> None:
         """The program appended constant text: consume it from the speculated text if it
         matches, else the speculation was wrong and is dropped."""
-        self.text = self.text[len(value):] if self.text.startswith(value) else ""
+        self.text = self.text[len(value) :] if self.text.startswith(value) else ""
 
-    def gen(self, generate: Callable[[dict[str, Any]], dict[str, Any]],
-            params: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
+    def gen(
+        self, generate: Callable[[dict[str, Any]], dict[str, Any]], params: dict[str, Any]
+    ) -> tuple[str, dict[str, Any] | None]:
         """(this gen's text, the meta_info of the request made, or None if none was)."""
         max_chars = params.get("max_new_tokens", 128)
         stops = params.get("stop") or []

@@ -60,8 +60,7 @@ class ProgramState(Appending):
     def fork(self, size: int = 1) -> ProgramStateGroup:
         """`size` branches that continue from here, each on its own thread; the text so far is
         prefilled once (when size > 1) so the branches share it through the radix cache."""
-        return ProgramStateGroup([ProgramState(e) for e in self.stream_executor.fork(size)],
-                                 self)
+        return ProgramStateGroup([ProgramState(e) for e in self.stream_executor.fork(size)], self)
 
     def copy(self) -> ProgramState:
         """An independent continuation of this state. Also SGLang's form, a context manager:
@@ -131,15 +130,17 @@ class ProgramState(Appending):
         after the program ended, all of it."""
         return self.stream_executor.iter_chunks(var_name)
 
-    async def text_async_iter(self, var_name: str | None = None,
-                              return_meta_data: bool = False) -> AsyncIterator[Any]:
+    async def text_async_iter(
+        self, var_name: str | None = None, return_meta_data: bool = False
+    ) -> AsyncIterator[Any]:
         """text_iter for asyncio. With return_meta_data (and a var_name), (text, meta_info)
         pairs as SGLang's: each pair's output_token_logprobs (and output_top_logprobs) are
         that chunk's new entries; completion_tokens and output_token_logprobs_length count
         from the start of the gen."""
         if return_meta_data and var_name is None:
-            raise ValueError("text_async_iter: return_meta_data needs a var_name (meta info "
-                             "belongs to one gen)")
+            raise ValueError(
+                "text_async_iter: return_meta_data needs a var_name (meta info belongs to one gen)"
+            )
         chunks = self.stream_executor.iter_chunks(var_name, with_meta=return_meta_data)
         done = object()
         while (piece := await asyncio.to_thread(next, chunks, done)) is not done:
@@ -168,8 +169,10 @@ class ProgramStateGroup:
     def __setitem__(self, i: int, value: Any) -> None:
         """`forks[i] += expr` assigns the branch back to itself; nothing else may be put."""
         if value is not self.states[i]:
-            raise TypeError(f"forks[{i}] = ...: a fork's branches cannot be replaced; append "
-                            f"to one with forks[{i}] += expr")
+            raise TypeError(
+                f"forks[{i}] = ...: a fork's branches cannot be replaced; append "
+                f"to one with forks[{i}] += expr"
+            )
 
     def __iadd__(self, other: Any) -> ProgramStateGroup:
         """An expression or str goes to every branch; a list or tuple gives one item per
@@ -179,8 +182,10 @@ class ProgramStateGroup:
                 state += other(i)
         elif isinstance(other, (list, tuple)):
             if len(other) != len(self.states):
-                raise ValueError(f"forks += list: expected {len(self.states)} items (one per "
-                                 f"branch), got {len(other)}")
+                raise ValueError(
+                    f"forks += list: expected {len(self.states)} items (one per "
+                    f"branch), got {len(other)}"
+                )
             for state, item in zip(self.states, other, strict=True):
                 state += item
         else:
@@ -198,17 +203,22 @@ class ProgramStateGroup:
         if mode == "gather_variable":
             parent.sync()
             # Variables a branch made or remade (not the ones it inherited untouched).
-            names = {n for s in self.states for n, v in s.stream_executor.variables.items()
-                     if n not in parent.variables or v is not parent.variables[n]}
+            names = {
+                n
+                for s in self.states
+                for n, v in s.stream_executor.variables.items()
+                if n not in parent.variables or v is not parent.variables[n]
+            }
             for name in sorted(names):
-                parent.set_var(name, [s.stream_executor.variables.get(name)
-                                      for s in self.states])
-                parent.meta_info[name] = [s.stream_executor.meta_info.get(name)
-                                          for s in self.states]
+                parent.set_var(name, [s.stream_executor.variables.get(name) for s in self.states])
+                parent.meta_info[name] = [
+                    s.stream_executor.meta_info.get(name) for s in self.states
+                ]
         elif mode == "concate_and_append":
             self.parent += ir.ConcatAndAppend([s.stream_executor for s in self.states])
         else:
-            raise ValueError(f"join: mode must be 'gather_variable' or 'concate_and_append', "
-                             f"got {mode!r}")
+            raise ValueError(
+                f"join: mode must be 'gather_variable' or 'concate_and_append', got {mode!r}"
+            )
         for state in self.states:
             state.stream_executor.end()

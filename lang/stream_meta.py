@@ -64,5 +64,5 @@ def _new_entries(got: list, have: list, completion_tokens: int | None) -> list:
     if completion_tokens is not None:
         cumulative = len(got) == completion_tokens
     else:
-        cumulative = got[:len(have)] == have
-    return got[len(have):] if cumulative else got
+        cumulative = got[: len(have)] == have
+    return got[len(have) :] if cumulative else got

@@ -104,8 +104,9 @@ class _TracerGroup(list):
         pass
 
 
-def trace(func: Callable, name: str, arguments: dict[str, Any],
-          prefix_only: bool = False) -> ProgramIR:
+def trace(
+    func: Callable, name: str, arguments: dict[str, Any], prefix_only: bool = False
+) -> ProgramIR:
     """Record func(state, **arguments); with prefix_only, stop at the first generation."""
     nodes: list[ir.Expr] = []
     with contextlib.suppress(StopTracing):

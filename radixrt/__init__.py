@@ -38,10 +38,12 @@ def __getattr__(name: str) -> Any:
     if not name.startswith("_") and name in _lang_names():
         return getattr(importlib.import_module("radixrt.lang"), name)
     if name in _SGLANG_API_BACKENDS:
-        raise AttributeError(f"module 'radixrt' has no attribute {name!r}: radixrt runs "
-                             "programs on its own runtime (RuntimeEndpoint, Runtime, "
-                             "EngineBackend), not on API backends such as SGLang's "
-                             f"{', '.join(_SGLANG_API_BACKENDS)}")
+        raise AttributeError(
+            f"module 'radixrt' has no attribute {name!r}: radixrt runs "
+            "programs on its own runtime (RuntimeEndpoint, Runtime, "
+            "EngineBackend), not on API backends such as SGLang's "
+            f"{', '.join(_SGLANG_API_BACKENDS)}"
+        )
     raise AttributeError(f"module 'radixrt' has no attribute {name!r}")
 
 

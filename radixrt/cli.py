@@ -16,8 +16,11 @@ def build_parser() -> argparse.ArgumentParser:
     ServerArgs.add_cli_args(launch)
     gen = sub.add_parser("generate", help="generate text for one prompt with the offline engine")
     gen.add_argument("--prompt", required=True, help="the prompt text")
-    gen.add_argument("--sampling-params", default="{}",
-                     help='JSON dict, e.g. \'{"temperature": 0, "max_new_tokens": 32}\'')
+    gen.add_argument(
+        "--sampling-params",
+        default="{}",
+        help='JSON dict, e.g. \'{"temperature": 0, "max_new_tokens": 32}\'',
+    )
     gen.add_argument("--stream", action="store_true", help="print text as it is generated")
     ServerArgs.add_cli_args(gen)
     return parser

@@ -39,12 +39,20 @@ STOP_POLL_S = 0.1  # how often an idle detokenizer thread checks whether to stop
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Any, skip_special_tokens: bool = True,
-                 spaces_between_special_tokens: bool = True, stop: list[str] | None = None,
-                 no_stop_trim: bool = False, stop_regex: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+        stop: list[str] | None = None,
+        no_stop_trim: bool = False,
+        stop_regex: list[str] | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
-        self.decode_kwargs = {"skip_special_tokens": skip_special_tokens,
-                              "spaces_between_special_tokens": spaces_between_special_tokens}
+        self.decode_kwargs = {
+            "skip_special_tokens": skip_special_tokens,
+            "spaces_between_special_tokens": spaces_between_special_tokens,
+        }
         self.stop = stop or []
         self.max_stop = max((len(s) for s in self.stop), default=0)
         self.no_stop_trim = no_stop_trim
@@ -62,11 +70,11 @@ class IncrementalDetokenizer:
         """Move the ids after `read` into `text`, unless they end inside a UTF-8 character."""
         if self.read == len(self.ids):
             return
-        before = self._decode(self.ids[self.surr:self.read])
-        full = self._decode(self.ids[self.surr:])
+        before = self._decode(self.ids[self.surr : self.read])
+        full = self._decode(self.ids[self.surr :])
         if full.endswith("\ufffd") and not allow_partial:
             return  # a multi-byte character is not complete yet
-        self.text += full[len(before):]
+        self.text += full[len(before) :]
         self.surr, self.read = self.read, len(self.ids)
 
     def add(self, new_ids: list[int]) -> str:
@@ -80,8 +88,12 @@ class IncrementalDetokenizer:
     def finish(self, new_ids: list[int], finish_reason: dict | None) -> str:
         """Take the request's last ids (instead of `add`); return the final text delta."""
         matched = (finish_reason or {}).get("matched")
-        if isinstance(matched, int) and not self.no_stop_trim and new_ids and \
-                new_ids[-1] == matched:
+        if (
+            isinstance(matched, int)
+            and not self.no_stop_trim
+            and new_ids
+            and new_ids[-1] == matched
+        ):
             new_ids = new_ids[:-1]  # the stop token's own text is not part of the output
         self.ids.extend(new_ids)
         self._advance(allow_partial=True)
@@ -120,8 +132,11 @@ class IncrementalDetokenizer:
         try:
             return rx.search(text, pos, partial=partial, timeout=REGEX_TIMEOUT_S)
         except TimeoutError:
-            logger.warning("stop_regex %r took over %g s to search: no longer applied to this "
-                           "request", rx.pattern, REGEX_TIMEOUT_S)
+            logger.warning(
+                "stop_regex %r took over %g s to search: no longer applied to this request",
+                rx.pattern,
+                REGEX_TIMEOUT_S,
+            )
             self.stop_regex.remove(rx)
             return None
 
@@ -138,7 +153,7 @@ class IncrementalDetokenizer:
     def _delta(self, text: str) -> str:
         if len(text) < self.sent:  # can happen when a token merges with the next one
             return ""
-        delta = text[self.sent:]
+        delta = text[self.sent :]
         self.sent = len(text)
         return delta
 
@@ -157,9 +172,14 @@ class Detokenizer:
         state = self.states.get(out.rid)
         if state is None:
             p = out.detok or DetokParams()
-            state = IncrementalDetokenizer(self.tokenizer, p.skip_special_tokens,
-                                           p.spaces_between_special_tokens, p.stop,
-                                           p.no_stop_trim, p.stop_regex)
+            state = IncrementalDetokenizer(
+                self.tokenizer,
+                p.skip_special_tokens,
+                p.spaces_between_special_tokens,
+                p.stop,
+                p.no_stop_trim,
+                p.stop_regex,
+            )
             self.states[out.rid] = state
         if out.finished:
             out.text = state.finish(out.new_output_ids, out.finish_reason)
@@ -179,8 +199,9 @@ class Detokenizer:
         return encode(msg)
 
 
-def serve(transport: Transport, detok: Detokenizer,
-          stopped: Callable[[], bool] | None = None) -> None:
+def serve(
+    transport: Transport, detok: Detokenizer, stopped: Callable[[], bool] | None = None
+) -> None:
     """Forward every message from the scheduler to the frontend, its text filled in, until
     `stopped()` says so (asked when nothing is pending, so what the scheduler sent last still
     goes out; None: forever). Raises what went wrong; the caller reports it (`failure`)."""

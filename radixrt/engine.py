@@ -69,8 +69,9 @@ class Engine:
     laid out the same way (handy in tests and notebooks; slower on the CPU when this process
     also runs torch)."""
 
-    def __init__(self, model_path: str | None = None, *, in_process: bool = False,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, model_path: str | None = None, *, in_process: bool = False, **kwargs: Any
+    ) -> None:
         self.server_args = args = ServerArgs.from_kwargs(model_path=model_path, **kwargs)
         logging.basicConfig(level=args.log_level.upper())
         self._handle, self.tokenizer = start_backend(args, in_process)
@@ -87,8 +88,9 @@ class Engine:
         self.observer: Callable[[ReqState, Any], None] | None = None
         self.on_death: Callable[[SchedulerDied], None] | None = None
         self.info = self._handle.info
-        self._dispatch_thread = threading.Thread(target=self._dispatch, daemon=True,
-                                                 name="radixrt-dispatch")
+        self._dispatch_thread = threading.Thread(
+            target=self._dispatch, daemon=True, name="radixrt-dispatch"
+        )
         self._dispatch_thread.start()
         _LIVE_ENGINES.add(self)
 
@@ -103,9 +105,13 @@ class Engine:
         return self._handle.local_scheduler
 
     # -- public API -------------------------------------------------------------------------
-    def generate(self, prompt: str | list[str] | None = None,
-                 sampling_params: dict | list[dict] | None = None,
-                 input_ids: list[int] | list[list[int]] | None = None, **fields: Any) -> Any:
+    def generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict | list[dict] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        **fields: Any,
+    ) -> Any:
         """SGLang's Engine.generate. `fields` are the other fields of GenerateReqInput
         (radixrt/request_input.py: return_logprob, logprob_start_len, top_logprobs_num,
         token_ids_logprob, return_text_in_logprobs, rid, stream, lora_path, image_data, ...;
@@ -117,13 +123,17 @@ class Engine:
         req = engine_call_request(prompt, sampling_params, input_ids, fields)
         return self.generate_request(req)
 
-    async def async_generate(self, prompt: str | list[str] | None = None,
-                             sampling_params: dict | list[dict] | None = None,
-                             input_ids: list[int] | list[list[int]] | None = None,
-                             **fields: Any) -> Any:
+    async def async_generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict | list[dict] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        **fields: Any,
+    ) -> Any:
         """The async twin of generate; with stream=True returns an async iterator of chunks."""
         return await self.async_generate_request(
-            engine_call_request(prompt, sampling_params, input_ids, fields))
+            engine_call_request(prompt, sampling_params, input_ids, fields)
+        )
 
     def generate_request(self, req: GenerateReqInput) -> Any:
         """generate, given the request struct itself."""
@@ -180,10 +190,16 @@ class Engine:
 
     def get_server_info(self) -> dict[str, Any]:
         info = self.info
-        return {"model_path": info.model_path, "dtype": info.dtype, "device": info.device,
-                "attention_backend": info.attention_backend, "scheduler_pid": info.pid,
-                "max_total_num_tokens": info.pool_tokens, "context_length": info.context_length,
-                **self.get_stats()}
+        return {
+            "model_path": info.model_path,
+            "dtype": info.dtype,
+            "device": info.device,
+            "attention_backend": info.attention_backend,
+            "scheduler_pid": info.pid,
+            "max_total_num_tokens": info.pool_tokens,
+            "context_length": info.context_length,
+            **self.get_stats(),
+        }
 
     # -- stopping ---------------------------------------------------------------------------
     def refuse_new_requests(self, error: SchedulerDied) -> None:
@@ -245,8 +261,12 @@ class Engine:
         shared = new_queues(loop) if req.stream else None  # one iterator streams them all
         states = [self._new_state(planned, loop, i, shared) for i, planned in enumerate(reqs)]
         batch_rid = {req.rid} if isinstance(req.rid, str) else set()
-        self._requests.add([(state, {planned.parent_rid} | batch_rid)
-                            for state, planned in zip(states, reqs, strict=True)])
+        self._requests.add(
+            [
+                (state, {planned.parent_rid} | batch_rid)
+                for state, planned in zip(states, reqs, strict=True)
+            ]
+        )
         stopped = self._error or self._refusal  # while these were being registered
         if stopped is not None:
             self._requests.remove(states)
@@ -275,18 +295,26 @@ class Engine:
         if outstanding + count > limit:
             raise ServerOverloaded(
                 f"the server is at capacity ({outstanding} requests running or queued; "
-                f"max_running_requests + max_queued_requests = {limit}): retry later")
+                f"max_running_requests + max_queued_requests = {limit}): retry later"
+            )
 
     def _new_state(self, planned: PlannedReq, loop, index: int, queues) -> ReqState:
         msg, params = planned.msg, planned.params
         token_text = None
         if planned.return_text_in_logprobs and self.tokenizer is not None:
             token_text = self._token_text
-        return ReqState(msg.rid, msg.return_logprob, loop, index, queues,
-                        token_text=token_text, log_metrics=planned.log_metrics,
-                        stream_interval=params.stream_interval or 1,
-                        ids_logprob=msg.token_ids_logprob is not None,
-                        prompt_ids=msg.input_ids if planned.return_prompt_token_ids else None)
+        return ReqState(
+            msg.rid,
+            msg.return_logprob,
+            loop,
+            index,
+            queues,
+            token_text=token_text,
+            log_metrics=planned.log_metrics,
+            stream_interval=params.stream_interval or 1,
+            ids_logprob=msg.token_ids_logprob is not None,
+            prompt_ids=msg.input_ids if planned.return_prompt_token_ids else None,
+        )
 
     def _token_text(self, token_id: int) -> str:
         """A token's text as SGLang reports it in logprobs: the id decoded alone."""
@@ -342,8 +370,7 @@ class Engine:
         if isinstance(msg, ControlReply):
             self._control_replies.put(msg)
         elif isinstance(msg, SchedulerFailed):
-            self._fail_all(SchedulerDied(f"the scheduler has died: {msg.error_type}: "
-                                         f"{msg.error}"))
+            self._fail_all(SchedulerDied(f"the scheduler has died: {msg.error_type}: {msg.error}"))
         elif isinstance(msg, BatchOutput):
             for out in msg.outputs:
                 state = self._requests.get(out.rid, finished=out.finished)

@@ -18,8 +18,10 @@ if TYPE_CHECKING:
     from radixrt.processes import SchedulerHandle
 
 
-def start_backend(args: ServerArgs, in_process: bool,
-                  ) -> tuple[SchedulerHandle, PreTrainedTokenizerBase | None]:
+def start_backend(
+    args: ServerArgs,
+    in_process: bool,
+) -> tuple[SchedulerHandle, PreTrainedTokenizerBase | None]:
     """The handle of a ready scheduler side, and the tokenizer (None with
     skip_tokenizer_init). FileNotFoundError for a model path that does not exist; a child
     started before the tokenizer failed to load is stopped."""

@@ -58,24 +58,45 @@ def build_requests(engine: Any, req: GenerateReqInput) -> tuple[list[PlannedReq]
         validate_token_ids(ids, vocab)
         max_new = params.max_new_tokens
         assert max_new is not None, "verify() checked that fill_max_new_tokens resolved it"
-        validate_request_size(len(ids), max_new, engine.info.context_length,
-                              engine.info.pool_tokens, prompt_field)
+        validate_request_size(
+            len(ids), max_new, engine.info.context_length, engine.info.pool_tokens, prompt_field
+        )
         start = -1 if starts[i] is None else starts[i]
         top_n = tops[i] or 0
-        validate_logprobs(top_logprobs_num=top_n, token_ids_logprob=id_lists[i],
-                          logprob_start_len=start, return_logprob=bool(want_lp[i]),
-                          prompt_len=len(ids), max_new_tokens=max_new,
-                          max_logprobs=limits.max_logprobs,
-                          max_entries=limits.max_logprob_entries)
+        validate_logprobs(
+            top_logprobs_num=top_n,
+            token_ids_logprob=id_lists[i],
+            logprob_start_len=start,
+            return_logprob=bool(want_lp[i]),
+            prompt_len=len(ids),
+            max_new_tokens=max_new,
+            max_logprobs=limits.max_logprobs,
+            max_entries=limits.max_logprob_entries,
+        )
         _check_constraint(engine, params)
         for j in range(params.n):
             sample = _sample_params(params, j)
             sub_rid = rids[i] if params.n == 1 else f"{rids[i]}-{j}"
-            msg = GenerateReq(sub_rid, ids, sample.to_dict(), bool(want_lp[i]), start, top_n,
-                              bool(req.stream), id_lists[i])
-            out.append(PlannedReq(msg, sample, bool(req.return_text_in_logprobs),
-                                  bool(req.return_prompt_token_ids), req.log_metrics is not False,
-                                  rids[i]))
+            msg = GenerateReq(
+                sub_rid,
+                ids,
+                sample.to_dict(),
+                bool(want_lp[i]),
+                start,
+                top_n,
+                bool(req.stream),
+                id_lists[i],
+            )
+            out.append(
+                PlannedReq(
+                    msg,
+                    sample,
+                    bool(req.return_text_in_logprobs),
+                    bool(req.return_prompt_token_ids),
+                    req.log_metrics is not False,
+                    rids[i],
+                )
+            )
     return out, is_batch
 
 
@@ -83,40 +104,54 @@ def _prompt_shape(prompt, input_ids, max_chars: int) -> tuple[int, bool]:
     """(how many prompts, is_batch), before anything is tokenized; each text prompt has at
     most `max_chars` characters."""
     if (prompt is None) == (input_ids is None):
-        raise ParamError("text", "give exactly one of text (the prompt) or input_ids "
-                         "(token ids)")
+        raise ParamError("text", "give exactly one of text (the prompt) or input_ids (token ids)")
     if input_ids is not None:
         if not isinstance(input_ids, list):
-            raise ParamError("input_ids", "input_ids must be a list of ints or a list of lists of "
-                             "ints")
+            raise ParamError(
+                "input_ids", "input_ids must be a list of ints or a list of lists of ints"
+            )
         if input_ids and isinstance(input_ids[0], list):
             if not all(isinstance(x, list) for x in input_ids):
-                raise ParamError("input_ids", "input_ids must be a list of ints or a list of lists "
-                                 "of ints, not a mix")
+                raise ParamError(
+                    "input_ids",
+                    "input_ids must be a list of ints or a list of lists of ints, not a mix",
+                )
             return len(input_ids), True
         return 1, False
     texts = [prompt] if isinstance(prompt, str) else prompt
     if not (isinstance(texts, list) and texts and all(isinstance(p, str) for p in texts)):
-        raise ParamError("text", "text (the prompt) must be a string or a non-empty list of "
-                         f"strings, got {type(prompt).__name__}")
+        raise ParamError(
+            "text",
+            "text (the prompt) must be a string or a non-empty list of "
+            f"strings, got {type(prompt).__name__}",
+        )
     for i, text in enumerate(texts):
         if len(text) > max_chars:
             where = "text" if isinstance(prompt, str) else f"text[{i}]"
-            raise ParamError("text", f"{where} has {len(text)} characters; the server's "
-                             f"--max-prompt-chars is {max_chars}")
+            raise ParamError(
+                "text",
+                f"{where} has {len(text)} characters; the server's "
+                f"--max-prompt-chars is {max_chars}",
+            )
     return len(texts), isinstance(prompt, list)
 
 
 def _check_batch_size(count: int, params_list: list, limit: int, prompt_field: str) -> None:
     """One call makes at most `limit` requests: prompts x n."""
     if count > limit:
-        raise ParamError(prompt_field, f"{prompt_field} holds {count} prompts; one request "
-                         f"may make at most {limit} (the server's --max-request-batch-size)")
+        raise ParamError(
+            prompt_field,
+            f"{prompt_field} holds {count} prompts; one request "
+            f"may make at most {limit} (the server's --max-request-batch-size)",
+        )
     total = sum(_n_of(raw) for raw in params_list)
     if total > limit:
-        raise ParamError("n", f"{count} prompt(s) x n make {total} requests; one request "
-                         f"may make at most {limit} (the server's "
-                         "--max-request-batch-size)")
+        raise ParamError(
+            "n",
+            f"{count} prompt(s) x n make {total} requests; one request "
+            f"may make at most {limit} (the server's "
+            "--max-request-batch-size)",
+        )
 
 
 def _n_of(raw) -> int:
@@ -145,8 +180,11 @@ def _per_prompt(value, count: int, name: str, dict_ok: bool = False) -> list:
             raise ParamError(name, f"{name} must be a dict or a list of dicts")
         return [value] * count
     if len(value) != count:
-        raise ParamError(name, f"{name} has {len(value)} entries for {count} prompt(s): give "
-                         "one value, or one per prompt")
+        raise ParamError(
+            name,
+            f"{name} has {len(value)} entries for {count} prompt(s): give "
+            "one value, or one per prompt",
+        )
     return value
 
 
@@ -158,8 +196,10 @@ def _rids(rid, count: int, is_batch: bool) -> list[str]:
     else:
         rids = rid if isinstance(rid, list) else [rid]
     if len(rids) != count or not all(isinstance(r, str) and r for r in rids):
-        raise ParamError("rid", f"rid must be {'a list of ' + str(count) if is_batch else 'one'} "
-                         "non-empty string(s)")
+        raise ParamError(
+            "rid",
+            f"rid must be {'a list of ' + str(count) if is_batch else 'one'} non-empty string(s)",
+        )
     if len(set(rids)) != len(rids):
         raise ParamError("rid", f"rid has duplicates: {sorted(rids)}")
     return rids
@@ -173,13 +213,24 @@ def _token_ids_logprob(value, count: int, vocab: int) -> list[list[int] | None]:
     lists = _per_prompt(lists, count, "token_ids_logprob")
     for ids in lists:
         if ids is not None and not isinstance(ids, list):
-            raise ParamError("token_ids_logprob", "token_ids_logprob must be a list of token "
-                             f"ids, or one list (or null) per prompt, got {ids!r:.80}")
-        bad = next((t for t in ids or () if isinstance(t, bool) or not isinstance(t, int)
-                    or not 0 <= t < vocab), None)
+            raise ParamError(
+                "token_ids_logprob",
+                "token_ids_logprob must be a list of token "
+                f"ids, or one list (or null) per prompt, got {ids!r:.80}",
+            )
+        bad = next(
+            (
+                t
+                for t in ids or ()
+                if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab
+            ),
+            None,
+        )
         if bad is not None:
-            raise ParamError("token_ids_logprob", "token_ids_logprob must hold token ids in "
-                             f"[0, {vocab}), got {bad!r:.80}")
+            raise ParamError(
+                "token_ids_logprob",
+                f"token_ids_logprob must hold token ids in [0, {vocab}), got {bad!r:.80}",
+            )
     return [list(ids) if ids else None for ids in lists]
 
 
@@ -190,8 +241,10 @@ def _checked_params(raw, engine: Any, prompt_len: int) -> SamplingParams:
     params.fill_max_new_tokens(min(info.context_length, info.pool_tokens) - prompt_len)
     params.verify(info.vocab_size)
     if (params.stop or params.stop_regex) and engine.tokenizer is None:
-        raise ValueError("stop strings and stop_regex need a tokenizer "
-                         "(skip_tokenizer_init=True): use stop_token_ids")
+        raise ValueError(
+            "stop strings and stop_regex need a tokenizer "
+            "(skip_tokenizer_init=True): use stop_token_ids"
+        )
     return params
 
 
@@ -204,8 +257,11 @@ def _check_constraint(engine: Any, params: SamplingParams) -> None:
     if found is None:
         return
     if engine.tokenizer is None:
-        raise ParamError(found[0], "structured generation (regex, json_schema, ebnf) needs a "
-                         "tokenizer: this server runs with skip_tokenizer_init")
+        raise ParamError(
+            found[0],
+            "structured generation (regex, json_schema, ebnf) needs a "
+            "tokenizer: this server runs with skip_tokenizer_init",
+        )
     try:
         _checker(engine).check(*found)
     except GrammarBusy as e:
@@ -227,8 +283,12 @@ def _checker(engine: Any):
         checker = _CHECKERS.get(engine)
         if checker is None:
             args = engine.server_args
-            checker = ConstraintChecker(engine.tokenizer, engine.info.vocab_size,
-                                        args.grammar_compile_timeout, args.json_any_whitespace)
+            checker = ConstraintChecker(
+                engine.tokenizer,
+                engine.info.vocab_size,
+                args.grammar_compile_timeout,
+                args.json_any_whitespace,
+            )
             _CHECKERS[engine] = checker
             weakref.finalize(engine, checker.close)
         return checker

@@ -141,8 +141,9 @@ def decode_from_scheduler(data: bytes) -> FromScheduler:
 MAX_REQUEST_ID_BYTES = 256
 
 
-def client_frames(msg: ClientGenerate | ClientAbort | ClientControl,
-                  api_key: str | None) -> list[bytes]:
+def client_frames(
+    msg: ClientGenerate | ClientAbort | ClientControl, api_key: str | None
+) -> list[bytes]:
     return [msg.request_id.encode(), (api_key or "").encode(), encode(msg)]
 
 

@@ -47,8 +47,12 @@ class SchedulerStartError(RuntimeError):
     pass
 
 
-_REraisable = {"ValueError": ValueError, "FileNotFoundError": FileNotFoundError,
-               "TypeError": TypeError, "NotImplementedError": NotImplementedError}
+_REraisable = {
+    "ValueError": ValueError,
+    "FileNotFoundError": FileNotFoundError,
+    "TypeError": TypeError,
+    "NotImplementedError": NotImplementedError,
+}
 
 
 class SchedulerHandle:
@@ -56,10 +60,17 @@ class SchedulerHandle:
     the detokenizer), the scheduler's ready info, and liveness. `death()` says which part
     ended, and how; `local` is the Scheduler object when it runs in this process."""
 
-    def __init__(self, transport: Transport, info: SchedulerReady, *,
-                 alive: Callable[[], bool], stop: Callable[[float], None],
-                 death: Callable[[], str], close: Callable[[], None] | None = None,
-                 local: Any = None) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        info: SchedulerReady,
+        *,
+        alive: Callable[[], bool],
+        stop: Callable[[float], None],
+        death: Callable[[], str],
+        close: Callable[[], None] | None = None,
+        local: Any = None,
+    ) -> None:
         self.transport = transport
         self.info = info
         self._alive = alive
@@ -99,17 +110,25 @@ def start_process(args: ServerArgs) -> tuple[Callable[[], SchedulerHandle], str]
     remove_stale_ipc_dirs()
     ipc_dir = tempfile.mkdtemp(prefix=f"{IPC_PREFIX}{os.getpid()}-")
     lock_fd = _lock_owner(ipc_dir)
-    to_sched, to_detok, from_detok = (f"ipc://{ipc_dir}/{name}"
-                                      for name in ("scheduler", "detokenizer", "frontend"))
+    to_sched, to_detok, from_detok = (
+        f"ipc://{ipc_dir}/{name}" for name in ("scheduler", "detokenizer", "frontend")
+    )
     transport = ZmqTransport(from_detok, to_sched, bind=True)
     tokenizer_dir = os.path.join(ipc_dir, "tokenizer")
-    common = {"server_args": dataclasses.asdict(args), "tokenizer_dir": tokenizer_dir,
-              "ipc_dir": ipc_dir, "parent_pid": os.getpid()}
+    common = {
+        "server_args": dataclasses.asdict(args),
+        "tokenizer_dir": tokenizer_dir,
+        "ipc_dir": ipc_dir,
+        "parent_pid": os.getpid(),
+    }
     procs = {
-        "scheduler": _spawn("radixrt.scheduler.process",
-                            {**common, "recv_addr": to_sched, "send_addr": to_detok}),
-        "detokenizer": _spawn("radixrt.server.detokenizer_process",
-                              {**common, "recv_addr": to_detok, "send_addr": from_detok}),
+        "scheduler": _spawn(
+            "radixrt.scheduler.process", {**common, "recv_addr": to_sched, "send_addr": to_detok}
+        ),
+        "detokenizer": _spawn(
+            "radixrt.server.detokenizer_process",
+            {**common, "recv_addr": to_detok, "send_addr": from_detok},
+        ),
     }
 
     def alive() -> bool:
@@ -137,8 +156,9 @@ def start_process(args: ServerArgs) -> tuple[Callable[[], SchedulerHandle], str]
                 p.wait()
             close()
             raise
-        return SchedulerHandle(transport, info, alive=alive, stop=stop, close=close,
-                               death=lambda: _death_reason(procs))
+        return SchedulerHandle(
+            transport, info, alive=alive, stop=stop, close=close, death=lambda: _death_reason(procs)
+        )
 
     return wait_ready, tokenizer_dir
 
@@ -161,8 +181,9 @@ def ignore_stop_signals() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-def guard_parent(parent_pid: int, cleanup_dir: str | None = None,
-                 poll_s: float = PARENT_POLL_S) -> None:
+def guard_parent(
+    parent_pid: int, cleanup_dir: str | None = None, poll_s: float = PARENT_POLL_S
+) -> None:
     """In a child, first thing (before any other thread starts): exit as soon as the parent
     `parent_pid` is gone, however it died (kill -9 skips every cleanup), removing
     `cleanup_dir`. On Linux the kernel signals the parent's death (PR_SET_PDEATHSIG); a
@@ -178,12 +199,17 @@ def guard_parent(parent_pid: int, cleanup_dir: str | None = None,
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(watch_signal))
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         _exit_orphaned(cleanup_dir)
-    threading.Thread(target=_watch_parent, args=(parent_pid, cleanup_dir, poll_s, watch_signal),
-                     daemon=True, name="radixrt-parent-watch").start()
+    threading.Thread(
+        target=_watch_parent,
+        args=(parent_pid, cleanup_dir, poll_s, watch_signal),
+        daemon=True,
+        name="radixrt-parent-watch",
+    ).start()
 
 
-def _watch_parent(parent_pid: int, cleanup_dir: str | None, poll_s: float,
-                  watch_signal: signal.Signals | None) -> None:
+def _watch_parent(
+    parent_pid: int, cleanup_dir: str | None, poll_s: float, watch_signal: signal.Signals | None
+) -> None:
     while True:
         if watch_signal is not None:
             signal.sigtimedwait({watch_signal}, poll_s)
@@ -194,8 +220,9 @@ def _watch_parent(parent_pid: int, cleanup_dir: str | None, poll_s: float,
 
 
 def _exit_orphaned(cleanup_dir: str | None) -> None:
-    print(f"[radixrt {os.getpid()}] the parent process is gone: exiting", file=sys.stderr,
-          flush=True)
+    print(
+        f"[radixrt {os.getpid()}] the parent process is gone: exiting", file=sys.stderr, flush=True
+    )
     if cleanup_dir is not None:
         shutil.rmtree(cleanup_dir, ignore_errors=True)
     os._exit(1)
@@ -207,8 +234,9 @@ def remove_stale_ipc_dirs(temp_dir: str | None = None) -> list[str]:
     removed = []
     for path in glob.glob(os.path.join(temp_dir or tempfile.gettempdir(), f"{IPC_PREFIX}*-*")):
         lock = os.path.join(path, _LOCK_NAME)
-        if not re.fullmatch(rf"{IPC_PREFIX}\d+-\w+", os.path.basename(path)) or \
-                not os.path.isfile(lock):
+        if not re.fullmatch(rf"{IPC_PREFIX}\d+-\w+", os.path.basename(path)) or not os.path.isfile(
+            lock
+        ):
             continue
         try:
             fd = os.open(lock, os.O_RDONLY)
@@ -283,9 +311,11 @@ def _wait_ready(transport: Transport, alive: Callable[[], bool]) -> SchedulerRea
             if isinstance(msg, SchedulerFailed):
                 # Configuration errors keep their type (a missing file, a bad value).
                 cls = _REraisable.get(msg.error_type, SchedulerStartError)
-                raise cls(msg.error if cls is not SchedulerStartError else
-                          f"the scheduler failed to start: {msg.error_type}: {msg.error}")
+                raise cls(
+                    msg.error
+                    if cls is not SchedulerStartError
+                    else f"the scheduler failed to start: {msg.error_type}: {msg.error}"
+                )
         if not alive():
-            raise SchedulerStartError("a child process exited during startup "
-                                      "(see its log above)")
+            raise SchedulerStartError("a child process exited during startup (see its log above)")
     raise SchedulerStartError(f"the scheduler did not start within {STARTUP_TIMEOUT_S} s")

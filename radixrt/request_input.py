@@ -106,13 +106,35 @@ class GenerateReqInput(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 FIELDS: tuple[str, ...] = GenerateReqInput.__struct_fields__
-IMPLEMENTED = frozenset({
-    "text", "input_ids", "sampling_params", "rid", "stream", "return_logprob",
-    "logprob_start_len", "top_logprobs_num", "token_ids_logprob", "return_text_in_logprobs",
-    "return_prompt_token_ids", "log_metrics"})
-INFORMATIONAL = frozenset({
-    "session_id", "no_logs", "routing_key", "conversation_id", "http_worker_ipc",
-    "external_trace_header", "received_time", "routed_dp_rank", "data_parallel_rank"})
+IMPLEMENTED = frozenset(
+    {
+        "text",
+        "input_ids",
+        "sampling_params",
+        "rid",
+        "stream",
+        "return_logprob",
+        "logprob_start_len",
+        "top_logprobs_num",
+        "token_ids_logprob",
+        "return_text_in_logprobs",
+        "return_prompt_token_ids",
+        "log_metrics",
+    }
+)
+INFORMATIONAL = frozenset(
+    {
+        "session_id",
+        "no_logs",
+        "routing_key",
+        "conversation_id",
+        "http_worker_ipc",
+        "external_trace_header",
+        "received_time",
+        "routed_dp_rank",
+        "data_parallel_rank",
+    }
+)
 UNSUPPORTED = frozenset(FIELDS) - IMPLEMENTED - INFORMATIONAL
 # Why, where a word helps the user more than "not supported".
 _WHY = {
@@ -133,8 +155,10 @@ def make_request(**fields: Any) -> GenerateReqInput:
     """The struct from keyword arguments; TypeError naming an unknown one (the Python APIs)."""
     unknown = sorted(set(fields) - set(FIELDS))
     if unknown:
-        raise TypeError(f"unknown request field(s) {unknown} (not fields of SGLang's "
-                        f"GenerateReqInput); allowed: {', '.join(sorted(FIELDS))}")
+        raise TypeError(
+            f"unknown request field(s) {unknown} (not fields of SGLang's "
+            f"GenerateReqInput); allowed: {', '.join(sorted(FIELDS))}"
+        )
     return GenerateReqInput(**fields)
 
 
@@ -157,12 +181,16 @@ def check_supported(req: GenerateReqInput) -> None:
     for name in sorted(UNSUPPORTED):
         if not is_unset(getattr(req, name), _DEFAULTS[name]):
             why = _WHY.get(name)
-            raise ParamError(name, f"{name} is not supported by this server"
-                             + (f" ({why})" if why else ""))
+            raise ParamError(
+                name, f"{name} is not supported by this server" + (f" ({why})" if why else "")
+            )
     for name in ("routed_dp_rank", "data_parallel_rank"):
         if getattr(req, name) not in (None, 0):
-            raise ParamError(name, f"{name} must be 0 or null: this server runs one "
-                             f"data-parallel rank, got {getattr(req, name)!r}")
+            raise ParamError(
+                name,
+                f"{name} must be 0 or null: this server runs one "
+                f"data-parallel rank, got {getattr(req, name)!r}",
+            )
 
 
 def is_unset(value: Any, default: Any) -> bool:
@@ -191,16 +219,23 @@ def _convert(data: dict[str, Any]) -> GenerateReqInput:
 def _unknown_message(name: str) -> str:
     close = difflib.get_close_matches(name, FIELDS, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
-    return (f"unknown field {name!r} (not a field of SGLang's GenerateReqInput).{hint} "
-            f"Allowed: {', '.join(sorted(FIELDS))}")
+    return (
+        f"unknown field {name!r} (not a field of SGLang's GenerateReqInput).{hint} "
+        f"Allowed: {', '.join(sorted(FIELDS))}"
+    )
 
 
-def engine_call_request(prompt: Any, sampling_params: Any, input_ids: Any,
-                        fields: dict[str, Any]) -> GenerateReqInput:
+def engine_call_request(
+    prompt: Any, sampling_params: Any, input_ids: Any, fields: dict[str, Any]
+) -> GenerateReqInput:
     """Engine.generate's keywords as the request struct (SGLang's `prompt` is the struct's
     `text`); TypeError naming an unknown keyword."""
     text = fields.pop("text", None)
     if prompt is not None and text is not None:
         raise TypeError("generate(): give prompt or text, not both")
-    return make_request(text=prompt if prompt is not None else text,
-                        sampling_params=sampling_params, input_ids=input_ids, **fields)
+    return make_request(
+        text=prompt if prompt is not None else text,
+        sampling_params=sampling_params,
+        input_ids=input_ids,
+        **fields,
+    )

@@ -13,48 +13,73 @@ from collections.abc import Sequence
 from radixrt.errors import ParamError
 
 
-def validate_prompt_len(prompt_len: int, context_length: int,
-                        prompt_field: str = "input_ids") -> None:
+def validate_prompt_len(
+    prompt_len: int, context_length: int, prompt_field: str = "input_ids"
+) -> None:
     """The prompt is not empty and leaves room for one generated token in the context (cheap:
     callers check it before looking at each id of a long list)."""
     if prompt_len == 0:
         raise ParamError(prompt_field, "the prompt is empty: give at least one token")
     if prompt_len >= context_length:
-        raise ParamError(prompt_field, f"the prompt has {prompt_len} tokens; the model's "
-                         f"context length (context_length) is {context_length} and at least "
-                         "one token must be generated")
+        raise ParamError(
+            prompt_field,
+            f"the prompt has {prompt_len} tokens; the model's "
+            f"context length (context_length) is {context_length} and at least "
+            "one token must be generated",
+        )
 
 
-def validate_request_size(prompt_len: int, max_new_tokens: int, context_length: int,
-                          pool_tokens: int, prompt_field: str = "input_ids") -> None:
+def validate_request_size(
+    prompt_len: int,
+    max_new_tokens: int,
+    context_length: int,
+    pool_tokens: int,
+    prompt_field: str = "input_ids",
+) -> None:
     """The prompt and its generation fit the model's context and the KV pool. `prompt_field`:
     the field the prompt came in (text or input_ids), named by the errors about its length."""
     validate_prompt_len(prompt_len, context_length, prompt_field)
     if prompt_len + max_new_tokens > context_length:
-        raise ParamError("max_new_tokens", f"prompt ({prompt_len} tokens) + max_new_tokens "
-                         f"({max_new_tokens}) exceed the model's context length "
-                         f"(context_length {context_length}): lower max_new_tokens to at most "
-                         f"{context_length - prompt_len}")
+        raise ParamError(
+            "max_new_tokens",
+            f"prompt ({prompt_len} tokens) + max_new_tokens "
+            f"({max_new_tokens}) exceed the model's context length "
+            f"(context_length {context_length}): lower max_new_tokens to at most "
+            f"{context_length - prompt_len}",
+        )
     if prompt_len + max_new_tokens > pool_tokens:
-        raise ParamError("max_new_tokens", f"prompt ({prompt_len} tokens) + max_new_tokens "
-                         f"({max_new_tokens}) exceed the KV pool ({pool_tokens} tokens): "
-                         "lower max_new_tokens or raise max_total_tokens")
+        raise ParamError(
+            "max_new_tokens",
+            f"prompt ({prompt_len} tokens) + max_new_tokens "
+            f"({max_new_tokens}) exceed the KV pool ({pool_tokens} tokens): "
+            "lower max_new_tokens or raise max_total_tokens",
+        )
 
 
-def validate_token_ids(ids: Sequence[int], vocab: int, field: str = "input_ids",
-                       param: str | None = None) -> None:
+def validate_token_ids(
+    ids: Sequence[int], vocab: int, field: str = "input_ids", param: str | None = None
+) -> None:
     """Every id is an int in [0, vocab): an id past the embedding table would fail the whole
     batch's forward, not just this request. The error says `field`[i] and names `param`
     (default: `field`; e.g. field "prompt[1]" of param "prompt")."""
     for i, t in enumerate(ids):
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
-            raise ParamError(param or field,
-                             f"{field}[{i}] = {t!r} is not a token id in [0, {vocab})")
+            raise ParamError(
+                param or field, f"{field}[{i}] = {t!r} is not a token id in [0, {vocab})"
+            )
 
 
-def validate_logprobs(*, top_logprobs_num: int, token_ids_logprob: Sequence[int] | None,
-                      logprob_start_len: int, return_logprob: bool, prompt_len: int,
-                      max_new_tokens: int, max_logprobs: int, max_entries: int) -> None:
+def validate_logprobs(
+    *,
+    top_logprobs_num: int,
+    token_ids_logprob: Sequence[int] | None,
+    logprob_start_len: int,
+    return_logprob: bool,
+    prompt_len: int,
+    max_new_tokens: int,
+    max_logprobs: int,
+    max_entries: int,
+) -> None:
     """top_logprobs_num is capped by the server's --max-logprobs (vLLM's flag, 20 by default);
     the (token, logprob) entries the request can produce are capped by --max-logprob-entries.
 
@@ -63,12 +88,18 @@ def validate_logprobs(*, top_logprobs_num: int, token_ids_logprob: Sequence[int]
     """
     top = top_logprobs_num
     if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= max_logprobs:
-        raise ParamError("top_logprobs_num", f"top_logprobs_num must be an int in [0, "
-                         f"{max_logprobs}] (the server's --max-logprobs), got {top!r}")
+        raise ParamError(
+            "top_logprobs_num",
+            f"top_logprobs_num must be an int in [0, "
+            f"{max_logprobs}] (the server's --max-logprobs), got {top!r}",
+        )
     if not isinstance(logprob_start_len, int) or not -1 <= logprob_start_len < max(prompt_len, 1):
-        raise ParamError("logprob_start_len", f"logprob_start_len must be -1 or in [0, "
-                         f"{prompt_len - 1}] for a prompt of {prompt_len} tokens, got "
-                         f"{logprob_start_len!r}")
+        raise ParamError(
+            "logprob_start_len",
+            f"logprob_start_len must be -1 or in [0, "
+            f"{prompt_len - 1}] for a prompt of {prompt_len} tokens, got "
+            f"{logprob_start_len!r}",
+        )
     if not return_logprob:
         return
     scored = prompt_len - logprob_start_len if logprob_start_len >= 0 else 0
@@ -81,4 +112,5 @@ def validate_logprobs(*, top_logprobs_num: int, token_ids_logprob: Sequence[int]
             f"logprob_start_len: {scored} + max_new_tokens: {max_new_tokens}) x (1 + "
             f"top_logprobs_num: {top} + len(token_ids_logprob): {ids_count})); the server's "
             f"--max-logprob-entries is {max_entries}: ask for fewer ids or positions "
-            "(token_ids_logprob has no cap of its own beyond this one)")
+            "(token_ids_logprob has no cap of its own beyond this one)",
+        )

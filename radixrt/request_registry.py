@@ -34,8 +34,11 @@ class RequestRegistry:
             taken = self._states.keys() | self._groups.keys()
             for state, keys in entries:
                 for key in ({state.rid} | keys) & taken:
-                    raise ParamError("rid", f"rid {key!r} is already in use by a running "
-                                     "request: give each request its own rid")
+                    raise ParamError(
+                        "rid",
+                        f"rid {key!r} is already in use by a running "
+                        "request: give each request its own rid",
+                    )
             for state, keys in entries:
                 self._states[state.rid] = state
                 self._keys_of[state.rid] = keys - {state.rid}

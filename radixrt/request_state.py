@@ -41,12 +41,20 @@ class ReqState:
     it; `stream_interval`: a stream chunk once this many new tokens are there (and at the
     end)."""
 
-    def __init__(self, rid: str, return_logprob: bool,
-                 loop: asyncio.AbstractEventLoop | None = None, index: int = 0,
-                 queues: tuple[queue.Queue, asyncio.Queue | None] | None = None, *,
-                 token_text: Callable[[int], str] | None = None, ids_logprob: bool = False,
-                 prompt_ids: list[int] | None = None, log_metrics: bool = True,
-                 stream_interval: int = 1) -> None:
+    def __init__(
+        self,
+        rid: str,
+        return_logprob: bool,
+        loop: asyncio.AbstractEventLoop | None = None,
+        index: int = 0,
+        queues: tuple[queue.Queue, asyncio.Queue | None] | None = None,
+        *,
+        token_text: Callable[[int], str] | None = None,
+        ids_logprob: bool = False,
+        prompt_ids: list[int] | None = None,
+        log_metrics: bool = True,
+        stream_interval: int = 1,
+    ) -> None:
         self.rid = rid
         self.return_logprob = return_logprob
         self.token_text = token_text
@@ -106,13 +114,17 @@ class ReqState:
         for key in _TOKEN_KEYS:
             self.logprobs[key].extend(self._triple(p) for p in getattr(out, key) or [])
         for key in _TOP_KEYS + _IDS_KEYS:
-            self.logprobs[key].extend(None if t is None else [self._triple(p) for p in t]
-                                      for t in getattr(out, key) or [])
+            self.logprobs[key].extend(
+                None if t is None else [self._triple(p) for p in t] for t in getattr(out, key) or []
+            )
         delta = out.text or ""
         self.text += delta
         self.finished = out.finished
-        chunk = {"text": delta, "output_ids": list(out.new_output_ids),
-                 "meta_info": self.meta_info()}
+        chunk = {
+            "text": delta,
+            "output_ids": list(out.new_output_ids),
+            "meta_info": self.meta_info(),
+        }
         if self.prompt_ids is not None:
             chunk["prompt_token_ids"] = list(self.prompt_ids)
         return chunk
@@ -148,8 +160,11 @@ class ReqState:
         return meta
 
     def result(self) -> dict[str, Any]:
-        out = {"text": self.text, "output_ids": list(self.output_ids),
-               "meta_info": self.meta_info()}
+        out = {
+            "text": self.text,
+            "output_ids": list(self.output_ids),
+            "meta_info": self.meta_info(),
+        }
         if self.prompt_ids is not None:
             out["prompt_token_ids"] = list(self.prompt_ids)
         return out
@@ -172,8 +187,9 @@ def raise_if_error(item):
     return item
 
 
-def stream_sync(states: list[ReqState],
-                abort: Callable[[list[ReqState]], None]) -> Iterator[dict[str, Any]]:
+def stream_sync(
+    states: list[ReqState], abort: Callable[[list[ReqState]], None]
+) -> Iterator[dict[str, Any]]:
     """The chunks of `states` (sharing one thread queue) as they come, "index"ed when there
     are several; however the iteration ends, `abort(states)` ends what still runs."""
     try:
@@ -186,8 +202,10 @@ def stream_sync(states: list[ReqState],
         abort(states)
 
 
-async def stream_async(states: list[ReqState], abort: Callable[[list[ReqState]], None],
-                       ) -> AsyncGenerator[dict[str, Any], None]:
+async def stream_async(
+    states: list[ReqState],
+    abort: Callable[[list[ReqState]], None],
+) -> AsyncGenerator[dict[str, Any], None]:
     """stream_sync for async callers (the states share one asyncio queue)."""
     try:
         while not all(s.finished for s in states):

@@ -22,9 +22,14 @@ GREEDY_TEMPERATURE = 1e-6
 
 MAX_CUSTOM_DEPTH = 32  # custom_params: unused here, passed on; dicts inside dicts at most this
 # SGLang's internal SamplingParams fields: accepted (and dropped) at their defaults only.
-_SGLANG_INTERNAL = {"stop_strs": None, "stop_regex_strs": None, "stop_str_max_len": 0,
-                    "stop_regex_max_len": 0, "is_normalized": False,
-                    "ebnf_full_assistant": False}
+_SGLANG_INTERNAL = {
+    "stop_strs": None,
+    "stop_regex_strs": None,
+    "stop_str_max_len": 0,
+    "stop_regex_max_len": 0,
+    "is_normalized": False,
+    "ebnf_full_assistant": False,
+}
 
 
 @dataclass
@@ -76,16 +81,22 @@ class SamplingParams:
         """
         d = d or {}
         if not isinstance(d, dict):
-            raise ParamError("sampling_params",
-                             f"sampling_params must be a dict, got {type(d).__name__}")
+            raise ParamError(
+                "sampling_params", f"sampling_params must be a dict, got {type(d).__name__}"
+            )
         allowed = [f.name for f in dataclasses.fields(cls)]
         d = {k: v for k, v in d.items() if not _internal_at_default(k, v)}
         for key in d:
             if key not in allowed:
                 raise ParamError("sampling_params", _unknown_key_message(key, allowed))
         # As SGLang: null for a parameter that is not optional means its default.
-        params = cls(**{k: v for k, v in d.items() if v is not None or _DEFAULTS[k] is None
-                        or k == "max_new_tokens"})
+        params = cls(
+            **{
+                k: v
+                for k, v in d.items()
+                if v is not None or _DEFAULTS[k] is None or k == "max_new_tokens"
+            }
+        )
         params.check_types()
         return params
 
@@ -97,8 +108,11 @@ class SamplingParams:
         for name, (check, expected) in _FIELD_TYPES.items():
             value = getattr(self, name)
             if not check(value):
-                raise ParamError(name, f"sampling param {name!r} must be {expected}, got "
-                                 f"{type(value).__name__} {short(value)}")
+                raise ParamError(
+                    name,
+                    f"sampling param {name!r} must be {expected}, got "
+                    f"{type(value).__name__} {short(value)}",
+                )
         for name in _FLOAT_FIELDS:
             setattr(self, name, float(getattr(self, name)))
         if isinstance(self.stop_token_ids, tuple):
@@ -109,8 +123,10 @@ class SamplingParams:
             self.json_schema = schema_object_text(self.json_schema)
         if self.custom_params and nests_deeper_than(self.custom_params, MAX_CUSTOM_DEPTH):
             # to_dict (dataclasses.asdict) and the wire's encoders recurse into it.
-            raise ParamError("custom_params", f"sampling param 'custom_params' nests more than "
-                             f"{MAX_CUSTOM_DEPTH} levels deep")
+            raise ParamError(
+                "custom_params",
+                f"sampling param 'custom_params' nests more than {MAX_CUSTOM_DEPTH} levels deep",
+            )
         for name in ("regex", "json_schema", "ebnf", "structural_tag"):
             setattr(self, name, getattr(self, name) or None)  # SGLang: empty = unset
         if isinstance(self.stop_regex, tuple):
@@ -120,11 +136,19 @@ class SamplingParams:
     def _apply_sampling_seed(self) -> None:
         if self.sampling_seed is None:
             return
-        require(-MAX_SEED <= self.sampling_seed < MAX_SEED, "sampling_seed",
-                 "an int in [-2**63, 2**63)", self.sampling_seed)
+        require(
+            -MAX_SEED <= self.sampling_seed < MAX_SEED,
+            "sampling_seed",
+            "an int in [-2**63, 2**63)",
+            self.sampling_seed,
+        )
         seed = self.sampling_seed % MAX_SEED  # radixrt's generators take [0, 2**63)
-        require(self.seed in (None, seed), "sampling_seed",
-                 f"equal to seed ({self.seed}) when both are given", self.sampling_seed)
+        require(
+            self.seed in (None, seed),
+            "sampling_seed",
+            f"equal to seed ({self.seed}) when both are given",
+            self.sampling_seed,
+        )
         self.seed = seed
 
     def fill_max_new_tokens(self, room: int) -> None:
@@ -176,9 +200,12 @@ def _internal_at_default(key: str, value: object) -> bool:
         return False
     if value is None or value == _SGLANG_INTERNAL[key]:
         return True
-    raise ParamError(key, f"sampling param {key!r} is internal to SGLang and cannot be set "
-                     f"(allowed: {_SGLANG_INTERNAL[key]!r} or null), got "
-                     f"{short(value)}")
+    raise ParamError(
+        key,
+        f"sampling param {key!r} is internal to SGLang and cannot be set "
+        f"(allowed: {_SGLANG_INTERNAL[key]!r} or null), got "
+        f"{short(value)}",
+    )
 
 
 def _is_int(v: object) -> bool:
@@ -232,13 +259,14 @@ _FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
     "sampling_seed": _OPT_INT,
     "logit_bias": (_optional(_is_bias), "a dict of str token id -> number, or None"),
     "regex": _OPT_STR,
-    "json_schema": (_optional(lambda v: isinstance(v, (str, dict))),
-                    "a JSON schema (a str, or a dict) or None"),
+    "json_schema": (
+        _optional(lambda v: isinstance(v, (str, dict))),
+        "a JSON schema (a str, or a dict) or None",
+    ),
     "ebnf": _OPT_STR,
     "stream_interval": _OPT_INT,
     "custom_params": (_optional(lambda v: isinstance(v, dict)), "a dict or None"),
-    "structural_tag": (_optional(lambda v: isinstance(v, (str, dict))),
-                       "a str (JSON) or None"),
+    "structural_tag": (_optional(lambda v: isinstance(v, (str, dict))), "a str (JSON) or None"),
     "beam_width": _OPT_INT,
 }
 _FLOAT_FIELDS = [name for name, spec in _FIELD_TYPES.items() if spec is _FLOAT]

@@ -55,10 +55,18 @@ def _check_lengths(p: SamplingParams, max_context: int | None) -> None:
         fail("max_new_tokens", "an int (fill_max_new_tokens resolves None)", None)
     require(max_new >= 0, "max_new_tokens", ">= 0", max_new)
     if max_context is not None:
-        require(max_new <= max_context, "max_new_tokens", f"<= the context length {max_context}",
-                max_new)
-    require(0 <= p.min_new_tokens <= max_new, "min_new_tokens",
-            f"in [0, max_new_tokens={max_new}]", p.min_new_tokens)
+        require(
+            max_new <= max_context,
+            "max_new_tokens",
+            f"<= the context length {max_context}",
+            max_new,
+        )
+    require(
+        0 <= p.min_new_tokens <= max_new,
+        "min_new_tokens",
+        f"in [0, max_new_tokens={max_new}]",
+        p.min_new_tokens,
+    )
 
 
 def _check_distribution(p: SamplingParams) -> None:
@@ -97,19 +105,31 @@ def _check_stops(p: SamplingParams, vocab_size: int) -> None:
 def _check_stop_regex(p: SamplingParams) -> None:
     """Each regex compiles, is short (SGLang's limits) and cannot match the empty string."""
     patterns = [p.stop_regex] if isinstance(p.stop_regex, str) else (p.stop_regex or [])
-    require(len(patterns) <= MAX_STOP_REGEX_COUNT, "stop_regex",
-             f"at most {MAX_STOP_REGEX_COUNT} regexes", f"{len(patterns)} regexes")
+    require(
+        len(patterns) <= MAX_STOP_REGEX_COUNT,
+        "stop_regex",
+        f"at most {MAX_STOP_REGEX_COUNT} regexes",
+        f"{len(patterns)} regexes",
+    )
     for pattern in patterns:
-        require(len(pattern.encode()) <= MAX_STOP_REGEX_BYTES, "stop_regex",
-                 f"regexes of at most {MAX_STOP_REGEX_BYTES} bytes", pattern)
+        require(
+            len(pattern.encode()) <= MAX_STOP_REGEX_BYTES,
+            "stop_regex",
+            f"regexes of at most {MAX_STOP_REGEX_BYTES} bytes",
+            pattern,
+        )
         try:  # the `regex` module: the one the scheduler and detokenizer search with
             compiled = regex.compile(pattern)
         except (regex.error, RecursionError, OverflowError) as e:
-            raise ParamError("stop_regex", f"sampling param 'stop_regex' {pattern!r} does not "
-                             f"compile: {e}") from None
-        require(compiled.search("") is None, "stop_regex",
-                 "regexes that cannot match the empty string (that would stop at once)",
-                 pattern)
+            raise ParamError(
+                "stop_regex", f"sampling param 'stop_regex' {pattern!r} does not compile: {e}"
+            ) from None
+        require(
+            compiled.search("") is None,
+            "stop_regex",
+            "regexes that cannot match the empty string (that would stop at once)",
+            pattern,
+        )
 
 
 def _check_unsupported(p: SamplingParams) -> None:
@@ -118,12 +138,18 @@ def _check_unsupported(p: SamplingParams) -> None:
     if p.beam_width is not None:
         require(p.beam_width >= 1, "beam_width", ">= 1 or None", p.beam_width)
         if p.beam_width > 1:
-            raise ParamError("beam_width", "sampling param 'beam_width' > 1 (beam search) is not "
-                             f"supported by this server, got {p.beam_width}: use n for "
-                             "several samples")
+            raise ParamError(
+                "beam_width",
+                "sampling param 'beam_width' > 1 (beam search) is not "
+                f"supported by this server, got {p.beam_width}: use n for "
+                "several samples",
+            )
     if p.structural_tag is not None:
-        raise ParamError("structural_tag", "sampling param 'structural_tag' is not supported "
-                         "by this server: use json_schema, regex or ebnf")
+        raise ParamError(
+            "structural_tag",
+            "sampling param 'structural_tag' is not supported "
+            "by this server: use json_schema, regex or ebnf",
+        )
     if p.watermark not in (None, {}, False):
         raise ParamError("watermark", "sampling param 'watermark' is not supported by this server")
 

@@ -27,68 +27,107 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 @dataclass
 class ServerArgs:
     # Model and tokenizer
-    model_path: str | None = _f(None, "HF model folder or .gguf file; "
-                                "default: SmolLM2-135M-Instruct")
+    model_path: str | None = _f(
+        None, "HF model folder or .gguf file; default: SmolLM2-135M-Instruct"
+    )
     tokenizer_path: str | None = _f(None, "tokenizer folder or .gguf file; default: model_path")
     skip_tokenizer_init: bool = _f(False, "serve token ids only; no tokenizer is loaded")
-    dtype: str = _f("auto", "weights and activations dtype; auto: bfloat16 on an AVX-512 "
-                    "CPU or CUDA, else float32", DTYPES)
+    dtype: str = _f(
+        "auto",
+        "weights and activations dtype; auto: bfloat16 on an AVX-512 CPU or CUDA, else float32",
+        DTYPES,
+    )
     device: str | None = _f(None, "cpu or cuda; default: cuda if available, else cpu")
     context_length: int | None = _f(None, "max tokens per sequence; default: the model's")
     random_seed: int = _f(0, "seed of the default sampling generator")
     # Memory and KV cache
     page_size: int = _f(1, "tokens per KV page")
-    max_total_tokens: int | None = _f(None, "KV pool size in tokens; "
-                                      "default: from the memory budget")
+    max_total_tokens: int | None = _f(
+        None, "KV pool size in tokens; default: from the memory budget"
+    )
     mem_fraction_static: float = _f(0.85, "fraction of GPU memory for weights + KV pool (CUDA)")
     cpu_kv_cache_gb: float = _f(1.0, "KV pool budget in GiB when running on the CPU")
     disable_radix_cache: bool = _f(False, "turn the radix prefix cache off (for comparison)")
     # Scheduling
     schedule_policy: str = _f("lpm", "order of waiting requests", SCHEDULE_POLICIES)
-    chunked_prefill_size: int = _f(2048, "max prompt tokens prefilled per step per request; "
-                                   "-1 disables chunking")
+    chunked_prefill_size: int = _f(
+        2048, "max prompt tokens prefilled per step per request; -1 disables chunking"
+    )
     max_prefill_tokens: int = _f(8192, "token budget of new prefill tokens per step")
     max_running_requests: int = _f(128, "max requests decoding at once")
     schedule_conservativeness: float = _f(1.0, "KV headroom reserved for running decodes")
     # Structured generation
-    disable_jump_forward: bool = _f(False, "decode constrained text token by token, even where "
-                                    "the grammar fixes it (for comparison)")
-    json_any_whitespace: bool = _f(False, "let JSON-schema output put any whitespace between "
-                                   "tokens (xgrammar's default); off: json.dumps spacing")
+    disable_jump_forward: bool = _f(
+        False,
+        "decode constrained text token by token, even where the grammar fixes it (for comparison)",
+    )
+    json_any_whitespace: bool = _f(
+        False,
+        "let JSON-schema output put any whitespace between "
+        "tokens (xgrammar's default); off: json.dumps spacing",
+    )
     # Execution
-    attention_backend: str | None = _f(None, "torch or triton; default: triton on CUDA, torch "
-                                       "on CPU", ("torch", "triton"))
+    attention_backend: str | None = _f(
+        None, "torch or triton; default: triton on CUDA, torch on CPU", ("torch", "triton")
+    )
     num_threads: int | None = _f(None, "torch CPU threads; default: torch's choice")
     disable_cuda_graph: bool = _f(False, "run CUDA decode steps without CUDA graphs")
     cuda_graph_max_bs: int = _f(64, "largest decode batch captured in a CUDA graph")
     # Server (`radixrt launch`)
     host: str = _f("127.0.0.1", "address the HTTP server binds; 0.0.0.0 exposes it")
     port: int = _f(30000, "HTTP port")
-    api_key: str | None = _f(None, "when set, every endpoint but /health needs "
-                             "'Authorization: Bearer KEY'; default: $RADIXRT_API_KEY (keeps "
-                             "the key out of `ps`)")
-    served_model_name: str | None = _f(None, "model name of the OpenAI API; default: the "
-                                       "model path, or SmolLM2-135M-Instruct")
-    max_queued_requests: int | None = _f(None, "requests waiting beyond max_running_requests "
-                                         "before new ones get 503; default: no limit")
-    max_request_bytes: int = _f(4 * 1024 * 1024, "largest HTTP request body (and ZeroMQ "
-                                "message) in bytes; a larger one gets 413 before it is parsed")
-    max_prompt_chars: int = _f(1_000_000, "longest prompt (or chat conversation) in characters, "
-                               "checked before tokenization")
-    max_request_batch_size: int = _f(1024, "most requests one /generate call may make (prompts "
-                                     "times n)")
-    max_logprobs: int = _f(20, "largest top_logprobs_num (OpenAI's top_logprobs / logprobs) a "
-                           "request may ask for, as vLLM's --max-logprobs")
-    max_logprob_entries: int = _f(1_000_000, "most (token, logprob) entries one request may "
-                                  "produce: (prompt tokens scored + max_new_tokens) times "
-                                  "(1 + top_logprobs_num + len(token_ids_logprob))")
-    grammar_compile_timeout: float = _f(10.0, "seconds a regex / json_schema / ebnf may take to "
-                                        "check and compile; longer is a 400 naming the field")
-    graceful_shutdown_timeout: float = _f(0.0, "on SIGTERM, seconds to let running requests "
-                                          "finish before they are ended (new ones get 503)")
-    incremental_streaming_output: bool = _f(False, "streamed /generate chunks carry only the "
-                                            "new text, output_ids and output logprobs "
-                                            "(default: everything so far, as SGLang)")
+    api_key: str | None = _f(
+        None,
+        "when set, every endpoint but /health needs "
+        "'Authorization: Bearer KEY'; default: $RADIXRT_API_KEY (keeps "
+        "the key out of `ps`)",
+    )
+    served_model_name: str | None = _f(
+        None, "model name of the OpenAI API; default: the model path, or SmolLM2-135M-Instruct"
+    )
+    max_queued_requests: int | None = _f(
+        None,
+        "requests waiting beyond max_running_requests before new ones get 503; default: no limit",
+    )
+    max_request_bytes: int = _f(
+        4 * 1024 * 1024,
+        "largest HTTP request body (and ZeroMQ "
+        "message) in bytes; a larger one gets 413 before it is parsed",
+    )
+    max_prompt_chars: int = _f(
+        1_000_000,
+        "longest prompt (or chat conversation) in characters, checked before tokenization",
+    )
+    max_request_batch_size: int = _f(
+        1024, "most requests one /generate call may make (prompts times n)"
+    )
+    max_logprobs: int = _f(
+        20,
+        "largest top_logprobs_num (OpenAI's top_logprobs / logprobs) a "
+        "request may ask for, as vLLM's --max-logprobs",
+    )
+    max_logprob_entries: int = _f(
+        1_000_000,
+        "most (token, logprob) entries one request may "
+        "produce: (prompt tokens scored + max_new_tokens) times "
+        "(1 + top_logprobs_num + len(token_ids_logprob))",
+    )
+    grammar_compile_timeout: float = _f(
+        10.0,
+        "seconds a regex / json_schema / ebnf may take to "
+        "check and compile; longer is a 400 naming the field",
+    )
+    graceful_shutdown_timeout: float = _f(
+        0.0,
+        "on SIGTERM, seconds to let running requests "
+        "finish before they are ended (new ones get 503)",
+    )
+    incremental_streaming_output: bool = _f(
+        False,
+        "streamed /generate chunks carry only the "
+        "new text, output_ids and output logprobs "
+        "(default: everything so far, as SGLang)",
+    )
     # Debugging and logging
     enable_kv_checks: bool = _f(False, "check KV accounting after every scheduler step")
     log_level: str = _f("info", "logging level", ("debug", "info", "warning", "error"))
@@ -107,30 +146,40 @@ class ServerArgs:
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.max_total_tokens is not None and self.max_total_tokens < self.page_size:
-            raise ValueError(f"max_total_tokens must be >= page_size ({self.page_size}), "
-                             f"got {self.max_total_tokens}")
+            raise ValueError(
+                f"max_total_tokens must be >= page_size ({self.page_size}), "
+                f"got {self.max_total_tokens}"
+            )
         if self.chunked_prefill_size != -1 and self.chunked_prefill_size < 1:
-            raise ValueError("chunked_prefill_size must be -1 (off) or >= 1, "
-                             f"got {self.chunked_prefill_size}")
+            raise ValueError(
+                f"chunked_prefill_size must be -1 (off) or >= 1, got {self.chunked_prefill_size}"
+            )
         if self.max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
         if self.max_queued_requests is not None and self.max_queued_requests < 0:
             raise ValueError(f"max_queued_requests must be >= 0, got {self.max_queued_requests}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
-        for name in ("max_request_bytes", "max_prompt_chars", "max_request_batch_size",
-                     "max_logprob_entries"):
+        for name in (
+            "max_request_bytes",
+            "max_prompt_chars",
+            "max_request_batch_size",
+            "max_logprob_entries",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_logprobs < 0:
             raise ValueError(f"max_logprobs must be >= 0, got {self.max_logprobs}")
         if self.grammar_compile_timeout <= 0 or self.graceful_shutdown_timeout < 0:
-            raise ValueError("grammar_compile_timeout must be > 0 and graceful_shutdown_timeout "
-                             f">= 0, got {self.grammar_compile_timeout} and "
-                             f"{self.graceful_shutdown_timeout}")
+            raise ValueError(
+                "grammar_compile_timeout must be > 0 and graceful_shutdown_timeout "
+                f">= 0, got {self.grammar_compile_timeout} and "
+                f"{self.graceful_shutdown_timeout}"
+            )
         if not 0 < self.mem_fraction_static <= 1:
-            raise ValueError("mem_fraction_static must be in (0, 1], "
-                             f"got {self.mem_fraction_static}")
+            raise ValueError(
+                f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}"
+            )
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> ServerArgs:
@@ -147,8 +196,13 @@ class ServerArgs:
             if f.type in ("bool", bool):
                 parser.add_argument(flag, action="store_true", help=f.metadata["help"])
                 continue
-            parser.add_argument(flag, type=_cli_type(f), default=f.default,
-                                choices=f.metadata.get("choices"), help=f.metadata["help"])
+            parser.add_argument(
+                flag,
+                type=_cli_type(f),
+                default=f.default,
+                choices=f.metadata.get("choices"),
+                help=f.metadata["help"],
+            )
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> ServerArgs:

@@ -68,15 +68,19 @@ def queue_pipeline() -> QueuePipeline:
     to_sched: queue.Queue = queue.Queue()
     to_detok: queue.Queue = queue.Queue()
     to_front: queue.Queue = queue.Queue()
-    return QueuePipeline(QueueTransport(to_front, to_sched), QueueTransport(to_sched, to_detok),
-                         QueueTransport(to_detok, to_front))
+    return QueuePipeline(
+        QueueTransport(to_front, to_sched),
+        QueueTransport(to_sched, to_detok),
+        QueueTransport(to_detok, to_front),
+    )
 
 
 class ZmqTransport:
     """PUSH/PULL ZeroMQ sockets carrying the same msgspec bytes between processes."""
 
-    def __init__(self, recv_addr: str, send_addr: str, bind: bool,
-                 bind_send: bool | None = None) -> None:
+    def __init__(
+        self, recv_addr: str, send_addr: str, bind: bool, bind_send: bool | None = None
+    ) -> None:
         """`bind` says whether this end binds (else connects) its sockets; `bind_send`, when
         given, overrides it for the sending socket (a process in the middle of a pipeline)."""
         self.ctx = zmq.Context()
@@ -99,8 +103,7 @@ class ZmqTransport:
     def send(self, data: bytes, block: bool = True, timeout: float | None = None) -> bool:
         """Queue one message; with block=False or past `timeout` seconds, give up (False)
         rather than wait for a peer that is gone (a PUSH socket without one blocks)."""
-        if block and timeout is not None and not self.push.poll(int(timeout * 1000),
-                                                                zmq.POLLOUT):
+        if block and timeout is not None and not self.push.poll(int(timeout * 1000), zmq.POLLOUT):
             return False
         try:
             self.push.send(data, 0 if block and timeout is None else zmq.NOBLOCK)

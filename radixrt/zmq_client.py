@@ -37,8 +37,14 @@ class FrontendError(RuntimeError):
 
 
 class ZmqClient:
-    def __init__(self, address: str, api_key: str | None = None, timeout_s: float = 600,
-                 alive: Callable[[], bool] | None = None, probe_s: float = 5) -> None:
+    def __init__(
+        self,
+        address: str,
+        api_key: str | None = None,
+        timeout_s: float = 600,
+        alive: Callable[[], bool] | None = None,
+        probe_s: float = 5,
+    ) -> None:
         """`alive`, if given, is asked whenever a reply is `probe_s` late: a False ends the
         wait with ConnectionError (ZeroMQ itself would wait for a dead server forever)."""
         self.address = address
@@ -56,13 +62,18 @@ class ZmqClient:
         self._wake_r, self._wake_w = os.pipe()
         self._waiting: dict[str, queue.Queue] = {}
         self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._receive, daemon=True,
-                                        name="radixrt-zmq-client")
+        self._thread = threading.Thread(
+            target=self._receive, daemon=True, name="radixrt-zmq-client"
+        )
         self._thread.start()
 
-    def generate(self, text: str | list[str] | None = None,
-                 sampling_params: dict | list[dict] | None = None,
-                 input_ids: list[int] | list[list[int]] | None = None, **fields: Any) -> Any:
+    def generate(
+        self,
+        text: str | list[str] | None = None,
+        sampling_params: dict | list[dict] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        **fields: Any,
+    ) -> Any:
         """Engine.generate's result (a dict, or a list for a batch or n > 1). `fields`: the
         other fields of GenerateReqInput (radixrt/request_input.py) by name: return_logprob,
         logprob_start_len, top_logprobs_num, return_text_in_logprobs, token_ids_logprob,
@@ -70,10 +81,13 @@ class ZmqClient:
         fields["stream"] = False
         return next(self._exchange(self._message(text, sampling_params, input_ids, fields)))
 
-    def generate_stream(self, text: str | list[str] | None = None,
-                        sampling_params: dict | list[dict] | None = None,
-                        input_ids: list[int] | list[list[int]] | None = None,
-                        **fields: Any) -> Iterator[dict[str, Any]]:
+    def generate_stream(
+        self,
+        text: str | list[str] | None = None,
+        sampling_params: dict | list[dict] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        **fields: Any,
+    ) -> Iterator[dict[str, Any]]:
         """Chunks with the new text of each step, as Engine.generate(stream=True) yields them
         (meta_info's logprob lists hold everything so far). Closing the iterator early aborts
         the request."""
@@ -81,8 +95,9 @@ class ZmqClient:
         return self._exchange(self._message(text, sampling_params, input_ids, fields))
 
     def _message(self, text, sampling_params, input_ids, fields) -> ClientGenerate:
-        req = make_request(text=text, sampling_params=sampling_params, input_ids=input_ids,
-                           **fields)
+        req = make_request(
+            text=text, sampling_params=sampling_params, input_ids=input_ids, **fields
+        )
         return ClientGenerate(_new_id(), req)
 
     def flush_cache(self) -> bool:
@@ -120,8 +135,11 @@ class ZmqClient:
                     raise FrontendError(reply.error, reply.status)
                 if reply.kind == "result":
                     done = True
-                    if reply.data is not None or not isinstance(msg, ClientGenerate) \
-                            or not msg.request.stream:
+                    if (
+                        reply.data is not None
+                        or not isinstance(msg, ClientGenerate)
+                        or not msg.request.stream
+                    ):
                         yield reply.data
                     return
                 yield reply.data

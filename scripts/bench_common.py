@@ -11,28 +11,84 @@ import time
 
 import torch
 
-FRUITS = ["apples", "pears", "plums", "lemons", "melons", "grapes", "limes", "peaches",
-          "cherries", "mangoes", "kiwis", "figs", "dates", "oranges"]
-NAMES = ["Ada", "Ben", "Cleo", "Dev", "Emma", "Farid", "Gus", "Hana", "Ivan", "Jo", "Kai",
-         "Lena", "Milo", "Nora", "Omar", "Pia"]
-TASKS = ["Write a short poem about", "Explain to a ten-year-old", "List three surprising facts "
-         "about", "Summarize the debate around", "Describe a day in the life connected to",
-         "Give a beginner's guide to", "Compare two schools of thought on",
-         "Draft an email to a colleague about", "Tell a brief story involving",
-         "What are common misconceptions about"]
-TOPICS = ["the printing press", "coral reefs", "sourdough baking", "black holes", "the Silk Road",
-          "jazz improvisation", "urban beekeeping", "glaciers", "the stock market",
-          "medieval castles", "quantum computing", "marathon training", "volcanoes",
-          "origami", "the water cycle", "chess openings"]
-FILLER = ["Keep the tone friendly and concrete.", "Mention at least one number.",
-          "The audience knows very little about the subject.", "Avoid jargon where you can.",
-          "Use an example from everyday life.", "It should fit on a postcard.",
-          "Assume the reader is in a hurry and wants the key point first.",
-          "Please end with a question that invites further thought.",
-          "A historical detail or two would help, if you know any that are accurate.",
-          "My teacher asked for this and I want it to sound natural, not like a textbook.",
-          "Think about what would surprise a curious visitor from another century.",
-          "Be honest about what is uncertain or still debated among experts."]
+FRUITS = [
+    "apples",
+    "pears",
+    "plums",
+    "lemons",
+    "melons",
+    "grapes",
+    "limes",
+    "peaches",
+    "cherries",
+    "mangoes",
+    "kiwis",
+    "figs",
+    "dates",
+    "oranges",
+]
+NAMES = [
+    "Ada",
+    "Ben",
+    "Cleo",
+    "Dev",
+    "Emma",
+    "Farid",
+    "Gus",
+    "Hana",
+    "Ivan",
+    "Jo",
+    "Kai",
+    "Lena",
+    "Milo",
+    "Nora",
+    "Omar",
+    "Pia",
+]
+TASKS = [
+    "Write a short poem about",
+    "Explain to a ten-year-old",
+    "List three surprising facts about",
+    "Summarize the debate around",
+    "Describe a day in the life connected to",
+    "Give a beginner's guide to",
+    "Compare two schools of thought on",
+    "Draft an email to a colleague about",
+    "Tell a brief story involving",
+    "What are common misconceptions about",
+]
+TOPICS = [
+    "the printing press",
+    "coral reefs",
+    "sourdough baking",
+    "black holes",
+    "the Silk Road",
+    "jazz improvisation",
+    "urban beekeeping",
+    "glaciers",
+    "the stock market",
+    "medieval castles",
+    "quantum computing",
+    "marathon training",
+    "volcanoes",
+    "origami",
+    "the water cycle",
+    "chess openings",
+]
+FILLER = [
+    "Keep the tone friendly and concrete.",
+    "Mention at least one number.",
+    "The audience knows very little about the subject.",
+    "Avoid jargon where you can.",
+    "Use an example from everyday life.",
+    "It should fit on a postcard.",
+    "Assume the reader is in a hurry and wants the key point first.",
+    "Please end with a question that invites further thought.",
+    "A historical detail or two would help, if you know any that are accurate.",
+    "My teacher asked for this and I want it to sound natural, not like a textbook.",
+    "Think about what would surprise a curious visitor from another century.",
+    "Be honest about what is uncertain or still debated among experts.",
+]
 
 
 def shop_question(rng: random.Random, items: int) -> tuple[str, list[tuple[int, str, int]]]:
@@ -49,8 +105,9 @@ def worked_example(rng: random.Random, tokenizer, target_tokens: int = 200) -> s
         steps, total = [], 0
         for n, f, p in buys:
             total += n * p
-            steps.append(f"The {f} cost {n} x {p} = {n * p} cents, so the total is now "
-                         f"{total} cents.")
+            steps.append(
+                f"The {f} cost {n} x {p} = {n * p} cents, so the total is now {total} cents."
+            )
         text = f"{question}Answer: Step by step. {' '.join(steps)} The answer is {total}.\n\n"
         if len(tokenizer.encode(text, add_special_tokens=False)) >= target_tokens:
             break
@@ -77,7 +134,7 @@ def unrelated_workload(tokenizer, n: int, long_len: int, seed: int = 1) -> tuple
     prompts: list[list[int]] = []
     while len(prompts) < n:
         words = [f"{rng.choice(TASKS)} {rng.choice(TOPICS)}."] + rng.sample(FILLER, len(FILLER))
-        ids = tokenizer.encode(" ".join(words), add_special_tokens=False)[:rng.randint(20, 100)]
+        ids = tokenizer.encode(" ".join(words), add_special_tokens=False)[: rng.randint(20, 100)]
         if ids not in prompts:
             prompts.append(ids)
     max_new = [rng.randint(8, 16) for _ in range(n)]
@@ -125,8 +182,9 @@ def eos_ids(model, tokenizer) -> list[int]:
 
 
 @torch.inference_mode()
-def hf_static(model, prompts: list[list[int]], max_new: list[int], eos: list[int],
-              pad_id: int) -> tuple[float, list[list[int]]]:
+def hf_static(
+    model, prompts: list[list[int]], max_new: list[int], eos: list[int], pad_id: int
+) -> tuple[float, list[list[int]]]:
     """One left-padded greedy `generate` over all prompts, EOS suppressed, to the batch max.
     Returns (wall seconds, each row's first max_new[i] tokens)."""
     from transformers import GenerationConfig
@@ -134,18 +192,22 @@ def hf_static(model, prompts: list[list[int]], max_new: list[int], eos: list[int
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    cfg = GenerationConfig(max_new_tokens=max(max_new), do_sample=False, suppress_tokens=eos,
-                           eos_token_id=eos, pad_token_id=pad_id)
+    cfg = GenerationConfig(
+        max_new_tokens=max(max_new),
+        do_sample=False,
+        suppress_tokens=eos,
+        eos_token_id=eos,
+        pad_token_id=pad_id,
+    )
     start = time.perf_counter()
     out = model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg)
     wall = time.perf_counter() - start
     assert out.shape[1] == width + max(max_new), "a row stopped before max_new_tokens"
-    return wall, [out[i, width:width + m].tolist() for i, m in enumerate(max_new)]
+    return wall, [out[i, width : width + m].tolist() for i, m in enumerate(max_new)]
 
 
 @torch.inference_mode()
-def hf_continuous(model, prompts: list[list[int]], max_new: list[int],
-                  pad_id: int) -> float:
+def hf_continuous(model, prompts: list[list[int]], max_new: list[int], pad_id: int) -> float:
     """transformers' continuous batching (paged cache, block sharing on), each request with its
     own max_new_tokens and EOS disabled (eos_token_id=-1). The manager is set up and warmed
     with two short requests before the clock starts. Returns wall seconds."""
@@ -154,16 +216,25 @@ def hf_continuous(model, prompts: list[list[int]], max_new: list[int],
 
     page = 64
     blocks = sum(-(-(len(p) + m) // page) for p, m in zip(prompts, max_new, strict=True)) + 8
-    cb_cfg = ContinuousBatchingConfig(page_size=page, num_blocks=blocks, max_batch_tokens=2048,
-                                      allow_block_sharing=True)
+    cb_cfg = ContinuousBatchingConfig(
+        page_size=page, num_blocks=blocks, max_batch_tokens=2048, allow_block_sharing=True
+    )
     gen_cfg = GenerationConfig(do_sample=False, eos_token_id=-1, pad_token_id=pad_id)
     with model.continuous_batching_context_manager(
-            generation_config=gen_cfg, continuous_batching_config=cb_cfg) as manager:
-        _drain(manager, [manager.add_request([5, 6, 7, 8], max_new_tokens=2, eos_token_id=-1)
-                         for _ in range(2)])
+        generation_config=gen_cfg, continuous_batching_config=cb_cfg
+    ) as manager:
+        _drain(
+            manager,
+            [
+                manager.add_request([5, 6, 7, 8], max_new_tokens=2, eos_token_id=-1)
+                for _ in range(2)
+            ],
+        )
         start = time.perf_counter()
-        rids = [manager.add_request(p, max_new_tokens=m, eos_token_id=-1)
-                for p, m in zip(prompts, max_new, strict=True)]
+        rids = [
+            manager.add_request(p, max_new_tokens=m, eos_token_id=-1)
+            for p, m in zip(prompts, max_new, strict=True)
+        ]
         results = _drain(manager, rids)
         wall = time.perf_counter() - start
     got = [len(results[r].generated_tokens) for r in rids]

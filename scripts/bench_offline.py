@@ -65,13 +65,23 @@ def build_workloads(args: argparse.Namespace, tokenizer) -> list[Workload]:
     a_new, long_new, dec_new, pre_len = (8, 64, 32, 512) if args.quick else (32, 256, 128, 2000)
     b_prompts, b_new = bc.unrelated_workload(tokenizer, n, long_new)
     makers = {
-        "a": lambda: Workload("a: shared 5-shot prefix", bc.prefix_workload(tokenizer, n),
-                              [a_new] * n),
+        "a": lambda: Workload(
+            "a: shared 5-shot prefix", bc.prefix_workload(tokenizer, n), [a_new] * n
+        ),
         "b": lambda: Workload("b: unrelated, skewed outputs", b_prompts, b_new),
-        "decode": lambda: Workload(f"decode: batch 1, {dec_new} new", [bc.short_question(
-            tokenizer)], [dec_new], with_cb=False),
-        "prefill": lambda: Workload(f"prefill: {pre_len}-token prompt", [bc.long_prompt(
-            tokenizer, pre_len)], [1], unit="prompt", with_cb=False),
+        "decode": lambda: Workload(
+            f"decode: batch 1, {dec_new} new",
+            [bc.short_question(tokenizer)],
+            [dec_new],
+            with_cb=False,
+        ),
+        "prefill": lambda: Workload(
+            f"prefill: {pre_len}-token prompt",
+            [bc.long_prompt(tokenizer, pre_len)],
+            [1],
+            unit="prompt",
+            with_cb=False,
+        ),
     }
     names = [w.strip() for w in args.workloads.split(",") if w.strip()]
     unknown = sorted(set(names) - set(makers))
@@ -97,15 +107,29 @@ def run_radixrt(engine, w: Workload) -> tuple[Row, list[list[int]]]:
     prompt = sum(o["meta_info"]["prompt_tokens"] for o in outs)
     after = engine.get_server_info().get("steps")
     note = "" if steps is None or after is None else f"{after - steps} steps"
-    row = Row(w.name, "radixrt", len(w.prompts), sum(w.max_new), wall,
-              counted_tokens(w) / wall, cache_hit=cached / prompt, note=note)
+    row = Row(
+        w.name,
+        "radixrt",
+        len(w.prompts),
+        sum(w.max_new),
+        wall,
+        counted_tokens(w) / wall,
+        cache_hit=cached / prompt,
+        note=note,
+    )
     return row, [o["output_ids"] for o in outs]
 
 
 def run_hf_static(model, w: Workload, eos: list[int], pad: int) -> tuple[Row, list[list[int]]]:
     wall, outs = bc.hf_static(model, w.prompts, w.max_new, eos, pad)
-    return Row(w.name, "transformers generate (static)", len(w.prompts), sum(w.max_new), wall,
-               counted_tokens(w) / wall), outs
+    return Row(
+        w.name,
+        "transformers generate (static)",
+        len(w.prompts),
+        sum(w.max_new),
+        wall,
+        counted_tokens(w) / wall,
+    ), outs
 
 
 def run_hf_cb(model, w: Workload, pad: int) -> Row:
@@ -127,8 +151,10 @@ def agreement(ours: list[list[int]], ref: list[list[int]], eos: list[int]) -> st
 
 
 def run_workload(w: Workload, engine, model, eos, pad, skip_cb: bool) -> list[Row]:
-    log(f"[{w.name}] {len(w.prompts)} requests, prompt tokens {sum(map(len, w.prompts))}, "
-        f"requested output tokens {sum(w.max_new)}")
+    log(
+        f"[{w.name}] {len(w.prompts)} requests, prompt tokens {sum(map(len, w.prompts))}, "
+        f"requested output tokens {sum(w.max_new)}"
+    )
     ours, our_ids = run_radixrt(engine, w)
     log(f"  radixrt: {ours.wall_s:.2f} s")
     static, ref_ids = run_hf_static(model, w, eos, pad)
@@ -145,8 +171,10 @@ def run_workload(w: Workload, engine, model, eos, pad, skip_cb: bool) -> list[Ro
 
 def warm_up(engine, model, eos: list[int], pad: int) -> None:
     prompts = [[1, 5, 6, 7, 8], [1, 9, 10]]
-    engine.generate(input_ids=prompts, sampling_params=[
-        {"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True}] * 2)
+    engine.generate(
+        input_ids=prompts,
+        sampling_params=[{"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True}] * 2,
+    )
     bc.hf_static(model, prompts, [4, 4], eos, pad)
 
 
@@ -155,13 +183,18 @@ def fmt(x: float | None, spec: str) -> str:
 
 
 def markdown(rows: list[Row]) -> str:
-    lines = ["| workload | system | requests | requested output tokens | wall s | tok/s | "
-             "vs static generate | radixrt cache hit | notes |", "|" + "---|" * 9]
+    lines = [
+        "| workload | system | requests | requested output tokens | wall s | tok/s | "
+        "vs static generate | radixrt cache hit | notes |",
+        "|" + "---|" * 9,
+    ]
     for r in rows:
-        lines.append(f"| {r.workload} | {r.system} | {r.requests} | {r.requested_tokens} | "
-                     f"{fmt(r.wall_s, '.2f')} | {fmt(r.tok_s, '.1f')} | "
-                     f"{fmt(r.ratio, '.2f')}{'x' if r.ratio else ''} | "
-                     f"{fmt(r.cache_hit, '.1%') if r.system == 'radixrt' else ''} | {r.note} |")
+        lines.append(
+            f"| {r.workload} | {r.system} | {r.requests} | {r.requested_tokens} | "
+            f"{fmt(r.wall_s, '.2f')} | {fmt(r.tok_s, '.1f')} | "
+            f"{fmt(r.ratio, '.2f')}{'x' if r.ratio else ''} | "
+            f"{fmt(r.cache_hit, '.1%') if r.system == 'radixrt' else ''} | {r.note} |"
+        )
     return "\n".join(lines)
 
 
@@ -184,8 +217,10 @@ def main() -> None:
     eos = bc.eos_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     info = engine.get_server_info()
-    log(f"model {path}\ndtype {args.dtype}, torch threads {torch.get_num_threads()}, "
-        f"radixrt attention {info.get('attention_backend')}, device {info.get('device')}")
+    log(
+        f"model {path}\ndtype {args.dtype}, torch threads {torch.get_num_threads()}, "
+        f"radixrt attention {info.get('attention_backend')}, device {info.get('device')}"
+    )
     warm_up(engine, model, eos, pad)
     rows: list[Row] = []
     try:
@@ -194,12 +229,17 @@ def main() -> None:
     finally:
         engine.shutdown()
     table = markdown(rows)
-    print("\ntok/s is output tok/s (sum of requested max_new_tokens / wall s), except for the "
-          "prefill row: prompt tok/s.\n\n" + table)
+    print(
+        "\ntok/s is output tok/s (sum of requested max_new_tokens / wall s), except for the "
+        "prefill row: prompt tok/s.\n\n" + table
+    )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"command": command, "dtype": args.dtype,
-                       "rows": [asdict(r) for r in rows]}, f, indent=1)
+            json.dump(
+                {"command": command, "dtype": args.dtype, "rows": [asdict(r) for r in rows]},
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

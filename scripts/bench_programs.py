@@ -50,17 +50,29 @@ class Run:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", choices=[*wl.WORKLOADS, "all"], default="all")
-    p.add_argument("--num-programs", type=int, default=None,
-                   help="programs per workload; default: " + ", ".join(
-                       f"{name} {n}" for name, (_, _, n) in wl.WORKLOADS.items()))
-    p.add_argument("--num-threads", type=int, default=16,
-                   help="run_batch's num_threads: programs in flight at once")
+    p.add_argument(
+        "--num-programs",
+        type=int,
+        default=None,
+        help="programs per workload; default: "
+        + ", ".join(f"{name} {n}" for name, (_, _, n) in wl.WORKLOADS.items()),
+    )
+    p.add_argument(
+        "--num-threads",
+        type=int,
+        default=16,
+        help="run_batch's num_threads: programs in flight at once",
+    )
     p.add_argument("--seed", type=int, default=0, help="of the synthetic inputs")
     p.add_argument("--output", default=None, help="also write the table to this .md file")
-    p.add_argument("--server-args", default="",
-                   help="extra `radixrt launch` flags for both servers, one string")
-    p.add_argument("--launch-timeout", type=float, default=600.0,
-                   help="seconds to wait for /health")
+    p.add_argument(
+        "--server-args",
+        default="",
+        help="extra `radixrt launch` flags for both servers, one string",
+    )
+    p.add_argument(
+        "--launch-timeout", type=float, default=600.0, help="seconds to wait for /health"
+    )
     p.set_defaults(api_key=None)  # bench_serving_launch.launched reads it
     args = p.parse_args(argv)
     if args.num_programs is not None and args.num_programs < 1:
@@ -80,8 +92,9 @@ def flush(backend: rt.RuntimeEndpoint) -> None:
         if backend.flush_cache():
             return
         time.sleep(0.25)
-    raise RuntimeError("the server kept refusing /flush_cache; a cached prefix would skew "
-                       "the next workload")
+    raise RuntimeError(
+        "the server kept refusing /flush_cache; a cached prefix would skew the next workload"
+    )
 
 
 def warm_up(backend: rt.RuntimeEndpoint, url: str) -> None:
@@ -94,8 +107,7 @@ def run_workload(backend: rt.RuntimeEndpoint, name: str, args: argparse.Namespac
     program, inputs = wl.build(name, args.num_programs, args.seed)
     flush(backend)
     start = time.perf_counter()
-    states = program.run_batch(inputs, backend=backend, temperature=0,
-                               num_threads=args.num_threads)
+    states = program.run_batch(inputs, backend=backend, temperature=0, num_threads=args.num_threads)
     seconds = time.perf_counter() - start
     errors = [s.error() for s in states if s.error() is not None]
     if errors:
@@ -103,8 +115,9 @@ def run_workload(backend: rt.RuntimeEndpoint, name: str, args: argparse.Namespac
     return Run(len(states), len(errors), seconds, states.get_meta_info())
 
 
-def bench_server(label: str, extra: list[str],
-                 args: argparse.Namespace) -> tuple[dict[str, Run], str]:
+def bench_server(
+    label: str, extra: list[str], args: argparse.Namespace
+) -> tuple[dict[str, Run], str]:
     """Start one server, run every chosen workload on it, stop it. Also returns what it
     served ("model, dtype on device"), for the report."""
     runs = {}
@@ -112,15 +125,19 @@ def bench_server(label: str, extra: list[str],
         backend = rt.RuntimeEndpoint(url)
         try:
             info = backend.get_server_info()
-            served = (f"{backend.get_model_info().get('served_model_name')}, "
-                      f"{info.get('dtype')} on {info.get('device')}")
+            served = (
+                f"{backend.get_model_info().get('served_model_name')}, "
+                f"{info.get('dtype')} on {info.get('device')}"
+            )
             warm_up(backend, url)
             for name in args.workloads:
                 log(f"[{label}] {name} ...")
                 runs[name] = run_workload(backend, name, args)
                 r = runs[name]
-                log(f"[{label}] {name}: {r.programs} programs in {r.seconds:.1f} s, "
-                    f"hit rate {r.meta['cache_hit_rate']:.1%}")
+                log(
+                    f"[{label}] {name}: {r.programs} programs in {r.seconds:.1f} s, "
+                    f"hit rate {r.meta['cache_hit_rate']:.1%}"
+                )
         finally:
             backend.shutdown()
     return runs, served
@@ -137,29 +154,41 @@ def markdown(results: dict[str, dict[str, Run]], workloads: list[str]) -> str:
     sides = [label for label, _ in SERVERS]
     head = ["workload", "programs"]
     for side in sides:
-        head += [f"{side}: programs/s", f"{side}: gen tok/s",
-                 f"{side}: hit rate (cached / prompt tok)", f"{side}: wall s"]
+        head += [
+            f"{side}: programs/s",
+            f"{side}: gen tok/s",
+            f"{side}: hit rate (cached / prompt tok)",
+            f"{side}: wall s",
+        ]
     head.append("speedup (programs/s on / off)")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name in workloads:
         on, off = (results[side][name] for side in sides)
         failed = on.failed + off.failed
         programs = f"{on.programs}" + (f" ({failed} failed)" if failed else "")
-        row = [name, programs, *_cells(on), *_cells(off),
-               f"{on.programs_per_s / off.programs_per_s:.2f}x"]
+        row = [
+            name,
+            programs,
+            *_cells(on),
+            *_cells(off),
+            f"{on.programs_per_s / off.programs_per_s:.2f}x",
+        ]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
-def report(results: dict[str, dict[str, Run]], args: argparse.Namespace, served: str,
-           total_s: float) -> str:
-    note = (f"Both servers measured in this run, one after the other (cache on, then "
-            f"`--disable-radix-cache`); {served}"
-            + (f", server args `{args.server_args}`" if args.server_args else "")
-            + f"; run_batch(temperature=0, num_threads={args.num_threads}), cache flushed "
-            "before each workload. gen tok/s: generated tokens per second (select generates "
-            "none: it scores the choices by prefill). Whole benchmark, server starts "
-            f"included: {total_s:.0f} s.")
+def report(
+    results: dict[str, dict[str, Run]], args: argparse.Namespace, served: str, total_s: float
+) -> str:
+    note = (
+        f"Both servers measured in this run, one after the other (cache on, then "
+        f"`--disable-radix-cache`); {served}"
+        + (f", server args `{args.server_args}`" if args.server_args else "")
+        + f"; run_batch(temperature=0, num_threads={args.num_threads}), cache flushed "
+        "before each workload. gen tok/s: generated tokens per second (select generates "
+        "none: it scores the choices by prefill). Whole benchmark, server starts "
+        f"included: {total_s:.0f} s."
+    )
     return f"{markdown(results, args.workloads)}\n\n{note}\n"
 
 

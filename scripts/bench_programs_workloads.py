@@ -14,21 +14,79 @@ from typing import Any
 
 import radixrt as rt
 
-TOWNS = ["Marlow Creek", "Ashby Vale", "Pendle Cross", "Hollin Ford", "Wrenmoor", "Calder Mill",
-         "Otterbury", "Sallow Heath", "Brackenridge", "Fenwick Hythe", "Thornleigh", "Eskdown",
-         "Larkspur Quay", "Moss Hallow", "Ravensgill", "Quarry End", "Tillingham", "Dunmere",
-         "Harrow Lees", "Kestrel Point", "Wickham Bay", "Stanbridge", "Elder Row", "Gorsey Bank"]
-FOUNDERS = [("Edith Crane", "miller"), ("Tobias Hale", "stonemason"), ("Mara Quill", "weaver"),
-            ("Jonas Frith", "ferryman"), ("Alys Marden", "blacksmith"), ("Owen Pryce", "potter"),
-            ("Nell Ashdown", "brewer"), ("Silas Rook", "shipwright"), ("Hester Vane", "printer"),
-            ("Caleb Thorne", "glazier"), ("Ruth Cobb", "cooper"), ("Amos Reed", "tanner")]
-INDUSTRIES = ["glassblowing", "the ferry trade", "wool dyeing", "slate quarrying", "cider making",
-              "boat building", "clock repair", "paper milling", "oyster farming", "rope making"]
+TOWNS = [
+    "Marlow Creek",
+    "Ashby Vale",
+    "Pendle Cross",
+    "Hollin Ford",
+    "Wrenmoor",
+    "Calder Mill",
+    "Otterbury",
+    "Sallow Heath",
+    "Brackenridge",
+    "Fenwick Hythe",
+    "Thornleigh",
+    "Eskdown",
+    "Larkspur Quay",
+    "Moss Hallow",
+    "Ravensgill",
+    "Quarry End",
+    "Tillingham",
+    "Dunmere",
+    "Harrow Lees",
+    "Kestrel Point",
+    "Wickham Bay",
+    "Stanbridge",
+    "Elder Row",
+    "Gorsey Bank",
+]
+FOUNDERS = [
+    ("Edith Crane", "miller"),
+    ("Tobias Hale", "stonemason"),
+    ("Mara Quill", "weaver"),
+    ("Jonas Frith", "ferryman"),
+    ("Alys Marden", "blacksmith"),
+    ("Owen Pryce", "potter"),
+    ("Nell Ashdown", "brewer"),
+    ("Silas Rook", "shipwright"),
+    ("Hester Vane", "printer"),
+    ("Caleb Thorne", "glazier"),
+    ("Ruth Cobb", "cooper"),
+    ("Amos Reed", "tanner"),
+]
+INDUSTRIES = [
+    "glassblowing",
+    "the ferry trade",
+    "wool dyeing",
+    "slate quarrying",
+    "cider making",
+    "boat building",
+    "clock repair",
+    "paper milling",
+    "oyster farming",
+    "rope making",
+]
 RIVERS = ["Tamsin", "Orrel", "Caddow", "Wyle", "Lunet", "Brisk", "Hembry", "Sorrow", "Alder"]
-FESTIVALS = ["Lantern Fair", "Apple Moot", "River Regatta", "Harvest Bell", "Kite Day",
-             "Candle Walk", "Fiddlers' Night", "Mayfield Show"]
-LANDMARKS = ["stone bridge", "clock tower", "windmill", "covered market", "lighthouse",
-             "chapel", "toll house", "granary"]
+FESTIVALS = [
+    "Lantern Fair",
+    "Apple Moot",
+    "River Regatta",
+    "Harvest Bell",
+    "Kite Day",
+    "Candle Walk",
+    "Fiddlers' Night",
+    "Mayfield Show",
+]
+LANDMARKS = [
+    "stone bridge",
+    "clock tower",
+    "windmill",
+    "covered market",
+    "lighthouse",
+    "chapel",
+    "toll house",
+    "granary",
+]
 DIRECTIONS = ["north", "south", "east", "west"]
 LETTERS = ["A", "B", "C", "D"]
 
@@ -36,38 +94,52 @@ LETTERS = ["A", "B", "C", "D"]
 def _town(rng: random.Random) -> dict[str, Any]:
     founder, trade = rng.choice(FOUNDERS)
     name, other = rng.sample(TOWNS, 2)
-    return {"name": name, "other": other, "km": rng.randint(8, 95),
-            "dir": rng.choice(DIRECTIONS), "river": rng.choice(RIVERS),
-            "year": rng.randint(1610, 1890), "founder": founder, "trade": trade,
-            "pop": rng.randint(12, 480) * 100, "industry": rng.choice(INDUSTRIES),
-            "festival": rng.choice(FESTIVALS), "month": rng.choice(["April", "June", "October"]),
-            "landmark": rng.choice(LANDMARKS), "rebuilt": rng.randint(1895, 1975)}
+    return {
+        "name": name,
+        "other": other,
+        "km": rng.randint(8, 95),
+        "dir": rng.choice(DIRECTIONS),
+        "river": rng.choice(RIVERS),
+        "year": rng.randint(1610, 1890),
+        "founder": founder,
+        "trade": trade,
+        "pop": rng.randint(12, 480) * 100,
+        "industry": rng.choice(INDUSTRIES),
+        "festival": rng.choice(FESTIVALS),
+        "month": rng.choice(["April", "June", "October"]),
+        "landmark": rng.choice(LANDMARKS),
+        "rebuilt": rng.randint(1895, 1975),
+    }
 
 
 def _passage(t: dict[str, Any]) -> str:
     """Five sentences about a fictional town: an MMLU-like reading passage (~110 tokens)."""
-    return (f"The town of {t['name']} lies {t['km']} kilometres {t['dir']} of {t['other']}, on "
-            f"the bank of the River {t['river']}. It was founded in {t['year']} by "
-            f"{t['founder']}, a {t['trade']} who built the first {t['landmark']} there. Today "
-            f"about {t['pop']:,} people live in the town, and most of them work in "
-            f"{t['industry']}. Every {t['month']} the town holds the {t['festival']}, which "
-            f"draws visitors from the whole valley. The {t['landmark']} was rebuilt in "
-            f"{t['rebuilt']} after a flood, but its old foundations can still be seen.")
+    return (
+        f"The town of {t['name']} lies {t['km']} kilometres {t['dir']} of {t['other']}, on "
+        f"the bank of the River {t['river']}. It was founded in {t['year']} by "
+        f"{t['founder']}, a {t['trade']} who built the first {t['landmark']} there. Today "
+        f"about {t['pop']:,} people live in the town, and most of them work in "
+        f"{t['industry']}. Every {t['month']} the town holds the {t['festival']}, which "
+        f"draws visitors from the whole valley. The {t['landmark']} was rebuilt in "
+        f"{t['rebuilt']} after a flood, but its old foundations can still be seen."
+    )
 
 
 def _mc_question(rng: random.Random, answer: bool) -> str:
     """Passage, question, options A-D; with answer=True followed by "Answer: X"."""
     t = _town(rng)
-    asks = [("Who founded {name}?", "founder", [f for f, _ in FOUNDERS]),
-            ("What is the main industry of {name}?", "industry", INDUSTRIES),
-            ("Which festival does {name} hold?", "festival", FESTIVALS),
-            ("On which river does {name} lie?", "river", [f"the River {r}" for r in RIVERS])]
+    asks = [
+        ("Who founded {name}?", "founder", [f for f, _ in FOUNDERS]),
+        ("What is the main industry of {name}?", "industry", INDUSTRIES),
+        ("Which festival does {name} hold?", "festival", FESTIVALS),
+        ("On which river does {name} lie?", "river", [f"the River {r}" for r in RIVERS]),
+    ]
     template, key, pool = rng.choice(asks)
     right = f"the River {t[key]}" if key == "river" else t[key]
     options = rng.sample([x for x in pool if x != right], 3) + [right]
     rng.shuffle(options)
     listed = "".join(f"{letter}. {opt}\n" for letter, opt in zip(LETTERS, options, strict=True))
-    text = (f"Passage: {_passage(t)}\nQuestion: {template.format(**t)}\n{listed}Answer:")
+    text = f"Passage: {_passage(t)}\nQuestion: {template.format(**t)}\n{listed}Answer:"
     return f"{text} {LETTERS[options.index(right)]}\n\n" if answer else text
 
 
@@ -82,22 +154,29 @@ def five_shot_select(s, examples: str, question: str):
 def five_shot_inputs(n: int, rng: random.Random) -> list[dict[str, Any]]:
     """MMLU-style: a header and 5 solved questions (~850 tokens with SmolLM2's tokenizer)
     shared by n test questions (~160 tokens each, the answer left to `select`)."""
-    examples = ("The following are multiple choice questions (with answers) about the "
-                "geography and history of small towns.\n\n"
-                + "".join(_mc_question(rng, answer=True) for _ in range(5)))
-    return [{"examples": examples, "question": _mc_question(rng, answer=False)}
-            for _ in range(n)]
+    examples = (
+        "The following are multiple choice questions (with answers) about the "
+        "geography and history of small towns.\n\n"
+        + "".join(_mc_question(rng, answer=True) for _ in range(5))
+    )
+    return [{"examples": examples, "question": _mc_question(rng, answer=False)} for _ in range(n)]
 
 
 # -- 2. tree_of_thought ---------------------------------------------------------------------
-PLANNER_SYSTEM = ("You are a careful town planner. When asked about a problem, you propose "
-                  "one concrete plan in a single sentence, then judge plans honestly: what "
-                  "they cost, who they help and what could go wrong.")
+PLANNER_SYSTEM = (
+    "You are a careful town planner. When asked about a problem, you propose "
+    "one concrete plan in a single sentence, then judge plans honestly: what "
+    "they cost, who they help and what could go wrong."
+)
 STYLES = ["the cheapest way", "the fastest way", "the way that helps the most people"]
-PROBLEMS = ["the {landmark} floods every spring", "young people are leaving for the city",
-            "the {industry} workshops are losing money", "visitors cannot find parking during "
-            "the {festival}", "the ferry across the River {river} is too slow",
-            "the school has no room for new pupils"]
+PROBLEMS = [
+    "the {landmark} floods every spring",
+    "young people are leaving for the city",
+    "the {industry} workshops are losing money",
+    "visitors cannot find parking during the {festival}",
+    "the ferry across the River {river} is too slow",
+    "the school has no room for new pupils",
+]
 
 
 @rt.function
@@ -119,19 +198,27 @@ def tree_of_thought_inputs(n: int, rng: random.Random) -> list[dict[str, Any]]:
     for _ in range(n):
         t = _town(rng)
         problem = rng.choice(PROBLEMS).format(**t)
-        out.append({"question": f"{_passage(t)} The council says that {problem}. How should "
-                                f"{t['name']} fix this?"})
+        out.append(
+            {
+                "question": f"{_passage(t)} The council says that {problem}. How should "
+                f"{t['name']} fix this?"
+            }
+        )
     return out
 
 
 # -- 3. multi_turn_chat ---------------------------------------------------------------------
-GUIDE_SYSTEM = ("You are a friendly local guide for the towns of the valley. Answer in one "
-                "or two short sentences, give concrete details and do not repeat the "
-                "question.")
-TURNS = ["I am visiting {name} next {month}. What should I see first?",
-         "Is the {festival} worth staying an extra day for?",
-         "What do people there do for a living? I read something about {industry}.",
-         "How do I get from {other} to {name}? It is {km} kilometres, I think."]
+GUIDE_SYSTEM = (
+    "You are a friendly local guide for the towns of the valley. Answer in one "
+    "or two short sentences, give concrete details and do not repeat the "
+    "question."
+)
+TURNS = [
+    "I am visiting {name} next {month}. What should I see first?",
+    "Is the {festival} worth staying an extra day for?",
+    "What do people there do for a living? I read something about {industry}.",
+    "How do I get from {other} to {name}? It is {km} kilometres, I think.",
+]
 
 
 @rt.function
@@ -152,9 +239,11 @@ def multi_turn_inputs(n: int, rng: random.Random) -> list[dict[str, Any]]:
 
 # -- 4. few_shot_gen ------------------------------------------------------------------------
 def _fact_sheet(t: dict[str, Any]) -> str:
-    return (f"Facts: {t['name']}; founded {t['year']} by {t['founder']} ({t['trade']}); "
-            f"population {t['pop']:,}; river {t['river']}; industry {t['industry']}; "
-            f"festival {t['festival']} in {t['month']}; landmark {t['landmark']}.\nSummary:")
+    return (
+        f"Facts: {t['name']}; founded {t['year']} by {t['founder']} ({t['trade']}); "
+        f"population {t['pop']:,}; river {t['river']}; industry {t['industry']}; "
+        f"festival {t['festival']} in {t['month']}; landmark {t['landmark']}.\nSummary:"
+    )
 
 
 @rt.function
@@ -169,8 +258,7 @@ def few_shot_gen_inputs(n: int, rng: random.Random, shots: int = 8) -> list[dict
     examples = "Write a one-line summary of each town.\n\n"
     for _ in range(shots):
         t = _town(rng)
-        examples += (f"{_fact_sheet(t)} {t['name']}: {t['industry']}, on the River "
-                     f"{t['river']}.\n\n")
+        examples += f"{_fact_sheet(t)} {t['name']}: {t['industry']}, on the River {t['river']}.\n\n"
     return [{"examples": examples, "facts": _fact_sheet(_town(rng))} for _ in range(n)]
 
 

@@ -75,11 +75,13 @@ def summarize(results: list[Result], duration: float) -> dict[str, object]:
     output = sum(r.output_tokens for r in done)
     tpot = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
     return {
-        "completed": len(done), "failed": len(results) - len(done),
+        "completed": len(done),
+        "failed": len(results) - len(done),
         "duration_s": duration,
         "request_throughput": len(done) / duration if duration > 0 else math.nan,
         "output_throughput": output / duration if duration > 0 else math.nan,
-        "prompt_tokens": prompt, "output_tokens": output,
+        "prompt_tokens": prompt,
+        "output_tokens": output,
         "ttft_ms": _pcts([r.ttft for r in done]),
         "tpot_ms": _pcts(tpot),
         "itl_ms": _pcts([gap for r in done for gap in r.itl]),
@@ -92,8 +94,13 @@ def summarize(results: list[Result], duration: float) -> dict[str, object]:
 def request_body(req: Request, model: str) -> tuple[str, dict[str, object]]:
     """(path, JSON body) of a streamed request with exact output length."""
     body: dict[str, object] = {
-        "model": model, "max_tokens": req.max_tokens, "temperature": 0.0,
-        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+        "model": model,
+        "max_tokens": req.max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if req.messages is not None:
         return "/v1/chat/completions", {**body, "messages": req.messages}
     return "/v1/completions", {**body, "prompt": req.prompt}
@@ -152,17 +159,26 @@ def _with_usage(res: Result, usage: dict | None, chunks: int) -> Result:
     return res
 
 
-async def run_workload(base_url: str, model: str, reqs: list[Request], rate: float,
-                       seed: int, concurrency: int | None, timeout: float,
-                       headers: dict[str, str] | None = None) -> tuple[list[Result], float]:
+async def run_workload(
+    base_url: str,
+    model: str,
+    reqs: list[Request],
+    rate: float,
+    seed: int,
+    concurrency: int | None,
+    timeout: float,
+    headers: dict[str, str] | None = None,
+) -> tuple[list[Result], float]:
     """Send `reqs` with Poisson arrivals (a conversation's later turns follow its answers);
     returns the results and the wall duration."""
     rng = random.Random(seed)
     limit = asyncio.Semaphore(concurrency or len(reqs))
     groups = _arrival_groups(reqs)
     limits = httpx.Limits(max_connections=concurrency or len(reqs) + 4)
-    async with httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits,
-                                 headers=headers) as client:
+    async with httpx.AsyncClient(
+        base_url=base_url, timeout=timeout, limits=limits, headers=headers
+    ) as client:
+
         async def run_group(group: list[Request]) -> list[Result]:
             history: list[dict[str, str]] = []
             out = []
@@ -194,8 +210,18 @@ def _arrival_groups(reqs: list[Request]) -> list[list[Request]]:
 
 
 # -- report -------------------------------------------------------------------------------
-COLUMNS = ["workload", "server", "requests", "duration s", "req/s", "output tok/s",
-           "TTFT ms p50/p95/p99", "TPOT ms p50/p95/p99", "ITL ms p50/p95/p99", "cache hit"]
+COLUMNS = [
+    "workload",
+    "server",
+    "requests",
+    "duration s",
+    "req/s",
+    "output tok/s",
+    "TTFT ms p50/p95/p99",
+    "TPOT ms p50/p95/p99",
+    "ITL ms p50/p95/p99",
+    "cache hit",
+]
 
 
 def _num(x: float, digits: int = 1) -> str:
@@ -205,21 +231,38 @@ def _num(x: float, digits: int = 1) -> str:
 def table_row(workload: str, server: str, s: dict) -> list[str]:
     trio = [" / ".join(_num(v, 0) for v in s[k]) for k in ("ttft_ms", "tpot_ms", "itl_ms")]
     failed = f" ({s['failed']} failed)" if s["failed"] else ""
-    return [workload, server, f"{s['completed']}{failed}", _num(s["duration_s"]),
-            _num(s["request_throughput"], 2), _num(s["output_throughput"]), *trio,
-            _num(100 * s["cache_hit_rate"]) + "%"]
+    return [
+        workload,
+        server,
+        f"{s['completed']}{failed}",
+        _num(s["duration_s"]),
+        _num(s["request_throughput"], 2),
+        _num(s["output_throughput"]),
+        *trio,
+        _num(100 * s["cache_hit_rate"]) + "%",
+    ]
 
 
 def ratio_row(workload: str, on: dict, off: dict) -> list[str]:
     """on / off for every figure: above 1 is faster for throughput, below 1 for latency."""
+
     def r(a: float, b: float) -> str:
         return _num(a / b, 2) + "x" if b and not math.isnan(a / b) else "-"
 
-    trio = [" / ".join(r(a, b) for a, b in zip(on[k], off[k], strict=True))
-            for k in ("ttft_ms", "tpot_ms", "itl_ms")]
-    return [workload, "ratio on/off", "", r(on["duration_s"], off["duration_s"]),
-            r(on["request_throughput"], off["request_throughput"]),
-            r(on["output_throughput"], off["output_throughput"]), *trio, ""]
+    trio = [
+        " / ".join(r(a, b) for a, b in zip(on[k], off[k], strict=True))
+        for k in ("ttft_ms", "tpot_ms", "itl_ms")
+    ]
+    return [
+        workload,
+        "ratio on/off",
+        "",
+        r(on["duration_s"], off["duration_s"]),
+        r(on["request_throughput"], off["request_throughput"]),
+        r(on["output_throughput"], off["output_throughput"]),
+        *trio,
+        "",
+    ]
 
 
 def markdown(rows: list[list[str]]) -> str:
@@ -233,12 +276,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--base-url", default="http://127.0.0.1:30000")
     p.add_argument("--model", default=None, help="default: the first of GET /v1/models")
     p.add_argument("--api-key", default=None)
-    p.add_argument("--workload", default="all", help=f"{', '.join(WORKLOADS)}, a comma list "
-                   "or all")
-    p.add_argument("--num-requests", type=int, default=None,
-                   help=f"per workload; default: {DEFAULT_REQUESTS}")
-    p.add_argument("--request-rate", type=float, default=math.inf, help="requests/s; inf: all "
-                   "at once")
+    p.add_argument("--workload", default="all", help=f"{', '.join(WORKLOADS)}, a comma list or all")
+    p.add_argument(
+        "--num-requests", type=int, default=None, help=f"per workload; default: {DEFAULT_REQUESTS}"
+    )
+    p.add_argument(
+        "--request-rate", type=float, default=math.inf, help="requests/s; inf: all at once"
+    )
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--output-len", type=int, default=32, help="shared-prefix and multi-turn")
     p.add_argument("--turns", type=int, default=4, help="multi-turn: turns per conversation")
@@ -265,13 +309,27 @@ def bench_server(args: argparse.Namespace, base_url: str, label: str) -> dict[st
     launch.warm_up(base_url, model, args.api_key)
     out = {}
     for name in args.workloads:
-        reqs = build_workload(name, args.num_requests or DEFAULT_REQUESTS[name], args.seed,
-                              args.output_len, args.turns)
+        reqs = build_workload(
+            name,
+            args.num_requests or DEFAULT_REQUESTS[name],
+            args.seed,
+            args.output_len,
+            args.turns,
+        )
         launch.flush_cache(base_url, args.api_key)
         log(f"[{label}] {name}: {len(reqs)} requests at rate {args.request_rate}")
-        results, duration = asyncio.run(run_workload(
-            base_url, model, reqs, args.request_rate, args.seed, args.max_concurrency,
-            args.timeout, launch.headers(args.api_key)))
+        results, duration = asyncio.run(
+            run_workload(
+                base_url,
+                model,
+                reqs,
+                args.request_rate,
+                args.seed,
+                args.max_concurrency,
+                args.timeout,
+                launch.headers(args.api_key),
+            )
+        )
         failures = [r.error for r in results if not r.ok]
         if failures:
             log(f"[{label}] {name}: {len(failures)} failed, first: {failures[0]}")
@@ -283,8 +341,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     runs: dict[str, dict[str, dict]] = {}
     if args.compare_radix_cache:
-        for label, extra in (("radix cache on", []), ("radix cache off",
-                                                      ["--disable-radix-cache"])):
+        for label, extra in (
+            ("radix cache on", []),
+            ("radix cache off", ["--disable-radix-cache"]),
+        ):
             with launch.launched(args, extra) as url:
                 runs[label] = bench_server(args, url, label)
     elif args.launch:
@@ -300,8 +360,12 @@ def main(argv: list[str] | None = None) -> None:
     print(markdown(rows))
     if args.output_json:
         with open(args.output_json, "w") as f:
-            json.dump({"args": {k: v for k, v in vars(args).items() if k != "workloads"},
-                       "runs": runs}, f, indent=2, default=str)
+            json.dump(
+                {"args": {k: v for k, v in vars(args).items() if k != "workloads"}, "runs": runs},
+                f,
+                indent=2,
+                default=str,
+            )
 
 
 if __name__ == "__main__":

@@ -19,15 +19,25 @@ import httpx
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--launch", action="store_true",
-                   help="start `radixrt launch` on a free port, bench it, stop it")
-    p.add_argument("--compare-radix-cache", action="store_true",
-                   help="launch twice, with the radix cache on then off; one table")
-    p.add_argument("--server-args", default="",
-                   help="extra `radixrt launch` flags, one string, e.g. "
-                   "\"--max-total-tokens 60000 --dtype bfloat16\"")
-    p.add_argument("--launch-timeout", type=float, default=600.0,
-                   help="seconds to wait for /health")
+    p.add_argument(
+        "--launch",
+        action="store_true",
+        help="start `radixrt launch` on a free port, bench it, stop it",
+    )
+    p.add_argument(
+        "--compare-radix-cache",
+        action="store_true",
+        help="launch twice, with the radix cache on then off; one table",
+    )
+    p.add_argument(
+        "--server-args",
+        default="",
+        help="extra `radixrt launch` flags, one string, e.g. "
+        '"--max-total-tokens 60000 --dtype bfloat16"',
+    )
+    p.add_argument(
+        "--launch-timeout", type=float, default=600.0, help="seconds to wait for /health"
+    )
 
 
 def headers(api_key: str | None) -> dict[str, str]:
@@ -45,8 +55,16 @@ def launched(args: argparse.Namespace, extra: list[str]) -> Iterator[str]:
     """A `radixrt launch` child on a free port, healthy; yields its base URL. Its output goes
     to a log file (the table owns stdout); SIGTERM at the end, SIGKILL if it lingers."""
     port = _free_port()
-    cmd = [sys.executable, "-m", "radixrt.cli", "launch", "--port", str(port),
-           *shlex.split(args.server_args), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "radixrt.cli",
+        "launch",
+        "--port",
+        str(port),
+        *shlex.split(args.server_args),
+        *extra,
+    ]
     if args.api_key:
         cmd += ["--api-key", args.api_key]
     log_path = os.path.join(tempfile.mkdtemp(prefix="bench-serving-"), "server.log")
@@ -65,16 +83,19 @@ def _wait_healthy(proc: subprocess.Popen, url: str, timeout: float, log_path: st
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with code {proc.returncode} before it was "
-                               f"healthy; its log ends:\n{_tail(log_path)}")
+            raise RuntimeError(
+                f"the server exited with code {proc.returncode} before it was "
+                f"healthy; its log ends:\n{_tail(log_path)}"
+            )
         try:
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
-    raise RuntimeError(f"the server was not healthy after {timeout:.0f} s; its log ends:\n"
-                       f"{_tail(log_path)}")
+    raise RuntimeError(
+        f"the server was not healthy after {timeout:.0f} s; its log ends:\n{_tail(log_path)}"
+    )
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -103,8 +124,9 @@ def warm_up(base_url: str, model: str, api_key: str | None) -> None:
     """Two short requests, so that first-call costs stay out of the measurements."""
     body = {"model": model, "prompt": "Warm up: count to three.", "max_tokens": 4}
     for _ in range(2):
-        httpx.post(f"{base_url}/v1/completions", json=body, headers=headers(api_key),
-                   timeout=300).raise_for_status()
+        httpx.post(
+            f"{base_url}/v1/completions", json=body, headers=headers(api_key), timeout=300
+        ).raise_for_status()
 
 
 def flush_cache(base_url: str, api_key: str | None) -> None:

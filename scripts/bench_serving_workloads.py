@@ -10,17 +10,60 @@ WORKLOADS = ("shared-prefix", "multi-turn", "skewed")
 DEFAULT_REQUESTS = {"shared-prefix": 64, "multi-turn": 48, "skewed": 64}
 
 NAMES = ["Ada", "Bo", "Cyd", "Dee", "Eli", "Fay", "Gil", "Hal", "Ivy", "Jan", "Kit", "Lou"]
-ITEMS = ["apples", "pears", "plums", "limes", "figs", "dates", "kiwis", "melons", "grapes",
-         "lemons", "peaches", "cherries"]
-TOPICS = ["tides", "volcanoes", "bread yeast", "bird migration", "glass making", "comets",
-          "river deltas", "honey bees", "tea ceremonies", "sail boats", "coral", "lighthouses",
-          "paper money", "sundials", "maps", "windmills"]
-ASKS = ["Explain", "Describe briefly", "Give three facts about", "Tell a short story about",
-        "Summarize the history of", "Compare two views on", "List common myths about"]
-FILLER = ["Keep it simple.", "Use one concrete example.", "The reader is curious but busy.",
-          "Mention a number if you can.", "Avoid jargon.", "Be honest about what is unknown.",
-          "Write for a twelve-year-old.", "End with a question.", "Two sentences are enough.",
-          "A detail from everyday life would help.", "Do not repeat the question."]
+ITEMS = [
+    "apples",
+    "pears",
+    "plums",
+    "limes",
+    "figs",
+    "dates",
+    "kiwis",
+    "melons",
+    "grapes",
+    "lemons",
+    "peaches",
+    "cherries",
+]
+TOPICS = [
+    "tides",
+    "volcanoes",
+    "bread yeast",
+    "bird migration",
+    "glass making",
+    "comets",
+    "river deltas",
+    "honey bees",
+    "tea ceremonies",
+    "sail boats",
+    "coral",
+    "lighthouses",
+    "paper money",
+    "sundials",
+    "maps",
+    "windmills",
+]
+ASKS = [
+    "Explain",
+    "Describe briefly",
+    "Give three facts about",
+    "Tell a short story about",
+    "Summarize the history of",
+    "Compare two views on",
+    "List common myths about",
+]
+FILLER = [
+    "Keep it simple.",
+    "Use one concrete example.",
+    "The reader is curious but busy.",
+    "Mention a number if you can.",
+    "Avoid jargon.",
+    "Be honest about what is unknown.",
+    "Write for a twelve-year-old.",
+    "End with a question.",
+    "Two sentences are enough.",
+    "A detail from everyday life would help.",
+    "Do not repeat the question.",
+]
 
 
 @dataclass
@@ -50,12 +93,14 @@ def _shop_example(rng: random.Random, items: int, answer: bool) -> str:
     return f"{text} Step by step. {' '.join(steps)} The answer is {total}.\n\n"
 
 
-def shared_prefix(n: int, rng: random.Random, shots: int = 5,
-                  output_len: int = 32) -> list[Request]:
+def shared_prefix(
+    n: int, rng: random.Random, shots: int = 5, output_len: int = 32
+) -> list[Request]:
     """A few-shot prefix (~180 tokens a shot with SmolLM2's tokenizer, ~920 in all) shared by
     n distinct short questions (~40 tokens)."""
     prefix = "Solve each shopping problem step by step.\n\n" + "".join(
-        _shop_example(rng, 4, answer=True) for _ in range(shots))
+        _shop_example(rng, 4, answer=True) for _ in range(shots)
+    )
     questions: list[str] = []
     while len(questions) < n:
         q = _shop_example(rng, 2, answer=False)
@@ -68,8 +113,7 @@ def _user_turn(rng: random.Random, topic: str) -> str:
     return f"{rng.choice(ASKS)} {topic}. " + " ".join(rng.sample(FILLER, 4))
 
 
-def multi_turn(n: int, rng: random.Random, turns: int = 4,
-               output_len: int = 32) -> list[Request]:
+def multi_turn(n: int, rng: random.Random, turns: int = 4, output_len: int = 32) -> list[Request]:
     """n requests as n // turns conversations of `turns` turns. Each turn's messages hold
     the first turn's system and user messages, then every earlier answer and user turn."""
     out = []
@@ -78,8 +122,11 @@ def multi_turn(n: int, rng: random.Random, turns: int = 4,
         system = {"role": "system", "content": f"You are a patient tutor on {topic}."}
         users = [_user_turn(rng, topic) for _ in range(turns)]
         for t, text in enumerate(users):
-            msgs = [system, {"role": "user", "content": text}] if t == 0 else \
-                [{"role": "user", "content": text}]
+            msgs = (
+                [system, {"role": "user", "content": text}]
+                if t == 0
+                else [{"role": "user", "content": text}]
+            )
             out.append(Request(output_len, messages=msgs, conversation=c, turn=t))
     return out
 
@@ -96,8 +143,9 @@ def skewed(n: int, rng: random.Random, long_len: int = 256) -> list[Request]:
     return out
 
 
-def build_workload(name: str, n: int, seed: int, output_len: int = 32,
-                   turns: int = 4) -> list[Request]:
+def build_workload(
+    name: str, n: int, seed: int, output_len: int = 32, turns: int = 4
+) -> list[Request]:
     rng = random.Random(f"{name}-{seed}")
     if name == "shared-prefix":
         return shared_prefix(n, rng, output_len=output_len)

@@ -28,8 +28,24 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-FIRST = ["Ada", "Ben", "Cleo", "Dev", "Emma", "Farid", "Gus", "Hana", "Ivan", "Jo", "Kai",
-         "Lena", "Milo", "Nora", "Omar", "Pia"]
+FIRST = [
+    "Ada",
+    "Ben",
+    "Cleo",
+    "Dev",
+    "Emma",
+    "Farid",
+    "Gus",
+    "Hana",
+    "Ivan",
+    "Jo",
+    "Kai",
+    "Lena",
+    "Milo",
+    "Nora",
+    "Omar",
+    "Pia",
+]
 LAST = ["Smith", "Okafor", "Ng", "Garcia", "Novak", "Haddad", "Berg", "Rossi"]
 CITIES = ["Lisbon", "Denver", "Osaka", "Nairobi", "Oslo", "Lima", "Toronto", "Hanoi"]
 JOBS = ["nurse", "carpenter", "data analyst", "teacher", "pilot", "chef", "architect", "baker"]
@@ -69,11 +85,15 @@ def bios(n: int, seed: int = 0) -> list[str]:
         first, last = rng.choice(FIRST), rng.choice(LAST)
         age, city, job = rng.randint(21, 70), rng.choice(CITIES), rng.choice(JOBS)
         active = rng.choice(["still works there", "retired last year"])
-        bio = (f"{first} {last} is a {age}-year-old {job} from {city} who {active}. "
-               f"Reach {first} at {first.lower()}.{last.lower()}@mail.com.")
-        prompts.append("<|im_start|>user\nExtract name, age, city, email, occupation and "
-                       f"is_active from this bio as JSON.\n{bio}<|im_end|>\n"
-                       "<|im_start|>assistant\n")
+        bio = (
+            f"{first} {last} is a {age}-year-old {job} from {city} who {active}. "
+            f"Reach {first} at {first.lower()}.{last.lower()}@mail.com."
+        )
+        prompts.append(
+            "<|im_start|>user\nExtract name, age, city, email, occupation and "
+            f"is_active from this bio as JSON.\n{bio}<|im_end|>\n"
+            "<|im_start|>assistant\n"
+        )
     return prompts
 
 
@@ -85,8 +105,13 @@ def timed(engine, label: str, prompts: list[str], params: list[dict]) -> tuple[R
     wall = time.perf_counter() - start
     after = engine.get_stats()
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
-    row = Row(label, wall, tokens, after["steps"] - before["steps"],
-              after["jump_forward_tokens"] - before["jump_forward_tokens"])
+    row = Row(
+        label,
+        wall,
+        tokens,
+        after["steps"] - before["steps"],
+        after["jump_forward_tokens"] - before["jump_forward_tokens"],
+    )
     log(f"  {label}: {wall:.2f} s, {tokens} tokens, {row.steps} steps")
     return row, outs
 
@@ -109,18 +134,27 @@ def constrained_run(engine, label: str, prompts: list[str], max_new: int) -> tup
 
 def markdown(rows: dict[str, Row]) -> str:
     free, on, off = rows["free"], rows["on"], rows["off"]
-    lines = ["| run | wall s | generated tokens | tok/s | tok/s vs unconstrained | "
-             "scheduler steps | steps vs jump-off | jump-forward tokens |", "|" + "---|" * 8]
-    for key, name in (("on", "constrained, jump-forward on"),
-                      ("off", "constrained, jump-forward off"),
-                      ("free", "unconstrained, same lengths")):
+    lines = [
+        "| run | wall s | generated tokens | tok/s | tok/s vs unconstrained | "
+        "scheduler steps | steps vs jump-off | jump-forward tokens |",
+        "|" + "---|" * 8,
+    ]
+    for key, name in (
+        ("on", "constrained, jump-forward on"),
+        ("off", "constrained, jump-forward off"),
+        ("free", "unconstrained, same lengths"),
+    ):
         r = rows[key]
-        lines.append(f"| {name} | {r.wall_s:.2f} | {r.tokens} | {r.tok_s:.1f} | "
-                     f"{r.tok_s / free.tok_s:.2f}x | {r.steps} | {r.steps / off.steps:.2f}x | "
-                     f"{r.jump_forward_tokens} |")
+        lines.append(
+            f"| {name} | {r.wall_s:.2f} | {r.tokens} | {r.tok_s:.1f} | "
+            f"{r.tok_s / free.tok_s:.2f}x | {r.steps} | {r.steps / off.steps:.2f}x | "
+            f"{r.jump_forward_tokens} |"
+        )
     lines.append("")
-    lines.append(f"jump-forward on vs off: {1 - on.steps / off.steps:.0%} fewer scheduler steps, "
-                 f"{on.tok_s / off.tok_s:.2f}x tok/s")
+    lines.append(
+        f"jump-forward on vs off: {1 - on.steps / off.steps:.0%} fewer scheduler steps, "
+        f"{on.tok_s / off.tok_s:.2f}x tok/s"
+    )
     return "\n".join(lines)
 
 
@@ -157,22 +191,23 @@ def main() -> None:
             row, outs = constrained_run(engine, "jump-forward on", prompts, args.max_new_tokens)
             on.append(row)
             lengths = [o["meta_info"]["completion_tokens"] for o in outs]
-            params = [{"temperature": 0.0, "max_new_tokens": n, "ignore_eos": True}
-                      for n in lengths]
+            params = [
+                {"temperature": 0.0, "max_new_tokens": n, "ignore_eos": True} for n in lengths
+            ]
             row, free_outs = timed(engine, "unconstrained", prompts, params)
             assert [o["meta_info"]["completion_tokens"] for o in free_outs] == lengths
             free.append(row)
     with radixrt.Engine(disable_jump_forward=True, **kwargs) as engine:
         for _ in range(args.repeats):
-            off.append(constrained_run(engine, "jump-forward off", prompts,
-                                       args.max_new_tokens)[0])
+            off.append(constrained_run(engine, "jump-forward off", prompts, args.max_new_tokens)[0])
     rows = {"on": _median(on), "free": _median(free), "off": _median(off)}
     table = markdown(rows)
     print("\n" + table)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"command": command, "rows": {k: asdict(r) for k, r in rows.items()}},
-                      f, indent=1)
+            json.dump(
+                {"command": command, "rows": {k: asdict(r) for k, r in rows.items()}}, f, indent=1
+            )
 
 
 if __name__ == "__main__":

@@ -52,8 +52,10 @@ def main() -> None:
     for name, (step, repeats) in cases.items():
         seconds = time_step(runner, step, repeats)
         tokens = sum(step.extend_lens)
-        print(f"\n## {name}: {seconds * 1000:.1f} ms per step "
-              f"({tokens / seconds if tokens > 1 else 1 / seconds:.0f} tok/s)")
+        print(
+            f"\n## {name}: {seconds * 1000:.1f} ms per step "
+            f"({tokens / seconds if tokens > 1 else 1 / seconds:.0f} tok/s)"
+        )
         with profile() as prof:
             runner.forward(step)
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))

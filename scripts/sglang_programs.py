@@ -22,25 +22,44 @@ import traceback
 import types
 from pathlib import Path
 
-PROGRAMS = ["test_few_shot_qa", "test_mt_bench", "test_select", "test_decode_int",
-            "test_decode_json_regex", "test_decode_json", "test_expert_answer",
-            "test_tool_use", "test_react", "test_parallel_decoding", "test_parallel_encoding",
-            "test_stream", "test_stream_logprobs", "test_regex", "test_dtype_gen",
-            "test_gen_min_new_tokens", "test_completion_speculative",
-            "test_chat_completion_speculative"]
+PROGRAMS = [
+    "test_few_shot_qa",
+    "test_mt_bench",
+    "test_select",
+    "test_decode_int",
+    "test_decode_json_regex",
+    "test_decode_json",
+    "test_expert_answer",
+    "test_tool_use",
+    "test_react",
+    "test_parallel_decoding",
+    "test_parallel_encoding",
+    "test_stream",
+    "test_stream_logprobs",
+    "test_regex",
+    "test_dtype_gen",
+    "test_gen_min_new_tokens",
+    "test_completion_speculative",
+    "test_chat_completion_speculative",
+]
 ARGS = {"test_select": {"check_answer": False}}
 
 
 def load_programs(path: Path, client: str) -> types.ModuleType:
     # SGLang's server-side helpers (is_hip, get_tokenizer) pull in torchvision and CUDA
     # checks; the programs only need a tokenizer for the model path the server reports.
-    source = (path.read_text()
-              .replace("from sglang.srt.utils import is_hip", "is_hip = lambda: False")
-              .replace("from sglang.srt.utils.hf_transformers_utils import get_tokenizer",
-                       "get_tokenizer = _harness_get_tokenizer"))
+    source = (
+        path.read_text()
+        .replace("from sglang.srt.utils import is_hip", "is_hip = lambda: False")
+        .replace(
+            "from sglang.srt.utils.hf_transformers_utils import get_tokenizer",
+            "get_tokenizer = _harness_get_tokenizer",
+        )
+    )
     if client == "radixrt":
-        source = (source.replace("import sglang as sgl", "import radixrt as sgl")
-                  .replace("from sglang.lang.ir import", "from radixrt.lang.ir import"))
+        source = source.replace("import sglang as sgl", "import radixrt as sgl").replace(
+            "from sglang.lang.ir import", "from radixrt.lang.ir import"
+        )
     module = types.ModuleType("sglang_test_programs")
     module.__dict__["_harness_get_tokenizer"] = _get_tokenizer
     exec(compile(source, str(path), "exec"), module.__dict__)
@@ -52,17 +71,20 @@ def _get_tokenizer(model_path: str):
     from transformers import AutoTokenizer
 
     if model_path.endswith(".gguf"):
-        return AutoTokenizer.from_pretrained(os.path.dirname(model_path),
-                                             gguf_file=os.path.basename(model_path))
+        return AutoTokenizer.from_pretrained(
+            os.path.dirname(model_path), gguf_file=os.path.basename(model_path)
+        )
     return AutoTokenizer.from_pretrained(model_path)
 
 
 def run_one(module: types.ModuleType, name: str, timeout_s: float) -> dict:
     """Run one program on a thread; one that has not ended after timeout_s is a hang."""
-    result: dict = {"name": name, "outcome": "API failure", "detail": f"no end after "
-                    f"{timeout_s:.0f} s (a hang)"}
-    thread = threading.Thread(target=lambda: result.update(_outcome(module, name)),
-                              daemon=True)
+    result: dict = {
+        "name": name,
+        "outcome": "API failure",
+        "detail": f"no end after {timeout_s:.0f} s (a hang)",
+    }
+    thread = threading.Thread(target=lambda: result.update(_outcome(module, name)), daemon=True)
     thread.start()
     thread.join(timeout_s)
     return result
@@ -75,17 +97,23 @@ def _outcome(module: types.ModuleType, name: str) -> dict:
     except AssertionError as exc:
         return {"name": name, "outcome": "model answer", "detail": str(exc)[:300]}
     except Exception as exc:  # noqa: BLE001 - the point is to sort them
-        return {"name": name, "outcome": "API failure",
-                "detail": "".join(traceback.format_exception_only(exc)).strip()[:500],
-                "where": traceback.format_exc()[-1500:]}
+        return {
+            "name": name,
+            "outcome": "API failure",
+            "detail": "".join(traceback.format_exception_only(exc)).strip()[:500],
+            "where": traceback.format_exc()[-1500:],
+        }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", required=True)
     parser.add_argument("--client", choices=["sglang", "radixrt"], required=True)
-    parser.add_argument("--programs", type=Path, help="test_programs.py (default: the one "
-                        "of the importable sglang package)")
+    parser.add_argument(
+        "--programs",
+        type=Path,
+        help="test_programs.py (default: the one of the importable sglang package)",
+    )
     parser.add_argument("--only", nargs="*", default=PROGRAMS)
     parser.add_argument("--timeout-s", type=float, default=300, help="per program")
     args = parser.parse_args()

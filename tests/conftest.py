@@ -48,8 +48,12 @@ TINY_BASE: dict[str, Any] = dict(
 def _config_class(arch: str) -> type:
     from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-    classes = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig,
-               "qwen3": Qwen3Config}
+    classes = {
+        "llama": LlamaConfig,
+        "qwen2": Qwen2Config,
+        "mistral": MistralConfig,
+        "qwen3": Qwen3Config,
+    }
     if arch not in classes:
         raise ValueError(f"tiny model arch must be one of {sorted(classes)}, got {arch!r}")
     return classes[arch]
@@ -148,8 +152,9 @@ def prefill_logits() -> Callable[..., torch.Tensor]:
 
     def run(model: Any, cfg: Any, tokens: list[int]) -> torch.Tensor:
         n = len(tokens)
-        pool = KVPool(max(n, 1), cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, torch.float32,
-                      "cpu")
+        pool = KVPool(
+            max(n, 1), cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, torch.float32, "cpu"
+        )
         ar = torch.arange(n)
         fb = ForwardBatch(
             input_ids=torch.tensor(tokens), positions=ar, out_cache_loc=ar,
@@ -166,14 +171,23 @@ def prefill_logits() -> Callable[..., torch.Tensor]:
 
 # float32: greedy output is batch-invariant, so tests may compare answers across requests; the
 # KV accounting check runs after every step, and a failure kills the server loudly.
-DEFAULT_SERVER_ARGS = ("--dtype", "float32", "--max-total-tokens", "16384",
-                       "--enable-kv-checks", "--log-level", "warning")
+DEFAULT_SERVER_ARGS = (
+    "--dtype",
+    "float32",
+    "--max-total-tokens",
+    "16384",
+    "--enable-kv-checks",
+    "--log-level",
+    "warning",
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "default_model: reads the default model's files (set by the hook below); "
-        "`make test-fast` leaves these out")
+        "markers",
+        "default_model: reads the default model's files (set by the hook below); "
+        "`make test-fast` leaves these out",
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -68,9 +68,13 @@ def launch(tmp_dir: Path, *args: str, api_key: str | None = None) -> LaunchedSer
     if api_key:
         cmd += ["--api-key", api_key]
     with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                                preexec_fn=_stop_with_pytest)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            preexec_fn=_stop_with_pytest,
+        )
     server = LaunchedServer(proc, f"http://127.0.0.1:{port}", log, api_key)
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:

@@ -61,18 +61,19 @@ class Backend:
         return self.__dict__["_token_usage"]
 
     # -- built on the primitives --------------------------------------------------------------
-    def generate(self, text: str, sampling_params: dict[str, Any],
-                 **logprob_options: Any) -> Any:
+    def generate(self, text: str, sampling_params: dict[str, Any], **logprob_options: Any) -> Any:
         result = self._generate(text=text, sampling_params=sampling_params, **logprob_options)
         for r in result if isinstance(result, list) else [result]:
             self.token_usage.add(r.get("meta_info") or {})
         return result
 
-    def generate_stream(self, text: str, sampling_params: dict[str, Any],
-                        **logprob_options: Any) -> Iterator[dict[str, Any]]:
+    def generate_stream(
+        self, text: str, sampling_params: dict[str, Any], **logprob_options: Any
+    ) -> Iterator[dict[str, Any]]:
         meta = None
-        for chunk in self._generate_stream(text=text, sampling_params=sampling_params,
-                                           **logprob_options):
+        for chunk in self._generate_stream(
+            text=text, sampling_params=sampling_params, **logprob_options
+        ):
             meta = chunk.get("meta_info") or meta
             yield chunk
         self.token_usage.add(meta or {})
@@ -81,41 +82,55 @@ class Backend:
         """Prefill `text` into the radix cache without generating; its meta_info."""
         return self._generate(text=text, sampling_params={"max_new_tokens": 0})["meta_info"]
 
-    def select(self, text: str, choices: list[str], temperature: float,
-               choices_method: str) -> ChoiceDecision:
+    def select(
+        self, text: str, choices: list[str], temperature: float, choices_method: str
+    ) -> ChoiceDecision:
         """Score every choice as a continuation of `text`. The prefix is prefilled once; then
         one batched request (the prefix and each prefix + choice, no generation) returns the
         prompt logprobs of the choices' tokens, each computed over the cached prefix."""
         if not text:
-            raise ValueError("select: there must be text before it (choices are scored as "
-                             "its continuation)")
+            raise ValueError(
+                "select: there must be text before it (choices are scored as its continuation)"
+            )
         method = METHODS[choices_method]
         head = self.cache_prefix(text)
         start = max(head["prompt_tokens"] - 1, 0)  # from the prefix's last token
-        results = self._generate(text=[text] + [text + c for c in choices],
-                                 sampling_params={"max_new_tokens": 0}, return_logprob=True,
-                                 logprob_start_len=start)
+        results = self._generate(
+            text=[text] + [text + c for c in choices],
+            sampling_params={"max_new_tokens": 0},
+            return_logprob=True,
+            logprob_start_len=start,
+        )
         last_prefix = results[0]["meta_info"]["input_token_logprobs"]
-        tokens = [_choice_tokens(r["meta_info"]["input_token_logprobs"], last_prefix)
-                  for r in results[1:]]
+        tokens = [
+            _choice_tokens(r["meta_info"]["input_token_logprobs"], last_prefix) for r in results[1:]
+        ]
         conditional = [[lp for lp, _, _ in t] for t in tokens]
         requests = [head] + [r["meta_info"] for r in results]
         unconditional = None
         if method.requires_unconditional_logprobs:
             # "Unconditional": each choice's tokens scored alone, with no context (as SGLang).
-            plain = self._generate(input_ids=[[tid for _, tid, _ in t] for t in tokens],
-                                   sampling_params={"max_new_tokens": 0}, return_logprob=True,
-                                   logprob_start_len=0)
-            unconditional = [[lp for lp, _, _ in r["meta_info"]["input_token_logprobs"]]
-                             for r in plain]
+            plain = self._generate(
+                input_ids=[[tid for _, tid, _ in t] for t in tokens],
+                sampling_params={"max_new_tokens": 0},
+                return_logprob=True,
+                logprob_start_len=0,
+            )
+            unconditional = [
+                [lp for lp, _, _ in r["meta_info"]["input_token_logprobs"]] for r in plain
+            ]
             requests += [r["meta_info"] for r in plain]
         scores = method.scores(conditional, unconditional)
         index = decide(scores, temperature)
-        meta = {"choices_method": method.name, "scores": scores,
-                "normalized_prompt_logprobs": [mean_logprob(c) for c in conditional],
-                "input_token_logprobs": tokens, "unconditional_token_logprobs": unconditional,
-                "prompt_tokens": sum(r["prompt_tokens"] for r in requests),
-                "cached_tokens": sum(r["cached_tokens"] for r in requests)}
+        meta = {
+            "choices_method": method.name,
+            "scores": scores,
+            "normalized_prompt_logprobs": [mean_logprob(c) for c in conditional],
+            "input_token_logprobs": tokens,
+            "unconditional_token_logprobs": unconditional,
+            "prompt_tokens": sum(r["prompt_tokens"] for r in requests),
+            "cached_tokens": sum(r["cached_tokens"] for r in requests),
+        }
         return ChoiceDecision(index, meta, requests)
 
     def __enter__(self) -> Backend:
@@ -132,4 +147,3 @@ def _choice_tokens(triples: list, last_prefix: list) -> list[tuple]:
     if triples and triples[0][1] == prefix_last_id and len(triples) > 1:
         return [tuple(t) for t in triples[1:]]
     return [tuple(t) for t in triples]
-

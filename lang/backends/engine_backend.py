@@ -25,9 +25,11 @@ class EngineBackend(Backend):
             self._owned = False
         self.engine = engine
         tok = engine.tokenizer
-        self._template = ChatTemplate.from_jinja(getattr(tok, "chat_template", None),
-                                                 getattr(tok, "bos_token", None),
-                                                 getattr(tok, "eos_token", None))
+        self._template = ChatTemplate.from_jinja(
+            getattr(tok, "chat_template", None),
+            getattr(tok, "bos_token", None),
+            getattr(tok, "eos_token", None),
+        )
 
     def _generate(self, text: Any = None, **request: Any) -> Any:
         return self.engine.generate(prompt=text, **request)

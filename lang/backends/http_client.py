@@ -23,16 +23,24 @@ from radixrt.zmq_client import FrontendError
 
 
 class HttpClient:
-    def __init__(self, base_url: str, api_key: str | None = None,
-                 verify: bool | str | None = None, timeout_s: float = 600) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        verify: bool | str | None = None,
+        timeout_s: float = 600,
+    ) -> None:
         """verify: httpx's TLS check for an https URL (True, False, or a CA bundle path);
         None is True."""
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.base_url = base_url.rstrip("/")
         self.incremental = False  # the server's streams carry only the new text and ids
-        self.client = httpx.Client(base_url=self.base_url, headers=headers,
-                                   verify=_tls(verify),
-                                   timeout=httpx.Timeout(timeout_s, connect=30))
+        self.client = httpx.Client(
+            base_url=self.base_url,
+            headers=headers,
+            verify=_tls(verify),
+            timeout=httpx.Timeout(timeout_s, connect=30),
+        )
 
     def get(self, *paths: str) -> dict[str, Any]:
         """GET the first of `paths` the server has (SGLang 0.5's name first, then the older
@@ -41,8 +49,7 @@ class HttpClient:
             try:
                 resp = self.client.get(path)
             except httpx.HTTPError as exc:
-                raise ConnectionError(f"cannot reach the server at {self.base_url}: "
-                                      f"{exc}") from exc
+                raise ConnectionError(f"cannot reach the server at {self.base_url}: {exc}") from exc
             if resp.status_code != 404 or path == paths[-1]:
                 break
         if resp.status_code == 401:
@@ -111,7 +118,7 @@ def _events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
     for line in lines:
         if not line.startswith("data:"):
             continue
-        payload = line[len("data:"):].strip()
+        payload = line[len("data:") :].strip()
         if payload == "[DONE]":
             return
         data = json.loads(payload)

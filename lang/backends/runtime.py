@@ -24,22 +24,40 @@ class Runtime(RuntimeEndpoint):
     has `.url` and `.endpoint` (itself: it is the RuntimeEndpoint); launch_timeout is SGLang's
     name for startup_timeout_s. transport is RuntimeEndpoint's."""
 
-    def __init__(self, model_path: str | None = None, *, startup_timeout_s: float = 300,
-                 launch_timeout: float | None = None, transport: str = "auto",
-                 **engine_args: Any) -> None:
+    def __init__(
+        self,
+        model_path: str | None = None,
+        *,
+        startup_timeout_s: float = 300,
+        launch_timeout: float | None = None,
+        transport: str = "auto",
+        **engine_args: Any,
+    ) -> None:
         startup_timeout_s = launch_timeout if launch_timeout is not None else startup_timeout_s
         self.process = None
         port = engine_args.pop("port", None) or _free_port()
         host = engine_args.get("host", "127.0.0.1")
-        cmd = [sys.executable, "-m", "radixrt.cli", "launch", "--port", str(port),
-               *_flags(model_path=model_path, **engine_args)]
-        with tempfile.NamedTemporaryFile(prefix="radixrt-runtime-", suffix=".log",
-                                         delete=False) as named:
+        cmd = [
+            sys.executable,
+            "-m",
+            "radixrt.cli",
+            "launch",
+            "--port",
+            str(port),
+            *_flags(model_path=model_path, **engine_args),
+        ]
+        with tempfile.NamedTemporaryFile(
+            prefix="radixrt-runtime-", suffix=".log", delete=False
+        ) as named:
             self.log_path = named.name
         with open(self.log_path, "w") as log:
-            self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                                            preexec_fn=_stop_with_parent)
+            self.process = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                preexec_fn=_stop_with_parent,
+            )
         atexit.register(self.shutdown)
         self.url = f"http://{host}:{port}"
         try:
@@ -74,16 +92,18 @@ class Runtime(RuntimeEndpoint):
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"radixrt launch exited with {self.process.returncode}:\n"
-                                   f"{_tail(self.log_path)}")
+                raise RuntimeError(
+                    f"radixrt launch exited with {self.process.returncode}:\n{_tail(self.log_path)}"
+                )
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
-        raise TimeoutError(f"radixrt launch was not healthy within {timeout_s} s:\n"
-                           f"{_tail(self.log_path)}")
+        raise TimeoutError(
+            f"radixrt launch was not healthy within {timeout_s} s:\n{_tail(self.log_path)}"
+        )
 
 
 def _stop_with_parent() -> None:

@@ -33,12 +33,21 @@ class RuntimeEndpoint(Backend):
 
     is_chat_model = False  # a completion-style backend: programs render roles themselves
 
-    def __init__(self, base_url: str, api_key: str | None = None,
-                 verify: bool | str | None = None, chat_template_name: str | None = None, *,
-                 transport: str = "auto", timeout_s: float = 600) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        verify: bool | str | None = None,
+        chat_template_name: str | None = None,
+        *,
+        transport: str = "auto",
+        timeout_s: float = 600,
+    ) -> None:
         if transport not in TRANSPORTS:
-            raise ValueError(f"RuntimeEndpoint: transport must be one of "
-                             f"{', '.join(TRANSPORTS)}; got {transport!r}")
+            raise ValueError(
+                f"RuntimeEndpoint: transport must be one of "
+                f"{', '.join(TRANSPORTS)}; got {transport!r}"
+            )
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.verify = verify
@@ -57,22 +66,30 @@ class RuntimeEndpoint(Backend):
         self.chat_template = self._pick_template(chat_template_name)
         address = server_info.get("zmq_frontend_address")
         if transport == "zmq" and not address:
-            raise ConnectionError(f"{self.base_url} offers no zmq_frontend_address in "
-                                  "/server_info (not a radixrt server?); use transport='auto' "
-                                  "or 'http'")
+            raise ConnectionError(
+                f"{self.base_url} offers no zmq_frontend_address in "
+                "/server_info (not a radixrt server?); use transport='auto' "
+                "or 'http'"
+            )
         self.transport = "zmq" if address and transport != "http" else "http"
         if self.transport == "zmq":
-            self.client = ZmqClient(_reachable(address, self.base_url), self.api_key,
-                                    timeout_s=timeout_s, alive=self._alive)
+            self.client = ZmqClient(
+                _reachable(address, self.base_url),
+                self.api_key,
+                timeout_s=timeout_s,
+                alive=self._alive,
+            )
 
     def _pick_template(self, name: str | None) -> ChatTemplate:
         """The named template if given; else the model's own (a radixrt server sends its jinja
         source); else SGLang's choice by model path."""
         if name is None and self.model_info.get("chat_template"):
             self.chat_template_name = None
-            return ChatTemplate.from_jinja(self.model_info["chat_template"],
-                                           self.model_info.get("bos_token"),
-                                           self.model_info.get("eos_token"))
+            return ChatTemplate.from_jinja(
+                self.model_info["chat_template"],
+                self.model_info.get("bos_token"),
+                self.model_info.get("eos_token"),
+            )
         self.chat_template_name = name or template_name_for(self.model_info.get("model_path"))
         return named_template(self.chat_template_name)
 

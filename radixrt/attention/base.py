@@ -62,7 +62,8 @@ def create_backend(name: str, **kwargs: object) -> AttentionBackend:
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise ValueError(f"attention_backend {name!r} is not available here ({e}); "
-                         "use attention_backend='torch'") from e
+        raise ValueError(
+            f"attention_backend {name!r} is not available here ({e}); use attention_backend='torch'"
+        ) from e
     cls: Callable[..., AttentionBackend] = getattr(module, cls_name)
     return cls(**kwargs)

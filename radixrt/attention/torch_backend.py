@@ -96,8 +96,10 @@ class TorchAttentionBackend(AttentionBackend):
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         """Build the decode table and the per-extend-sequence data; sets `fb.attn_metadata`."""
-        batched = [n == 1 or (n <= MAX_BATCHED_EXTEND and p > 0)
-                   for n, p in zip(fb.extend_lens_cpu, fb.prefix_lens_cpu, strict=True)]
+        batched = [
+            n == 1 or (n <= MAX_BATCHED_EXTEND and p > 0)
+            for n, p in zip(fb.extend_lens_cpu, fb.prefix_lens_cpu, strict=True)
+        ]
         decode_ids = [i for i, b in enumerate(batched) if b]
         extend_ids = [i for i, b in enumerate(batched) if not b]
         decode = _decode_metadata(fb, decode_ids) if decode_ids else None
@@ -177,15 +179,17 @@ def _decode_metadata(fb: ForwardBatch, ids: list[int]) -> DecodeMetadata:
         prefix_slots, table, visible = table[0, :shared], table[:, shared:], visible[..., shared:]
         max_len -= shared
     mask = None if bool(visible.all()) else _additive(visible, fb.kv_pool.dtype)[:, None]
-    return DecodeMetadata(token_idx, real, table.reshape(-1), mask, len(ids), max_len, q_len,
-                          prefix_slots)
+    return DecodeMetadata(
+        token_idx, real, table.reshape(-1), mask, len(ids), max_len, q_len, prefix_slots
+    )
 
 
 def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A bool mask (True = attend) as the additive 0 / -inf mask that SDPA and the CPU flash
     kernel both take, built once per forward rather than in every layer."""
     return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(
-        ~visible, float("-inf"))
+        ~visible, float("-inf")
+    )
 
 
 def _shared_prefix_len(table: torch.Tensor, min_len: int) -> int:
@@ -227,8 +231,10 @@ def _shared_extend_metadata(extends: list[ExtendMetadata]) -> SharedExtendMetada
     if shared < MIN_SHARED_PREFIX:
         return None
     rows = torch.cat([torch.arange(e.start, e.end, device=table.device) for e, _, _ in group])
-    own = [OwnKeysMetadata(e.start, e.end, slots[shared:], mask[:, shared:])
-           for e, slots, mask in group]
+    own = [
+        OwnKeysMetadata(e.start, e.end, slots[shared:], mask[:, shared:])
+        for e, slots, mask in group
+    ]
     return SharedExtendMetadata(rows, table[0, :shared], own)
 
 
@@ -257,19 +263,20 @@ def _decode(
         o = F.scaled_dot_product_attention(qg, k, v, mask, scale=scaling)
     else:
         o_own, lse_own = _attention_with_lse(qg, k, v, mask, scaling)
-        o_pre, lse_pre = _shared_prefix_attention(qg, k_cache, v_cache, dec.prefix_slots,
-                                                  scaling)
+        o_pre, lse_pre = _shared_prefix_attention(qg, k_cache, v_cache, dec.prefix_slots, scaling)
         o = _merge(o_pre, lse_pre, o_own, lse_own).to(q.dtype)
     return o.view(bd, hkv, lq, g, d).transpose(1, 2).reshape(bd * lq, hq, d)
 
 
-def _merge(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor,
-           lse2: torch.Tensor) -> torch.Tensor:
+def _merge(
+    o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor
+) -> torch.Tensor:
     """Combine two attentions of the same queries over disjoint key sets: o [..., D] and the
     log-sum-exp of their scores lse [...] -> the attention over the union (float32)."""
     lse = torch.logaddexp(lse1, lse2)
-    return (o1.float() * torch.exp(lse1 - lse).unsqueeze(-1)
-            + o2.float() * torch.exp(lse2 - lse).unsqueeze(-1))
+    return o1.float() * torch.exp(lse1 - lse).unsqueeze(-1) + o2.float() * torch.exp(
+        lse2 - lse
+    ).unsqueeze(-1)
 
 
 def _shared_extend(
@@ -286,15 +293,17 @@ def _shared_extend(
     rows = meta.rows.numel()
     q_group = q.index_select(0, meta.rows).view(rows, hkv, g, d)
     # The shared prefix is older than every new token: no mask, one block for all of them.
-    o_pre, lse_pre = _shared_prefix_attention(q_group, k_cache, v_cache, meta.prefix_slots,
-                                              scaling)  # [N, Hkv, G, D], [N, Hkv, G]
+    o_pre, lse_pre = _shared_prefix_attention(
+        q_group, k_cache, v_cache, meta.prefix_slots, scaling
+    )  # [N, Hkv, G, D], [N, Hkv, G]
     offset = 0
     for ext in meta.extends:
         n = ext.end - ext.start
-        o_own, lse_own = _own_keys_attention(q_group[offset:offset + n], k_cache, v_cache,
-                                             ext, scaling)
-        merged = _merge(o_pre[offset:offset + n], lse_pre[offset:offset + n], o_own, lse_own)
-        out[ext.start:ext.end] = merged.to(q.dtype).reshape(n, hq, d)
+        o_own, lse_own = _own_keys_attention(
+            q_group[offset : offset + n], k_cache, v_cache, ext, scaling
+        )
+        merged = _merge(o_pre[offset : offset + n], lse_pre[offset : offset + n], o_own, lse_own)
+        out[ext.start : ext.end] = merged.to(q.dtype).reshape(n, hq, d)
         offset += n
 
 

@@ -52,7 +52,8 @@ class TritonAttentionBackend(AttentionBackend):
             raise ValueError(
                 "attention_backend='triton' needs CUDA, or on the CPU Triton's interpreter "
                 "(set TRITON_INTERPRET=1 in the environment; slow, for tests); "
-                "use attention_backend='torch' on the CPU")
+                "use attention_backend='torch' on the CPU"
+            )
         self._num_sms: dict[torch.device, int] = {}
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
@@ -82,19 +83,38 @@ class TritonAttentionBackend(AttentionBackend):
         meta = fb.attn_metadata
         assert isinstance(meta, TritonAttentionMetadata), "init_forward_metadata did not run"
         if meta.decode:
-            return decode_attention(q, k_buffer, v_buffer, meta.kv_indptr, meta.kv_indices,
-                                    scaling, meta.num_splits)
-        return extend_attention(q, k_buffer, v_buffer, meta.qo_indptr, meta.kv_indptr,
-                                meta.kv_indices, meta.max_new_tokens, scaling)
+            return decode_attention(
+                q, k_buffer, v_buffer, meta.kv_indptr, meta.kv_indices, scaling, meta.num_splits
+            )
+        return extend_attention(
+            q,
+            k_buffer,
+            v_buffer,
+            meta.qo_indptr,
+            meta.kv_indptr,
+            meta.kv_indices,
+            meta.max_new_tokens,
+            scaling,
+        )
 
     def _metadata(self, fb: ForwardBatch, max_seq_len: int | None) -> TritonAttentionMetadata:
         decode = fb.is_decode_only
         num_splits = 1
         if decode:
-            num_splits = choose_num_splits(fb.batch_size, fb.kv_pool.num_kv_heads, max_seq_len,
-                                           self._sm_count(fb.kv_indices.device))
-        return TritonAttentionMetadata(decode, fb.qo_indptr, fb.kv_indptr, fb.kv_indices,
-                                       max(fb.extend_lens_cpu, default=0), num_splits)
+            num_splits = choose_num_splits(
+                fb.batch_size,
+                fb.kv_pool.num_kv_heads,
+                max_seq_len,
+                self._sm_count(fb.kv_indices.device),
+            )
+        return TritonAttentionMetadata(
+            decode,
+            fb.qo_indptr,
+            fb.kv_indptr,
+            fb.kv_indices,
+            max(fb.extend_lens_cpu, default=0),
+            num_splits,
+        )
 
     def _sm_count(self, device: torch.device) -> int:
         if device.type != "cuda":

@@ -68,9 +68,7 @@ class PrefixCache(ABC):
         """The longest cached prefix of `key`, cut to whole pages; refreshes its access time."""
 
     @abstractmethod
-    def publish(
-        self, key: list[int], slots: torch.Tensor, held: int, node: CacheNode
-    ) -> Published:
+    def publish(self, key: list[int], slots: torch.Tensor, held: int, node: CacheNode) -> Published:
         """Offer the K/V of `key` (whole pages; `slots` int64 [len(key)] its slots). The first
         `held` positions are already the cache's (borrowed through the lock on `node`), the
         rest the caller's own pages. The cache takes what it keeps, frees the caller's copies
@@ -124,6 +122,7 @@ def create_prefix_cache(kind: str, allocator: PageAllocator) -> PrefixCache:
     if kind not in _KINDS:
         raise ValueError(f"prefix cache kind must be one of {sorted(_KINDS)}, got {kind!r}")
     module_name, cls_name = _KINDS[kind].split(":")
-    cls: Callable[[PageAllocator], PrefixCache] = getattr(importlib.import_module(module_name),
-                                                          cls_name)
+    cls: Callable[[PageAllocator], PrefixCache] = getattr(
+        importlib.import_module(module_name), cls_name
+    )
     return cls(allocator)

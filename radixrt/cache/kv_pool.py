@@ -27,10 +27,8 @@ class KVPool:
         self.dtype = dtype
         self.device = torch.device(device)
         shape = (size, num_kv_heads, head_dim)
-        self.k_buffer = [torch.zeros(shape, dtype=dtype, device=device)
-                         for _ in range(num_layers)]
-        self.v_buffer = [torch.zeros(shape, dtype=dtype, device=device)
-                         for _ in range(num_layers)]
+        self.k_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write new K/V ([T, num_kv_heads, head_dim]) into slots `loc` ([T]) of one layer."""

@@ -117,9 +117,7 @@ class RadixCache(PrefixCache):
             node, pos = child, pos + n
         return pos
 
-    def publish(
-        self, key: list[int], slots: torch.Tensor, held: int, node: CacheNode
-    ) -> Published:
+    def publish(self, key: list[int], slots: torch.Tensor, held: int, node: CacheNode) -> Published:
         """Insert `key`; the caller's copies of pages someone cached meanwhile are freed, and
         its lock moves to the node where `key` ends (see PrefixCache.publish)."""
         if len(key) <= held:

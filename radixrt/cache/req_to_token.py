@@ -59,10 +59,12 @@ class ReqToTokenTable:
         """Apply every queued write to the device table, in one scatter."""
         if not self._pending:
             return
-        rows = torch.cat([torch.full((s.numel(),), r, dtype=torch.int64)
-                          for r, _, s in self._pending])
-        cols = torch.cat([torch.arange(p, p + s.numel(), dtype=torch.int64)
-                          for _, p, s in self._pending])
+        rows = torch.cat(
+            [torch.full((s.numel(),), r, dtype=torch.int64) for r, _, s in self._pending]
+        )
+        cols = torch.cat(
+            [torch.arange(p, p + s.numel(), dtype=torch.int64) for _, p, s in self._pending]
+        )
         slots = torch.cat([s for _, _, s in self._pending]).to(torch.int32)
         self._pending.clear()
         dev = self.device

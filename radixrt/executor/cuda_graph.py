@@ -78,32 +78,41 @@ class GraphInputs:
         bs = len(step.extend_lens)
         pad = padded_bs - bs
         lens = [p + 1 for p in step.prefix_lens] + [0] * pad
-        for buf, values in ((self.input_ids, list(step.input_ids) + [0] * pad),
-                            (self.rows, list(step.table_rows) + [0] * pad),
-                            (self.seq_lens, lens)):
+        for buf, values in (
+            (self.input_ids, list(step.input_ids) + [0] * pad),
+            (self.rows, list(step.table_rows) + [0] * pad),
+            (self.seq_lens, lens),
+        ):
             buf[:padded_bs].copy_(torch.tensor(values, dtype=torch.int64))
 
     def prepare(self, bs: int) -> None:
         """Derive positions, slots and offsets of the first `bs` sequences from their rows and
         lengths (inside the graph: device ops on static buffers)."""
         lens, rows = self.seq_lens[:bs], self.rows[:bs]
-        self.kv_indptr[1:bs + 1].copy_(lens.cumsum(0))
+        self.kv_indptr[1 : bs + 1].copy_(lens.cumsum(0))
         self.positions[:bs].copy_((lens - 1).clamp(min=0))
         slots = self.table.lookup(rows, self.positions[:bs])
         self.out_cache_loc[:bs].copy_(torch.where(lens > 0, slots, -1))
         count = bs * self.table.context_length
-        self.kv_indices[:count].copy_(self.table.gather(rows, self.kv_indptr[:bs + 1], count))
+        self.kv_indices[:count].copy_(self.table.gather(rows, self.kv_indptr[: bs + 1], count))
 
     def batch(self, bs: int, kv_pool: KVPool, backend: AttentionBackend) -> ForwardBatch:
         """A ForwardBatch of `bs` decode rows over views of the static buffers."""
         return ForwardBatch(
-            input_ids=self.input_ids[:bs], positions=self.positions[:bs],
-            out_cache_loc=self.out_cache_loc[:bs], qo_indptr=self.qo_indptr[: bs + 1],
-            kv_indices=self.kv_indices, kv_indptr=self.kv_indptr[: bs + 1],
-            seq_lens=self.seq_lens[:bs], extend_lens=self.extend_lens[:bs],
+            input_ids=self.input_ids[:bs],
+            positions=self.positions[:bs],
+            out_cache_loc=self.out_cache_loc[:bs],
+            qo_indptr=self.qo_indptr[: bs + 1],
+            kv_indices=self.kv_indices,
+            kv_indptr=self.kv_indptr[: bs + 1],
+            seq_lens=self.seq_lens[:bs],
+            extend_lens=self.extend_lens[:bs],
             # Lengths as the graph sees them at capture; replays never read these lists.
-            seq_lens_cpu=[1] * bs, extend_lens_cpu=[1] * bs, prefix_lens_cpu=[0] * bs,
-            kv_pool=kv_pool, attn_backend=backend,
+            seq_lens_cpu=[1] * bs,
+            extend_lens_cpu=[1] * bs,
+            prefix_lens_cpu=[0] * bs,
+            kv_pool=kv_pool,
+            attn_backend=backend,
         )
 
 

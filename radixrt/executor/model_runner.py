@@ -38,10 +38,14 @@ class ModelRunner:
         self.table = table
         self.device = torch.device(device)
         self.graph_runner: CudaGraphRunner | None = None
-        if (self.device.type == "cuda" and not disable_cuda_graph
-                and attn_backend.supports_cuda_graph):
-            self.graph_runner = CudaGraphRunner(model, kv_pool, attn_backend, table,
-                                                cuda_graph_max_bs, self.device)
+        if (
+            self.device.type == "cuda"
+            and not disable_cuda_graph
+            and attn_backend.supports_cuda_graph
+        ):
+            self.graph_runner = CudaGraphRunner(
+                model, kv_pool, attn_backend, table, cuda_graph_max_bs, self.device
+            )
 
     def build_batch(self, step: StepInput) -> ForwardBatch:
         """The step's ForwardBatch: lengths and tokens come from the host (a few small copies),

@@ -71,8 +71,7 @@ class GrammarBackend:
 
     def _compile(self, kind: str, text: str):
         xgr, compiler = self._setup.result()
-        return compiler.compile_grammar(parse_constraint(xgr, kind, text,
-                                                         self.json_any_whitespace))
+        return compiler.compile_grammar(parse_constraint(xgr, kind, text, self.json_any_whitespace))
 
     def allows_some_token(self, compiled) -> bool:
         return allows_some_token(self.xgr, compiled, self.vocab_size)
@@ -84,12 +83,10 @@ class GrammarBackend:
         """An int32 bitmask [rows, ceil(vocab / 32)] for `fill_next_token_bitmask`."""
         return self.xgr.allocate_token_bitmask(rows, self.vocab_size)
 
-    def apply_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor,
-                      rows: list[int]) -> None:
+    def apply_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
         """Mask, in place, the tokens forbidden in bitmask[row] in logits[row] for each row."""
         if rows:
-            self.xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device),
-                                                 indices=rows)
+            self.xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=rows)
 
     def close(self) -> None:
         self.pool.shutdown()

@@ -34,8 +34,9 @@ class GrammarBusy(Exception):
 
 
 class ConstraintChecker:
-    def __init__(self, tokenizer: Any, vocab_size: int, timeout_s: float,
-                 json_any_whitespace: bool = False) -> None:
+    def __init__(
+        self, tokenizer: Any, vocab_size: int, timeout_s: float, json_any_whitespace: bool = False
+    ) -> None:
         self.vocab_size = vocab_size
         self.timeout_s = timeout_s
         self.json_any_whitespace = json_any_whitespace
@@ -78,25 +79,32 @@ class ConstraintChecker:
         xgr, compiler = self._setup.result()
         try:
             compiled = compiler.compile_grammar(
-                parse_constraint(xgr, kind, text, self.json_any_whitespace))
+                parse_constraint(xgr, kind, text, self.json_any_whitespace)
+            )
         except ParamError as e:
             return str(e)
         except Exception as e:  # noqa: BLE001 - xgrammar's compiler refused what it parsed
             return f"sampling param {kind!r} did not compile: {e}"
         if not allows_some_token(xgr, compiled, self.vocab_size):
-            return (f"sampling param {kind!r} can never be satisfied: no token of this "
-                    f"model's vocabulary can start a text it accepts (it cannot be empty and "
-                    "its first character is not in any token)")
+            return (
+                f"sampling param {kind!r} can never be satisfied: no token of this "
+                f"model's vocabulary can start a text it accepts (it cannot be empty and "
+                "its first character is not in any token)"
+            )
         return None
 
     def _timed_out(self, kind: str, text: str, future: Future, deadline: float) -> str:
         started = getattr(future, "started_at", None)
         if started is None or started > deadline - self.timeout_s / 2:
             # It waited behind other compiles most of the time: not its own fault.
-            raise GrammarBusy(f"the grammar compiler is busy with other constraints: {kind!r} "
-                              f"could not be checked within {self.timeout_s:g} s; retry later")
-        message = (f"sampling param {kind!r} did not compile within {self.timeout_s:g} s (the "
-                   "server's --grammar-compile-timeout): simplify it")
+            raise GrammarBusy(
+                f"the grammar compiler is busy with other constraints: {kind!r} "
+                f"could not be checked within {self.timeout_s:g} s; retry later"
+            )
+        message = (
+            f"sampling param {kind!r} did not compile within {self.timeout_s:g} s (the "
+            "server's --grammar-compile-timeout): simplify it"
+        )
         done: Future = Future()
         done.set_result(message)
         with self._lock:

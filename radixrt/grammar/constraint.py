@@ -20,8 +20,11 @@ from typing import Any
 from radixrt.errors import ParamError
 
 CONSTRAINT_FIELDS = ("regex", "json_schema", "ebnf")
-_WHAT = {"regex": "regular expression", "json_schema": "JSON schema",
-         "ebnf": "EBNF grammar (xgrammar's dialect)"}
+_WHAT = {
+    "regex": "regular expression",
+    "json_schema": "JSON schema",
+    "ebnf": "EBNF grammar (xgrammar's dialect)",
+}
 # Sizes past which a constraint is refused before anything parses it. Real schemas (tool
 # parameters, response formats) are a few KB and nest a few levels; OpenAI's structured
 # outputs allow 10 levels of nesting. Each schema level is two JSON levels (the schema object
@@ -32,8 +35,8 @@ MAX_CONSTRAINT_CHARS = 200_000
 MAX_SCHEMA_DEPTH = 128
 # xgrammar 0.2 writes the characters of a string with maxLength as [^"\\\r\n], which admits
 # raw control characters (a tab, \x01) that JSON forbids inside strings; we tighten it.
-_LOOSE_STRING_CHAR = r'[^\"\\\r\n]'
-_JSON_STRING_CHAR = r'[^\0-\x1f\"\\]'
+_LOOSE_STRING_CHAR = r"[^\"\\\r\n]"
+_JSON_STRING_CHAR = r"[^\0-\x1f\"\\]"
 _JSON_TOKEN = re.compile(r'[\[\]{}"]')
 _STRING_REST = re.compile(r'(?:[^"\\]|\\.)*"', re.DOTALL)  # after the opening quote
 
@@ -42,8 +45,10 @@ def constraint_of(params) -> tuple[str, str] | None:
     """(kind, text) of the one constraint in SamplingParams, or None; error if several."""
     given = [name for name in CONSTRAINT_FIELDS if getattr(params, name) is not None]
     if len(given) > 1:
-        raise ParamError(given[1], f"give at most one of the sampling params "
-                                f"{list(CONSTRAINT_FIELDS)}; got {given}")
+        raise ParamError(
+            given[1],
+            f"give at most one of the sampling params {list(CONSTRAINT_FIELDS)}; got {given}",
+        )
     return (given[0], getattr(params, given[0])) if given else None
 
 
@@ -51,8 +56,11 @@ def check_constraint_size(kind: str, text: str) -> None:
     """ParamError unless `text` is short enough and, for a JSON schema, JSON text of an
     object (or a bool) nested at most MAX_SCHEMA_DEPTH deep. Linear in len(text)."""
     if len(text) > MAX_CONSTRAINT_CHARS:
-        raise ParamError(kind, f"sampling param {kind!r} has {len(text)} characters; at most "
-                                f"{MAX_CONSTRAINT_CHARS} are allowed")
+        raise ParamError(
+            kind,
+            f"sampling param {kind!r} has {len(text)} characters; at most "
+            f"{MAX_CONSTRAINT_CHARS} are allowed",
+        )
     if kind != "json_schema":
         return
     depth = json_text_depth(text)
@@ -63,8 +71,11 @@ def check_constraint_size(kind: str, text: str) -> None:
     except (json.JSONDecodeError, RecursionError) as e:
         raise ParamError(kind, f"sampling param 'json_schema' is not valid JSON: {e}") from None
     if not isinstance(schema, (dict, bool)):
-        raise ParamError(kind, "sampling param 'json_schema' must be a JSON object (a "
-                                f"schema), got {type(schema).__name__}")
+        raise ParamError(
+            kind,
+            "sampling param 'json_schema' must be a JSON object (a "
+            f"schema), got {type(schema).__name__}",
+        )
 
 
 def json_text_depth(text: str) -> int:
@@ -109,9 +120,12 @@ def schema_object_text(schema: dict) -> str:
 
 
 def _too_deep(depth: object) -> ParamError:
-    return ParamError("json_schema", f"sampling param 'json_schema' nests {depth} levels deep; at "
-                             f"most {MAX_SCHEMA_DEPTH} (objects and arrays inside one another) "
-                             "are allowed")
+    return ParamError(
+        "json_schema",
+        f"sampling param 'json_schema' nests {depth} levels deep; at "
+        f"most {MAX_SCHEMA_DEPTH} (objects and arrays inside one another) "
+        "are allowed",
+    )
 
 
 def parse_constraint(xgr: Any, kind: str, text: str, any_whitespace: bool = False) -> Any:
@@ -128,8 +142,9 @@ def parse_constraint(xgr: Any, kind: str, text: str, any_whitespace: bool = Fals
     except Exception as e:  # noqa: BLE001 - xgrammar raises several types for bad input
         # xgrammar prefixes its messages with a time and a C++ source location.
         reason = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", str(e).strip()) or type(e).__name__
-        raise ParamError(kind, f"sampling param {kind!r} is not a valid {_WHAT[kind]}: "
-                                f"{reason}") from None
+        raise ParamError(
+            kind, f"sampling param {kind!r} is not a valid {_WHAT[kind]}: {reason}"
+        ) from None
     ebnf = str(grammar)
     if _LOOSE_STRING_CHAR in ebnf:
         grammar = xgr.Grammar.from_ebnf(ebnf.replace(_LOOSE_STRING_CHAR, _JSON_STRING_CHAR))

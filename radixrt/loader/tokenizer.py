@@ -22,15 +22,19 @@ def load_tokenizer(model_path: str, tokenizer_path: str | None = None) -> PreTra
         raise FileNotFoundError(f"tokenizer path not found: {path}")
     if path.is_dir() and not any((path / f).exists() for f in TOKENIZER_FILES):
         # transformers would quietly build an empty tokenizer here.
-        raise ValueError(f"no tokenizer in {path} (none of {list(TOKENIZER_FILES)}); give "
-                         "tokenizer_path, or skip_tokenizer_init=True to serve token ids")
+        raise ValueError(
+            f"no tokenizer in {path} (none of {list(TOKENIZER_FILES)}); give "
+            "tokenizer_path, or skip_tokenizer_init=True to serve token ids"
+        )
     try:
         if path.is_file() and path.suffix == ".gguf":
             return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         return AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError, TypeError) as e:
-        raise ValueError(f"no tokenizer could be loaded from {path} ({e}); give "
-                         "tokenizer_path, or skip_tokenizer_init=True to serve token ids") from e
+        raise ValueError(
+            f"no tokenizer could be loaded from {path} ({e}); give "
+            "tokenizer_path, or skip_tokenizer_init=True to serve token ids"
+        ) from e
 
 
 class LazyTokenizer:
@@ -38,16 +42,21 @@ class LazyTokenizer:
     and building it from a GGUF file takes seconds that startup need not wait for; by first
     use the frontend has usually saved its copy to `prepared_dir` (fast to load)."""
 
-    def __init__(self, model_path: str, tokenizer_path: str | None = None,
-                 prepared_dir: str | None = None) -> None:
+    def __init__(
+        self, model_path: str, tokenizer_path: str | None = None, prepared_dir: str | None = None
+    ) -> None:
         self._args = (model_path, tokenizer_path)
         self._prepared_dir = prepared_dir
         self._tokenizer: PreTrainedTokenizerBase | None = None
 
     @classmethod
-    def for_process(cls, model_path: str | None, tokenizer_path: str | None,
-                    skip_tokenizer_init: bool,
-                    prepared_dir: str | None) -> LazyTokenizer | None:
+    def for_process(
+        cls,
+        model_path: str | None,
+        tokenizer_path: str | None,
+        skip_tokenizer_init: bool,
+        prepared_dir: str | None,
+    ) -> LazyTokenizer | None:
         """The tokenizer of a scheduler or detokenizer process (None: token ids only)."""
         if skip_tokenizer_init:
             return None
@@ -59,8 +68,11 @@ class LazyTokenizer:
         """The tokenizer itself, loaded now if it was not yet."""
         if self._tokenizer is None:
             ready = self._prepared_dir and Path(self._prepared_dir).is_dir()
-            self._tokenizer = (AutoTokenizer.from_pretrained(self._prepared_dir) if ready
-                               else load_tokenizer(*self._args))
+            self._tokenizer = (
+                AutoTokenizer.from_pretrained(self._prepared_dir)
+                if ready
+                else load_tokenizer(*self._args)
+            )
         return self._tokenizer
 
     def decode(self, *args: Any, **kwargs: Any) -> str:

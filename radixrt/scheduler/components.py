@@ -59,8 +59,10 @@ def pool_size_tokens(args: ServerArgs, cfg: ModelConfig, dtype: torch.dtype, dev
         free, total = torch.cuda.mem_get_info(torch.device(device))
         budget = free - total * (1 - args.mem_fraction_static)
         if budget <= 0:
-            raise ValueError(f"mem_fraction_static={args.mem_fraction_static} leaves no room "
-                             "for the KV pool after the weights; raise it")
+            raise ValueError(
+                f"mem_fraction_static={args.mem_fraction_static} leaves no room "
+                "for the KV pool after the weights; raise it"
+            )
         tokens = int(budget // per_token)
     else:
         tokens = min(int(args.cpu_kv_cache_gb * (1 << 30) // per_token), MAX_CPU_POOL_TOKENS)
@@ -82,10 +84,33 @@ def build_components(args: ServerArgs, tokenizer: Any = None) -> Components:
     table = ReqToTokenTable(args.max_running_requests, context_length, device)
     backend_name = args.attention_backend or ("triton" if device.startswith("cuda") else "torch")
     backend = create_backend(backend_name, device=device)
-    runner = ModelRunner(model, pool, backend, table, device,
-                         disable_cuda_graph=args.disable_cuda_graph,
-                         cuda_graph_max_bs=args.cuda_graph_max_bs)
-    logger.info("model %s, %s on %s, KV pool %d tokens, attention %s", model_path, dtype,
-                device, tokens, backend_name)
-    return Components(cfg, runner, allocator, cache, table, tokens, dtype, device, backend_name,
-                      context_length, tokenizer)
+    runner = ModelRunner(
+        model,
+        pool,
+        backend,
+        table,
+        device,
+        disable_cuda_graph=args.disable_cuda_graph,
+        cuda_graph_max_bs=args.cuda_graph_max_bs,
+    )
+    logger.info(
+        "model %s, %s on %s, KV pool %d tokens, attention %s",
+        model_path,
+        dtype,
+        device,
+        tokens,
+        backend_name,
+    )
+    return Components(
+        cfg,
+        runner,
+        allocator,
+        cache,
+        table,
+        tokens,
+        dtype,
+        device,
+        backend_name,
+        context_length,
+        tokenizer,
+    )

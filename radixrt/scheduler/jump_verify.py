@@ -20,9 +20,14 @@ from radixrt.executor.sampler import NO_TOKEN, SamplingBatch, sample
 from radixrt.scheduler.req import Req, RequestFailed
 
 
-def verify_proposal(req: Req, logits: torch.Tensor, grammar: Any, vocab_size: int,
-                    eos_token_ids: list[int],
-                    truncate_kv: Callable[[Req, int], None]) -> tuple[int, int]:
+def verify_proposal(
+    req: Req,
+    logits: torch.Tensor,
+    grammar: Any,
+    vocab_size: int,
+    eos_token_ids: list[int],
+    truncate_kv: Callable[[Req, int], None],
+) -> tuple[int, int]:
     """`logits` [k+1, vocab]: rows for the last k proposals and the token after. Settles the
     proposal in req.output_ids and the matcher; returns (the new token, proposals kept).
     RequestFailed if no token may follow the kept proposal (the request cannot go on)."""
@@ -35,9 +40,14 @@ def verify_proposal(req: Req, logits: torch.Tensor, grammar: Any, vocab_size: in
     masks = _masks_along(grammar, matcher, out[first:], logits.shape[0])
     grammar.xgr.apply_token_bitmask_inplace(logits, masks.to(logits.device))
     batch = SamplingBatch.build(
-        [req.sampling_params] * (k + 1), [req.generator] * (k + 1),
-        [out[:first + i] for i in range(k + 1)], [req.origin_input_ids] * (k + 1),
-        vocab_size, logits.device, eos_token_ids=eos_token_ids)
+        [req.sampling_params] * (k + 1),
+        [req.generator] * (k + 1),
+        [out[: first + i] for i in range(k + 1)],
+        [req.origin_input_ids] * (k + 1),
+        vocab_size,
+        logits.device,
+        eos_token_ids=eos_token_ids,
+    )
     picks = sample(logits, batch).tolist()
     kept = 0
     while kept < k and picks[kept] == out[first + kept]:
@@ -45,7 +55,7 @@ def verify_proposal(req: Req, logits: torch.Tensor, grammar: Any, vocab_size: in
     dropped = k - kept
     if dropped:
         matcher.rollback(dropped)  # it stood after the whole proposal (_masks_along)
-        del out[len(out) - dropped:]
+        del out[len(out) - dropped :]
         truncate_kv(req, req.kv_len - dropped)
     state.unverified = 0
     if picks[kept] == NO_TOKEN:  # the kept proposal stands; nothing may follow it

@@ -16,8 +16,9 @@ from radixrt.scheduler.req import Req
 
 
 class KVManager:
-    def __init__(self, allocator: PageAllocator, cache: PrefixCache,
-                 table: ReqToTokenTable) -> None:
+    def __init__(
+        self, allocator: PageAllocator, cache: PrefixCache, table: ReqToTokenTable
+    ) -> None:
         assert cache.allocator is allocator
         self.allocator = allocator
         self.cache = cache
@@ -106,11 +107,12 @@ class KVManager:
         aligned = req.kv_len // self.page_size * self.page_size
         if aligned <= req.tree_len:
             return req.tree_len
-        published = self.cache.publish(req.fill_ids[:aligned], self._slots(req, 0, aligned),
-                                       req.tree_len, req.last_node)
+        published = self.cache.publish(
+            req.fill_ids[:aligned], self._slots(req, 0, aligned), req.tree_len, req.last_node
+        )
         if published.length > req.tree_len:
             # Where someone cached the same pages meanwhile, the table points at theirs now.
-            self.table.write(req.table_row, req.tree_len, published.slots[req.tree_len:])
+            self.table.write(req.table_row, req.tree_len, published.slots[req.tree_len :])
         req.tree_len, req.last_node = published.length, published.node
         return published.length
 

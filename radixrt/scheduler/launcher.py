@@ -28,11 +28,15 @@ def start_thread(args: ServerArgs, tokenizer: Any) -> SchedulerHandle:
     scheduler = Scheduler(args, build_components(args, tokenizer), ends.scheduler)
     detok_done = threading.Event()  # set once the scheduler has stopped
     threads = {
-        "scheduler": threading.Thread(target=scheduler.run_forever, daemon=True,
-                                      name="radixrt-scheduler"),
+        "scheduler": threading.Thread(
+            target=scheduler.run_forever, daemon=True, name="radixrt-scheduler"
+        ),
         "detokenizer": threading.Thread(
-            target=_detokenize, args=(ends.detokenizer, Detokenizer(tokenizer), detok_done),
-            daemon=True, name="radixrt-detokenizer"),
+            target=_detokenize,
+            args=(ends.detokenizer, Detokenizer(tokenizer), detok_done),
+            daemon=True,
+            name="radixrt-detokenizer",
+        ),
     }
     for thread in threads.values():
         thread.start()
@@ -48,12 +52,17 @@ def start_thread(args: ServerArgs, tokenizer: Any) -> SchedulerHandle:
         threads["detokenizer"].join(timeout)
 
     def death() -> str:
-        ended = [f"the {name} thread has ended" for name, t in threads.items()
-                 if not t.is_alive()]
+        ended = [f"the {name} thread has ended" for name, t in threads.items() if not t.is_alive()]
         return "; ".join(ended) or "all threads are running"
 
-    return SchedulerHandle(ends.frontend, scheduler.ready_message(), alive=alive, stop=stop,
-                           death=death, local=scheduler)
+    return SchedulerHandle(
+        ends.frontend,
+        scheduler.ready_message(),
+        alive=alive,
+        stop=stop,
+        death=death,
+        local=scheduler,
+    )
 
 
 def _detokenize(transport: Transport, detok: Detokenizer, done: threading.Event) -> None:

@@ -29,9 +29,15 @@ PROMPT_LOGPROB_ROWS = 256
 
 
 class OutputProcessor:
-    def __init__(self, eos_token_ids: list[int], vocab_size: int, context_length: int,
-                 structured: StructuredGeneration, tokenizer: Any = None,
-                 device: str = "cpu") -> None:
+    def __init__(
+        self,
+        eos_token_ids: list[int],
+        vocab_size: int,
+        context_length: int,
+        structured: StructuredGeneration,
+        tokenizer: Any = None,
+        device: str = "cpu",
+    ) -> None:
         self.structured = structured
         self.eos_token_ids = set(eos_token_ids)
         self.vocab_size = vocab_size
@@ -43,15 +49,22 @@ class OutputProcessor:
     def process(self, plan: LogitRows, logits: torch.Tensor) -> None:
         """Record logprobs, settle proposals, sample; a request that fails is ended alone."""
         for req, first_t, idx in plan.prompt_lp:
-            self._guarded(req, "recording its prompt logprobs", self._record_prompt_logprobs,
-                          req, first_t, logits[idx])
+            self._guarded(
+                req,
+                "recording its prompt logprobs",
+                self._record_prompt_logprobs,
+                req,
+                first_t,
+                logits[idx],
+            )
         for req in plan.prefill_only:
             if not req.finished:
                 req.finish_reason = {"type": "length", "length": 0}
         for req, idx in plan.verify:
             if not req.finished:
-                self._guarded(req, "checking its jump-forward proposal", self._verify, req,
-                              logits[idx])
+                self._guarded(
+                    req, "checking its jump-forward proposal", self._verify, req, logits[idx]
+                )
         live = [i for i, r in enumerate(plan.sample_reqs) if not r.finished]
         if not live:
             return
@@ -72,9 +85,12 @@ class OutputProcessor:
     def fail(self, req: Req, message: str, exc: BaseException | None = None) -> None:
         """End `req` alone (finish reason abort, `message`); the scheduler releases it."""
         self.num_failed += 1
-        logger.warning("request %s ended with an error: %s", req.rid, message,
-                       exc_info=exc if exc is not None and not isinstance(exc, RequestFailed)
-                       else None)
+        logger.warning(
+            "request %s ended with an error: %s",
+            req.rid,
+            message,
+            exc_info=exc if exc is not None and not isinstance(exc, RequestFailed) else None,
+        )
         req.fail(message)
 
     def _guarded(self, req: Req, doing: str, fn: Callable[..., Any], *args: Any) -> bool:
@@ -84,8 +100,11 @@ class OutputProcessor:
             fn(*args)
             return True
         except Exception as e:  # noqa: BLE001 - one request's failure must not stop the loop
-            message = str(e) if isinstance(e, RequestFailed) else \
-                f"internal error while {doing}: {type(e).__name__}: {e}"
+            message = (
+                str(e)
+                if isinstance(e, RequestFailed)
+                else f"internal error while {doing}: {type(e).__name__}: {e}"
+            )
             self.fail(req, message, e)
             return False
 
@@ -98,13 +117,13 @@ class OutputProcessor:
         try:
             return sample(logits, self._sampling_batch(reqs, logits.device)).tolist()
         except Exception:  # noqa: BLE001 - find the request it came from
-            logger.warning("sampling the batch failed; sampling its rows one by one",
-                           exc_info=True)
+            logger.warning("sampling the batch failed; sampling its rows one by one", exc_info=True)
         ids = []
         for i, req in enumerate(reqs):
             try:
-                ids.append(int(sample(logits[i:i + 1],
-                                      self._sampling_batch([req], logits.device))))
+                ids.append(
+                    int(sample(logits[i : i + 1], self._sampling_batch([req], logits.device)))
+                )
             except Exception as e:  # noqa: BLE001
                 self.fail(req, f"internal error while sampling: {type(e).__name__}: {e}", e)
                 ids.append(NO_TOKEN)
@@ -112,9 +131,14 @@ class OutputProcessor:
 
     def _sampling_batch(self, reqs: list[Req], device: torch.device) -> SamplingBatch:
         return SamplingBatch.build(
-            [r.sampling_params for r in reqs], [r.generator for r in reqs],
-            [r.output_ids for r in reqs], [r.origin_input_ids for r in reqs],
-            self.vocab_size, device, eos_token_ids=sorted(self.eos_token_ids))
+            [r.sampling_params for r in reqs],
+            [r.generator for r in reqs],
+            [r.output_ids for r in reqs],
+            [r.origin_input_ids for r in reqs],
+            self.vocab_size,
+            device,
+            eos_token_ids=sorted(self.eos_token_ids),
+        )
 
     def _take_token(self, req: Req, tok: int) -> None:
         req.output_ids.append(tok)
@@ -133,39 +157,60 @@ class OutputProcessor:
 
     def _record_prompt_logprobs(self, req: Req, first_t: int, logits: torch.Tensor) -> None:
         for lo in range(0, logits.shape[0], PROMPT_LOGPROB_ROWS):
-            self._record_prompt_slice(req, first_t + lo, logits[lo:lo + PROMPT_LOGPROB_ROWS])
+            self._record_prompt_slice(req, first_t + lo, logits[lo : lo + PROMPT_LOGPROB_ROWS])
 
     def _record_prompt_slice(self, req: Req, first_t: int, logits: torch.Tensor) -> None:
-        tokens = req.origin_input_ids[first_t:first_t + logits.shape[0]]
-        lp, top_v, top_i, every = compute_logprobs(logits, torch.tensor(tokens),
-                                                   req.top_logprobs_num)
+        tokens = req.origin_input_ids[first_t : first_t + logits.shape[0]]
+        lp, top_v, top_i, every = compute_logprobs(
+            logits, torch.tensor(tokens), req.top_logprobs_num
+        )
         req.input_token_logprobs.extend(zip(lp.tolist(), tokens, strict=True))
         req.input_top_logprobs.extend(_top_pairs(top_v, top_i, req.top_logprobs_num))
         req.input_logprobs_count += len(tokens)
         if req.token_ids_logprob:
             req.input_token_ids_logprobs.extend(_ids_pairs(every, req.token_ids_logprob))
 
-    def _record_output_logprobs(self, reqs: list[Req], logits: torch.Tensor,
-                                next_ids: list[int]) -> None:
-        rows = [i for i, r in enumerate(reqs)
-                if r.return_logprob and not r.finished and next_ids[i] != NO_TOKEN]
+    def _record_output_logprobs(
+        self, reqs: list[Req], logits: torch.Tensor, next_ids: list[int]
+    ) -> None:
+        rows = [
+            i
+            for i, r in enumerate(reqs)
+            if r.return_logprob and not r.finished and next_ids[i] != NO_TOKEN
+        ]
         if not rows:
             return
         k = max(reqs[i].top_logprobs_num for i in rows)
         try:
-            lp, top_v, top_i, every = compute_logprobs(logits[rows],
-                                                       torch.tensor(next_ids)[rows], k)
+            lp, top_v, top_i, every = compute_logprobs(
+                logits[rows], torch.tensor(next_ids)[rows], k
+            )
         except Exception as e:  # noqa: BLE001 - each request that asked fails alone
             for i in rows:
                 self.fail(reqs[i], f"internal error while computing its logprobs: {e}", e)
             return
         for j, i in enumerate(rows):
-            self._guarded(reqs[i], "recording its logprobs", self._record_output_row,
-                          reqs[i], next_ids[i], lp[j], top_v[j:j + 1], top_i[j:j + 1],
-                          every[j:j + 1])
+            self._guarded(
+                reqs[i],
+                "recording its logprobs",
+                self._record_output_row,
+                reqs[i],
+                next_ids[i],
+                lp[j],
+                top_v[j : j + 1],
+                top_i[j : j + 1],
+                every[j : j + 1],
+            )
 
-    def _record_output_row(self, req: Req, tok: int, lp: torch.Tensor, top_v: torch.Tensor,
-                           top_i: torch.Tensor, every: torch.Tensor) -> None:
+    def _record_output_row(
+        self,
+        req: Req,
+        tok: int,
+        lp: torch.Tensor,
+        top_v: torch.Tensor,
+        top_i: torch.Tensor,
+        every: torch.Tensor,
+    ) -> None:
         req.output_token_logprobs.append((float(lp), tok))
         req.output_top_logprobs.extend(_top_pairs(top_v, top_i, req.top_logprobs_num))
         if req.token_ids_logprob:
@@ -196,25 +241,32 @@ def _ids_pairs(logprobs: torch.Tensor, ids: list[int]) -> list[list[tuple[float,
     return [list(zip(row, ids, strict=True)) for row in logprobs[:, ids].tolist()]
 
 
-def _top_pairs(values: torch.Tensor, indices: torch.Tensor,
-               k: int) -> list[list[tuple[float, int]]]:
+def _top_pairs(
+    values: torch.Tensor, indices: torch.Tensor, k: int
+) -> list[list[tuple[float, int]]]:
     if k <= 0:
         return [[] for _ in range(values.shape[0])]
-    return [list(zip(v[:k].tolist(), i[:k].tolist(), strict=True))
-            for v, i in zip(values, indices, strict=True)]
+    return [
+        list(zip(v[:k].tolist(), i[:k].tolist(), strict=True))
+        for v, i in zip(values, indices, strict=True)
+    ]
 
 
 def make_output(req: Req) -> ReqOutput:
     """The delta of everything the request produced since it last emitted; clears the deltas."""
     end = req.num_emittable
-    new_ids = req.output_ids[req.num_sent_ids:end]
+    new_ids = req.output_ids[req.num_sent_ids : end]
     req.num_sent_ids = end
     want = req.return_logprob
     ids_want = want and bool(req.token_ids_logprob)
     out = ReqOutput(
-        rid=req.rid, new_output_ids=new_ids, finished=req.finished,
-        finish_reason=req.finish_reason, prompt_tokens=len(req.origin_input_ids),
-        completion_tokens=end, cached_tokens=req.cached_tokens,
+        rid=req.rid,
+        new_output_ids=new_ids,
+        finished=req.finished,
+        finish_reason=req.finish_reason,
+        prompt_tokens=len(req.origin_input_ids),
+        completion_tokens=end,
+        cached_tokens=req.cached_tokens,
         output_token_logprobs=req.output_token_logprobs if want else None,
         output_top_logprobs=req.output_top_logprobs if want else None,
         input_token_logprobs=req.input_token_logprobs if want else None,
@@ -222,7 +274,8 @@ def make_output(req: Req) -> ReqOutput:
         output_token_ids_logprobs=req.output_token_ids_logprobs if ids_want else None,
         input_token_ids_logprobs=req.input_token_ids_logprobs if ids_want else None,
         detok=None if req.detok_sent else _detok_params(req.sampling_params),
-        admitted_at=req.admitted_at, first_token_at=req.first_token_at,
+        admitted_at=req.admitted_at,
+        first_token_at=req.first_token_at,
     )
     req.detok_sent = True
     if want:
@@ -233,6 +286,10 @@ def make_output(req: Req) -> ReqOutput:
 
 
 def _detok_params(params: SamplingParams) -> DetokParams:
-    return DetokParams(params.skip_special_tokens, params.spaces_between_special_tokens,
-                       list(params.stop or []), params.no_stop_trim,
-                       list(params.stop_regex or []))
+    return DetokParams(
+        params.skip_special_tokens,
+        params.spaces_between_special_tokens,
+        list(params.stop or []),
+        params.no_stop_trim,
+        list(params.stop_regex or []),
+    )

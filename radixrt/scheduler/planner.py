@@ -60,8 +60,9 @@ class Planner:
             self._retract(max(running, key=lambda r: r.arrival_order), running, waiting)
             retracted = True
         if not retracted:
-            self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY,
-                                       MIN_NEW_TOKEN_RATIO)
+            self.new_token_ratio = max(
+                self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO
+            )
         return ScheduleBatch.build(work)
 
     def _grow_decodes(self, running: list[Req], waiting: list[Req]) -> tuple[list[Req], bool]:
@@ -70,7 +71,8 @@ class Planner:
         retracted = False
         decodes = [r for r in running if _is_decode(r)]
         while decodes and not self.kv.ensure_free(
-                sum(self.kv.tokens_needed(r, 1) for r in decodes)):
+            sum(self.kv.tokens_needed(r, 1) for r in decodes)
+        ):
             victim = min(decodes, key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)))
             self._retract(victim, running, waiting)
             decodes.remove(victim)
@@ -93,8 +95,9 @@ class Planner:
         ratio = self.new_token_ratio * self.conservativeness
         return int(sum(min(r.remaining_new_tokens, MAX_RESERVED_PER_REQ) for r in reqs) * ratio)
 
-    def _admit(self, running: list[Req], waiting: list[Req], budget: int,
-               work: list[tuple[Req, int]]) -> None:
+    def _admit(
+        self, running: list[Req], waiting: list[Req], budget: int, work: list[tuple[Req, int]]
+    ) -> None:
         """Move waiting requests, in the policy's order, to running while budget and KV last."""
         inflight = [r.fill_ids for r in running if r.kv_len < r.seq_len - 1]
         reserved = self._reserved_tokens(running)
@@ -108,8 +111,10 @@ class Planner:
                 continue
             n = min(req.seq_len - req.prefix_match_len, self.chunk, budget)
             own_reserve = self._reserved_tokens([req])
-            if self.kv.available_tokens() < n + reserved + own_reserve + self.kv.page_size \
-                    and running:
+            if (
+                self.kv.available_tokens() < n + reserved + own_reserve + self.kv.page_size
+                and running
+            ):
                 break
             self.kv.admit(req, match)
             if not self.kv.alloc(req, n):

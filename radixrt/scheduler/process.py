@@ -29,8 +29,7 @@ def run(config: dict[str, Any]) -> int:
     ignore_stop_signals()
     guard_parent(config["parent_pid"], config.get("ipc_dir"))  # before any thread starts
     args = ServerArgs(**config["server_args"])
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="[%(asctime)s scheduler] %(message)s")
+    logging.basicConfig(level=args.log_level.upper(), format="[%(asctime)s scheduler] %(message)s")
     transport = ZmqTransport(config["recv_addr"], config["send_addr"], bind=False)
     try:
         from radixrt.loader.tokenizer import LazyTokenizer
@@ -38,9 +37,12 @@ def run(config: dict[str, Any]) -> int:
         from radixrt.scheduler.scheduler import Scheduler
 
         # The scheduler matches stop strings and builds grammars with it.
-        tokenizer = LazyTokenizer.for_process(args.model_path, args.tokenizer_path,
-                                              args.skip_tokenizer_init,
-                                              config.get("tokenizer_dir"))
+        tokenizer = LazyTokenizer.for_process(
+            args.model_path,
+            args.tokenizer_path,
+            args.skip_tokenizer_init,
+            config.get("tokenizer_dir"),
+        )
         scheduler = Scheduler(args, build_components(args, tokenizer), transport)
         transport.send(encode(scheduler.ready_message()))
         parent = config["parent_pid"]

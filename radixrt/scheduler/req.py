@@ -28,7 +28,7 @@ class GrammarState:
     def drop_proposal(self, output_ids: list[int]) -> None:
         """Forget an unchecked proposal: out of output_ids, and the matcher steps back."""
         if self.unverified:
-            del output_ids[-self.unverified:]
+            del output_ids[-self.unverified :]
             self.matcher.rollback(self.unverified)
             self.unverified = 0
 
@@ -99,14 +99,14 @@ class Req:
         running request, mostly for one decode token)."""
         n_in = len(self.origin_input_ids)
         if start >= n_in:
-            return self.output_ids[start - n_in:end - n_in]
-        return self.origin_input_ids[start:end] + self.output_ids[:max(end - n_in, 0)]
+            return self.output_ids[start - n_in : end - n_in]
+        return self.origin_input_ids[start:end] + self.output_ids[: max(end - n_in, 0)]
 
     def fail(self, message: str) -> None:
         """End the request with finish reason abort and `message`. An unchecked proposal is
         dropped from the output (not from the matcher: it goes with the request)."""
         if self.grammar is not None and self.grammar.unverified:
-            del self.output_ids[-self.grammar.unverified:]
+            del self.output_ids[-self.grammar.unverified :]
             self.grammar.unverified = 0
         self.failed = True
         self.finish_reason = {"type": "abort", "message": message}
@@ -118,14 +118,20 @@ class Req:
         if kind is None:
             return f"no token can follow output token {n}: the model's logits are not finite"
         if not grammar_allows_some:
-            return (f"the {kind} constraint allows no token after {n} output tokens: no token "
-                    "of this model's vocabulary continues the text it has accepted")
+            return (
+                f"the {kind} constraint allows no token after {n} output tokens: no token "
+                "of this model's vocabulary continues the text it has accepted"
+            )
         min_new = self.sampling_params.min_new_tokens
         if n < min_new:
-            return (f"min_new_tokens={min_new} bans the end of sequence until {min_new} tokens "
-                    f"are out, but the {kind} constraint allows nothing else after {n}")
-        return (f"every token the {kind} constraint allows after {n} output tokens is banned "
-                "by the sampling parameters")
+            return (
+                f"min_new_tokens={min_new} bans the end of sequence until {min_new} tokens "
+                f"are out, but the {kind} constraint allows nothing else after {n}"
+            )
+        return (
+            f"every token the {kind} constraint allows after {n} output tokens is banned "
+            "by the sampling parameters"
+        )
 
     def drop_unverified(self) -> None:
         """Forget an unchecked jump-forward proposal (the matcher steps back too)."""

@@ -49,11 +49,14 @@ class ScheduleBatch:
         input_ids: list[int] = []
         for req, n in work:
             input_ids.extend(req.token_slice(req.kv_len, req.kv_len + n))
-        return cls(reqs=tuple(r for r, _ in work),
-                   prefix_lens=tuple(r.kv_len for r, _ in work),
-                   extend_lens=tuple(n for _, n in work),
-                   table_rows=tuple(r.table_row for r, _ in work),
-                   input_ids=input_ids, logits=_logit_rows(work))
+        return cls(
+            reqs=tuple(r for r, _ in work),
+            prefix_lens=tuple(r.kv_len for r, _ in work),
+            extend_lens=tuple(n for _, n in work),
+            table_rows=tuple(r.table_row for r, _ in work),
+            input_ids=input_ids,
+            logits=_logit_rows(work),
+        )
 
     @property
     def logit_rows(self) -> list[int]:

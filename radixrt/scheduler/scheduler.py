@@ -53,16 +53,32 @@ class Scheduler:
         self.page_size = args.page_size
         self.kv = KVManager(parts.allocator, parts.cache, parts.table)
         policy = SchedulePolicy(args.schedule_policy, self.kv, seed=args.random_seed)
-        self.planner = Planner(self.kv, policy, args.max_prefill_tokens,
-                               args.chunked_prefill_size, args.max_running_requests,
-                               args.schedule_conservativeness)
+        self.planner = Planner(
+            self.kv,
+            policy,
+            args.max_prefill_tokens,
+            args.chunked_prefill_size,
+            args.max_running_requests,
+            args.schedule_conservativeness,
+        )
         cfg = parts.model_config
         self.structured = StructuredGeneration(
-            parts.tokenizer, cfg.vocab_size, cfg.eos_token_ids, args.grammar_compile_timeout,
+            parts.tokenizer,
+            cfg.vocab_size,
+            cfg.eos_token_ids,
+            args.grammar_compile_timeout,
             jump_forward=not args.disable_jump_forward,
-            json_any_whitespace=args.json_any_whitespace, truncate_kv=self.kv.truncate)
-        self.outputs = OutputProcessor(cfg.eos_token_ids, cfg.vocab_size, parts.context_length,
-                                       self.structured, parts.tokenizer, parts.device)
+            json_any_whitespace=args.json_any_whitespace,
+            truncate_kv=self.kv.truncate,
+        )
+        self.outputs = OutputProcessor(
+            cfg.eos_token_ids,
+            cfg.vocab_size,
+            parts.context_length,
+            self.structured,
+            parts.tokenizer,
+            parts.device,
+        )
         self.running: list[Req] = []
         self.waiting: list[Req] = []
         self.arrivals = itertools.count()
@@ -124,9 +140,16 @@ class Scheduler:
         self._log_mark = (now, self._decode_tokens)
         pool = self.parts.pool_tokens
         used = pool - self.parts.allocator.available_tokens - self.parts.cache.evictable_size()
-        logger.info("running %d, queued %d, KV in use %.1f%% of %d tokens, cache hit rate "
-                    "%.1f%%, generation %.1f tok/s", len(self.running), len(self.waiting),
-                    100 * used / pool, pool, 100 * self.cache_hit_rate, throughput)
+        logger.info(
+            "running %d, queued %d, KV in use %.1f%% of %d tokens, cache hit rate "
+            "%.1f%%, generation %.1f tok/s",
+            len(self.running),
+            len(self.waiting),
+            100 * used / pool,
+            pool,
+            100 * self.cache_hit_rate,
+            throughput,
+        )
 
     def _settle(self, batch: ScheduleBatch) -> None:
         """Release finished requests, publish prefilled chunks to the cache, emit outputs."""
@@ -154,8 +177,7 @@ class Scheduler:
         except Exception as e:  # noqa: BLE001 - one request's output must not stop the loop
             self.outputs.fail(req, f"internal error while emitting its output: {e}", e)
             self._failed_outputs.append(req)
-            return ReqOutput(req.rid, [], True, req.finish_reason, len(req.origin_input_ids),
-                             0, 0)
+            return ReqOutput(req.rid, [], True, req.finish_reason, len(req.origin_input_ids), 0, 0)
 
     def _end_failed_outputs(self) -> None:
         """Requests whose output could not be made: released now if they still run."""
@@ -192,22 +214,34 @@ class Scheduler:
 
     def ready_message(self) -> SchedulerReady:
         p = self.parts
-        return SchedulerReady(self.args.model_path or "", p.model_config.vocab_size,
-                              p.context_length, p.pool_tokens, list(p.model_config.eos_token_ids),
-                              str(p.dtype).removeprefix("torch."), p.device, p.attention_backend,
-                              os.getpid())
+        return SchedulerReady(
+            self.args.model_path or "",
+            p.model_config.vocab_size,
+            p.context_length,
+            p.pool_tokens,
+            list(p.model_config.eos_token_ids),
+            str(p.dtype).removeprefix("torch."),
+            p.device,
+            p.attention_backend,
+            os.getpid(),
+        )
 
     def get_stats(self) -> dict[str, Any]:
         p = self.parts
-        return {**self.stats, "num_preemptions": self.planner.num_preemptions,
-                "jump_forward_tokens": self.structured.jump_forward_tokens,
-                "failed_requests": self.outputs.num_failed,
-                "grammar_queue": len(self.structured.compiling),
-                "cache_hit_rate": self.cache_hit_rate, "running": len(self.running),
-                "queued": len(self.waiting), "pool_tokens": p.pool_tokens,
-                "free_tokens": p.allocator.available_tokens,
-                "evictable_tokens": p.cache.evictable_size(),
-                "protected_tokens": p.cache.protected_size()}
+        return {
+            **self.stats,
+            "num_preemptions": self.planner.num_preemptions,
+            "jump_forward_tokens": self.structured.jump_forward_tokens,
+            "failed_requests": self.outputs.num_failed,
+            "grammar_queue": len(self.structured.compiling),
+            "cache_hit_rate": self.cache_hit_rate,
+            "running": len(self.running),
+            "queued": len(self.waiting),
+            "pool_tokens": p.pool_tokens,
+            "free_tokens": p.allocator.available_tokens,
+            "evictable_tokens": p.cache.evictable_size(),
+            "protected_tokens": p.cache.protected_size(),
+        }
 
     def _send_stats(self, check_kv: bool) -> None:
         message = ""
@@ -247,32 +281,48 @@ class Scheduler:
         # The engine validated this already, but the scheduler's socket will also take requests
         # from other frontends (the server, the DSL): a bad one must not reach the pool.
         params = SamplingParams.from_dict(msg.sampling_params)
-        params.fill_max_new_tokens(min(self.parts.context_length, self.parts.pool_tokens)
-                                   - len(msg.input_ids))
+        params.fill_max_new_tokens(
+            min(self.parts.context_length, self.parts.pool_tokens) - len(msg.input_ids)
+        )
         max_new = params.max_new_tokens
         assert max_new is not None, "fill_max_new_tokens gives every request one"
         vocab = self.parts.model_config.vocab_size
         params.verify(vocab)
         if constraint_of(params) is not None and self.parts.tokenizer is None:
-            raise ValueError("structured generation (regex, json_schema, ebnf) needs a "
-                             "tokenizer: this server runs with skip_tokenizer_init")
-        validate_request_size(len(msg.input_ids), max_new,
-                              self.parts.context_length, self.parts.pool_tokens)
+            raise ValueError(
+                "structured generation (regex, json_schema, ebnf) needs a "
+                "tokenizer: this server runs with skip_tokenizer_init"
+            )
+        validate_request_size(
+            len(msg.input_ids), max_new, self.parts.context_length, self.parts.pool_tokens
+        )
         validate_token_ids(msg.input_ids, vocab)
         validate_token_ids(msg.token_ids_logprob or [], vocab, "token_ids_logprob")
-        validate_logprobs(top_logprobs_num=msg.top_logprobs_num,
-                          token_ids_logprob=msg.token_ids_logprob,
-                          logprob_start_len=msg.logprob_start_len,
-                          return_logprob=msg.return_logprob, prompt_len=len(msg.input_ids),
-                          max_new_tokens=max_new,
-                          max_logprobs=self.args.max_logprobs,
-                          max_entries=self.args.max_logprob_entries)
+        validate_logprobs(
+            top_logprobs_num=msg.top_logprobs_num,
+            token_ids_logprob=msg.token_ids_logprob,
+            logprob_start_len=msg.logprob_start_len,
+            return_logprob=msg.return_logprob,
+            prompt_len=len(msg.input_ids),
+            max_new_tokens=max_new,
+            max_logprobs=self.args.max_logprobs,
+            max_entries=self.args.max_logprob_entries,
+        )
         gen = None
         if params.seed is not None:
             gen = torch.Generator(device=self.parts.device).manual_seed(params.seed)
-        return Req(msg.rid, list(msg.input_ids), params, msg.return_logprob,
-                   msg.logprob_start_len, msg.top_logprobs_num, msg.stream, gen,
-                   arrival_order=next(self.arrivals), token_ids_logprob=msg.token_ids_logprob)
+        return Req(
+            msg.rid,
+            list(msg.input_ids),
+            params,
+            msg.return_logprob,
+            msg.logprob_start_len,
+            msg.top_logprobs_num,
+            msg.stream,
+            gen,
+            arrival_order=next(self.arrivals),
+            token_ids_logprob=msg.token_ids_logprob,
+        )
 
     def _abort(self, rid: str) -> None:
         for held in self.structured.cancel(rid):
@@ -291,8 +341,12 @@ class Scheduler:
 
     def _flush_cache(self) -> None:
         if self.running or self.waiting:
-            reply = ControlReply("flush_cache", False, "cannot flush the cache while "
-                                 f"{len(self.running) + len(self.waiting)} requests run")
+            reply = ControlReply(
+                "flush_cache",
+                False,
+                "cannot flush the cache while "
+                f"{len(self.running) + len(self.waiting)} requests run",
+            )
         else:
             self.parts.cache.reset()
             reply = ControlReply("flush_cache", True)
@@ -301,4 +355,3 @@ class Scheduler:
     @property
     def cache_hit_rate(self) -> float:
         return self.stats["cached_tokens"] / max(self.stats["prompt_tokens"], 1)
-

@@ -24,7 +24,7 @@ def matched_stop_string(req: Req, tokenizer: Any) -> str | None:
         return None
     # A stop string can only newly appear in text ending with the newest token; a token
     # holds at least one character, so this many tail tokens cover the longest stop.
-    tail = req.output_ids[-(max(len(s) for s in stops) + 2):]
+    tail = req.output_ids[-(max(len(s) for s in stops) + 2) :]
     text = tokenizer.decode(tail, skip_special_tokens=False)
     return next((s for s in stops if s in text), None)
 
@@ -40,7 +40,7 @@ def matched_stop_regex(req: Req, tokenizer: Any) -> str | None:
     # match has no bound), as for stop strings: a token holds at least one character.
     bounded = [w for _, w in compiled if w is not None]
     unbounded = len(bounded) < len(compiled)
-    tail = req.output_ids if unbounded else req.output_ids[-(max(bounded) + 2):]
+    tail = req.output_ids if unbounded else req.output_ids[-(max(bounded) + 2) :]
     text = tokenizer.decode(tail, skip_special_tokens=False)
     for pattern, (rx, _) in zip(patterns, compiled, strict=True):
         if _search(rx, pattern, text):
@@ -52,9 +52,10 @@ def _search(rx: regex.Pattern[str], pattern: str, text: str) -> bool:
     try:
         return rx.search(text, timeout=STOP_REGEX_TIMEOUT_S) is not None
     except TimeoutError:
-        raise RequestFailed(f"stop_regex {pattern!r} took over {STOP_REGEX_TIMEOUT_S:g} s to "
-                            "search the output (catastrophic backtracking): simplify it"
-                            ) from None
+        raise RequestFailed(
+            f"stop_regex {pattern!r} took over {STOP_REGEX_TIMEOUT_S:g} s to "
+            "search the output (catastrophic backtracking): simplify it"
+        ) from None
 
 
 @functools.lru_cache(maxsize=1024)

@@ -41,10 +41,16 @@ class Compiled:
 
 
 class StructuredGeneration:
-    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int],
-                 compile_timeout_s: float, jump_forward: bool = True,
-                 json_any_whitespace: bool = False,
-                 truncate_kv: Callable[[Req, int], None] | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        eos_token_ids: list[int],
+        compile_timeout_s: float,
+        jump_forward: bool = True,
+        json_any_whitespace: bool = False,
+        truncate_kv: Callable[[Req, int], None] | None = None,
+    ) -> None:
         """`truncate_kv` (KVManager.truncate) drops the K/V of a rejected proposal."""
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
@@ -100,8 +106,9 @@ class StructuredGeneration:
         if self._backend is None:
             from radixrt.grammar.backend import GrammarBackend
 
-            self._backend = GrammarBackend(self.tokenizer, self.vocab_size,
-                                           self.json_any_whitespace)
+            self._backend = GrammarBackend(
+                self.tokenizer, self.vocab_size, self.json_any_whitespace
+            )
         return self._backend
 
     def _state_of(self, req: Req, future: Future[Any]) -> GrammarState:
@@ -110,19 +117,22 @@ class StructuredGeneration:
         assert found is not None
         kind = found[0]
         if not future.done():
-            raise RequestFailed(f"sampling param {kind!r} did not compile within "
-                                f"{self.compile_timeout_s:g} s (the server's "
-                                "--grammar-compile-timeout): simplify it")
+            raise RequestFailed(
+                f"sampling param {kind!r} did not compile within "
+                f"{self.compile_timeout_s:g} s (the server's "
+                "--grammar-compile-timeout): simplify it"
+            )
         if future.exception() is not None:
             raise RequestFailed(f"the constraint did not compile: {future.exception()}")
         if not self.backend.allows_some_token(future.result()):
-            raise RequestFailed(f"sampling param {kind!r} can never be satisfied: no token of "
-                                "this model's vocabulary can start a text it accepts")
+            raise RequestFailed(
+                f"sampling param {kind!r} can never be satisfied: no token of "
+                "this model's vocabulary can start a text it accepts"
+            )
         return GrammarState(kind, self.backend.matcher(future.result()))
 
     # -- mask -------------------------------------------------------------------------------
-    def mask(self, reqs: list[Req], logits: torch.Tensor,
-             guard: Callable[..., bool]) -> None:
+    def mask(self, reqs: list[Req], logits: torch.Tensor, guard: Callable[..., bool]) -> None:
         """Mask, in place, each constrained row of `logits` ([len(reqs), vocab]) by its
         grammar, with one bitmask for the batch. `guard(req, doing, fn, *args)` runs a
         matcher's fill and fails its request alone if it raises."""
@@ -134,8 +144,13 @@ class StructuredGeneration:
         for i in constrained:
             state = reqs[i].grammar
             assert state is not None
-            if guard(reqs[i], "filling its grammar's mask", state.matcher.fill_next_token_bitmask,
-                     bitmask, i):
+            if guard(
+                reqs[i],
+                "filling its grammar's mask",
+                state.matcher.fill_next_token_bitmask,
+                bitmask,
+                i,
+            ):
                 filled.append(i)
         self.backend.apply_bitmask(logits, bitmask, filled)
 
@@ -147,8 +162,9 @@ class StructuredGeneration:
         assert state is not None
         if not state.matcher.accept_token(tok):
             req.output_ids.pop()
-            raise RequestFailed(f"the grammar of the request refused token {tok}, which its "
-                                "own mask allowed")
+            raise RequestFailed(
+                f"the grammar of the request refused token {tok}, which its own mask allowed"
+            )
         if state.matcher.is_terminated():
             req.finish_reason = {"type": "stop", "matched": tok}
 
@@ -168,8 +184,9 @@ class StructuredGeneration:
         """Settle the request's proposal with `logits` [k+1, vocab] (its last rows); returns
         the token that follows what was kept (already in output_ids and accepted)."""
         assert self.truncate_kv is not None
-        tok, kept = verify_proposal(req, logits, self.backend, self.vocab_size,
-                                    self.eos_token_ids, self.truncate_kv)
+        tok, kept = verify_proposal(
+            req, logits, self.backend, self.vocab_size, self.eos_token_ids, self.truncate_kv
+        )
         self.jump_forward_tokens += kept
         return tok
 

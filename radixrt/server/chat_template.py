@@ -20,22 +20,30 @@ def chat_prompt_ids(tokenizer: Any, req: ChatCompletionRequest) -> list[int]:
     messages = [template_message(m, i) for i, m in enumerate(req.messages)]
     taken = sorted(_RESERVED & set(req.chat_template_kwargs or {}))
     if taken:
-        raise APIError(f"chat_template_kwargs cannot set {taken}: the server renders the "
-                       "conversation to text itself", "chat_template_kwargs")
+        raise APIError(
+            f"chat_template_kwargs cannot set {taken}: the server renders the "
+            "conversation to text itself",
+            "chat_template_kwargs",
+        )
     # continue_final_message: the last (assistant) message stays open, no new header.
     proceed = bool(req.continue_final_message)
-    kwargs = {"add_generation_prompt": not proceed and req.add_generation_prompt is not False,
-              "continue_final_message": proceed, **(req.chat_template_kwargs or {})}
+    kwargs = {
+        "add_generation_prompt": not proceed and req.add_generation_prompt is not False,
+        "continue_final_message": proceed,
+        **(req.chat_template_kwargs or {}),
+    }
     if req.tools:
         kwargs["tools"] = [tool.model_dump(exclude_none=True) for tool in req.tools]
     try:
         text = tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
     except Exception as e:  # noqa: BLE001 - no template, or the template's own raise
-        raise APIError(f"the chat template cannot render these messages: {e}",
-                       "messages") from None
+        raise APIError(f"the chat template cannot render these messages: {e}", "messages") from None
     if not isinstance(text, str):
-        raise APIError("chat_template_kwargs made the chat template return "
-                       f"{type(text).__name__}, not the prompt's text", "chat_template_kwargs")
+        raise APIError(
+            "chat_template_kwargs made the chat template return "
+            f"{type(text).__name__}, not the prompt's text",
+            "chat_template_kwargs",
+        )
     return tokenizer.encode(text, add_special_tokens=False)
 
 
@@ -66,14 +74,17 @@ def template_message(msg: ChatMessage, i: int) -> dict[str, Any]:
         out["role"] = "system"
     for j, call in enumerate(out.get("tool_calls", [])):
         call["function"]["arguments"] = _arguments_object(
-            call["function"]["arguments"], f"messages[{i}].tool_calls[{j}].function.arguments")
+            call["function"]["arguments"], f"messages[{i}].tool_calls[{j}].function.arguments"
+        )
     content = msg.content
     if isinstance(content, list):
         texts = []
         for j, part in enumerate(content):
             if part.type != "text" or part.text is None:
-                raise APIError(f"only text content parts are supported, got {part.type!r}",
-                               f"messages[{i}].content[{j}].type")
+                raise APIError(
+                    f"only text content parts are supported, got {part.type!r}",
+                    f"messages[{i}].content[{j}].type",
+                )
             texts.append(part.text)
         content = "\n".join(texts)
     out["content"] = content or ""
@@ -91,6 +102,5 @@ def _arguments_object(arguments: str | dict[str, Any], param: str) -> dict[str, 
     except (ValueError, APIError) as e:  # not JSON, or too deep for check_json_value
         raise APIError(f"{param} must be JSON text of an object: {e}", param) from None
     if not isinstance(value, dict):
-        raise APIError(f"{param} must be JSON text of an object, got {arguments[:60]!r}",
-                       param)
+        raise APIError(f"{param} must be JSON text of an object, got {arguments[:60]!r}", param)
     return value

@@ -27,16 +27,24 @@ def run(config: dict) -> int:
     # look up from the socket.
     guard_parent(config["parent_pid"], config.get("ipc_dir"))  # before any thread starts
     args = config["server_args"]
-    logging.basicConfig(level=args["log_level"].upper(),
-                        format="[%(asctime)s detokenizer] %(message)s")
-    transport = ZmqTransport(config["recv_addr"], config["send_addr"], bind=True,
-                             bind_send=False)
+    logging.basicConfig(
+        level=args["log_level"].upper(), format="[%(asctime)s detokenizer] %(message)s"
+    )
+    transport = ZmqTransport(config["recv_addr"], config["send_addr"], bind=True, bind_send=False)
     try:
         from radixrt.loader.tokenizer import LazyTokenizer
 
-        serve(transport, Detokenizer(LazyTokenizer.for_process(
-            args["model_path"], args["tokenizer_path"], args["skip_tokenizer_init"],
-            config.get("tokenizer_dir"))))
+        serve(
+            transport,
+            Detokenizer(
+                LazyTokenizer.for_process(
+                    args["model_path"],
+                    args["tokenizer_path"],
+                    args["skip_tokenizer_init"],
+                    config.get("tokenizer_dir"),
+                )
+            ),
+        )
         return 0
     except BaseException as e:  # tell the frontend why, then die
         logger.error("detokenizer failed:\n%s", traceback.format_exc())

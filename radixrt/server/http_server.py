@@ -102,8 +102,11 @@ class APIKeyCheck:
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
                 response = error_response(
-                    "missing or wrong API key: send 'Authorization: Bearer KEY'", None, 401,
-                    "invalid_api_key")
+                    "missing or wrong API key: send 'Authorization: Bearer KEY'",
+                    None,
+                    401,
+                    "invalid_api_key",
+                )
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -160,19 +163,22 @@ class BodyLimit:
 def _add_error_handlers(app: FastAPI) -> None:
     """Every error in the OpenAI shape: the router's 404 and 405, the engine's and endpoint
     code's exceptions, and a generic 500 (its traceback goes to the log, not the client)."""
+
     async def http_error(request: Request, exc: Exception) -> Response:
         if not isinstance(exc, HTTPException):  # Starlette types every handler's exc as Exception
             return exception_response(exc)
-        return error_response(str(exc.detail), None, exc.status_code,
-                              headers=getattr(exc, "headers", None))
+        return error_response(
+            str(exc.detail), None, exc.status_code, headers=getattr(exc, "headers", None)
+        )
 
     async def known_error(request: Request, exc: Exception) -> Response:
         return exception_response(exc)
 
     async def internal_error(request: Request, exc: Exception) -> Response:
         # Starlette's ServerErrorMiddleware logs the traceback after this answer.
-        return error_response("internal server error (the server's log has the details)",
-                              None, 500, "server_error")
+        return error_response(
+            "internal server error (the server's log has the details)", None, 500, "server_error"
+        )
 
     app.add_exception_handler(HTTPException, http_error)
     for kind in (APIError, SchedulerDied, ServerOverloaded, ClientDisconnected):
@@ -183,8 +189,9 @@ def _add_error_handlers(app: FastAPI) -> None:
 def _declare_bodies(app: FastAPI) -> None:
     """/openapi.json describes every request body: the handlers read the raw body (their
     errors keep the OpenAI shape), so the schemas are added to the document's components."""
-    components = pydantic_components(ChatCompletionRequest, CompletionRequest, AbortReq,
-                                     *NATIVE_BODIES)
+    components = pydantic_components(
+        ChatCompletionRequest, CompletionRequest, AbortReq, *NATIVE_BODIES
+    )
     components.update(_generate_components())
     build = app.openapi
 
@@ -201,7 +208,8 @@ def _declare_bodies(app: FastAPI) -> None:
 def _generate_components() -> dict[str, dict[str, Any]]:
     """GenerateReqInput's schema, with its untyped prompt fields spelled out."""
     _, components = msgspec.json.schema_components(
-        [GenerateReqInput, SamplingParams], ref_template=SCHEMA_REF.replace("model", "name"))
+        [GenerateReqInput, SamplingParams], ref_template=SCHEMA_REF.replace("model", "name")
+    )
     props = components["GenerateReqInput"]["properties"]
 
     def some(items: dict) -> dict:
@@ -212,8 +220,7 @@ def _generate_components() -> dict[str, dict[str, Any]]:
     props["input_ids"] = {"anyOf": [ints, some(ints)]}
     props["sampling_params"] = {"anyOf": [params, some(params), {"type": "null"}]}
     # The prompt: exactly one of them (the handler says so when neither or both are given).
-    components["GenerateReqInput"]["anyOf"] = [{"required": ["text"]},
-                                               {"required": ["input_ids"]}]
+    components["GenerateReqInput"]["anyOf"] = [{"required": ["text"]}, {"required": ["input_ids"]}]
     return components
 
 
@@ -247,12 +254,22 @@ def _add_native_routes(app: FastAPI, state: ServerState) -> None:
     async def flush_cache() -> Response:
         if await asyncio.to_thread(engine.flush_cache):
             return JSONResponse({"success": True, "message": "Cache flushed."})
-        return JSONResponse({"success": False, "message": "Cache not flushed: requests are "
-                             "running; retry when the server is idle."}, status_code=400)
+        return JSONResponse(
+            {
+                "success": False,
+                "message": "Cache not flushed: requests are "
+                "running; retry when the server is idle.",
+            },
+            status_code=400,
+        )
 
     for method in ("GET", "POST"):  # SGLang takes both; one operation id each
-        app.add_api_route("/flush_cache", flush_cache, methods=[method],
-                          operation_id=f"flush_cache_{method.lower()}")
+        app.add_api_route(
+            "/flush_cache",
+            flush_cache,
+            methods=[method],
+            operation_id=f"flush_cache_{method.lower()}",
+        )
 
     @app.post("/abort_request", openapi_extra=json_body("AbortReq"))
     async def abort_request(request: Request) -> Response:
@@ -277,16 +294,19 @@ def _abort_target(body: dict[str, Any]) -> tuple[str, bool]:
     if not isinstance(abort_all, bool):
         raise APIError(f"abort_all must be true or false, got {abort_all!r}", "abort_all")
     if not isinstance(rid, str):
-        raise APIError(f"rid must be a string (the request's id), got {type(rid).__name__}",
-                       "rid")
+        raise APIError(f"rid must be a string (the request's id), got {type(rid).__name__}", "rid")
     if not rid and not abort_all:
-        raise APIError("give the rid of the request to abort (matched exactly), or "
-                       "abort_all: true to abort every request", "rid")
+        raise APIError(
+            "give the rid of the request to abort (matched exactly), or "
+            "abort_all: true to abort every request",
+            "rid",
+        )
     return rid, abort_all
 
 
-async def _stream_chunks(chunks: AsyncIterator[dict[str, Any]],
-                         incremental: bool) -> AsyncIterator[dict[str, Any]]:
+async def _stream_chunks(
+    chunks: AsyncIterator[dict[str, Any]], incremental: bool
+) -> AsyncIterator[dict[str, Any]]:
     """SGLang's /generate streams: each chunk carries the text and ids so far and meta_info's
     logprob lists so far; with incremental (--incremental-streaming-output) only the new
     text, ids and output logprob entries. The engine's chunks carry the new text and ids."""

@@ -30,8 +30,13 @@ CLIENT_CLOSED = 499  # nginx's status for "the client closed the request"; nobod
 class APIError(Exception):
     """Raised by endpoint code for a bad request; rendered by `error_response`."""
 
-    def __init__(self, message: str, param: str | None = None, status: int = 400,
-                 err_type: str = "invalid_request_error") -> None:
+    def __init__(
+        self,
+        message: str,
+        param: str | None = None,
+        status: int = 400,
+        err_type: str = "invalid_request_error",
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
@@ -43,17 +48,25 @@ class BodyTooLarge(APIError):
     """The request body is over --max-request-bytes (HTTP 413)."""
 
     def __init__(self, limit: int) -> None:
-        super().__init__(f"the request body is larger than the server's limit of {limit} "
-                         "bytes (--max-request-bytes)", None, 413)
+        super().__init__(
+            f"the request body is larger than the server's limit of {limit} "
+            "bytes (--max-request-bytes)",
+            None,
+            413,
+        )
 
 
 class ClientDisconnected(Exception):
     """The client closed the connection before its answer was ready."""
 
 
-def error_response(message: str, param: str | None = None, status: int = 400,
-                   err_type: str = "invalid_request_error",
-                   headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(
+    message: str,
+    param: str | None = None,
+    status: int = 400,
+    err_type: str = "invalid_request_error",
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
     """The OpenAI API's error shape: {"error": {"message", "type", "param", "code"}}."""
     body = {"error": {"message": message, "type": err_type, "param": param, "code": status}}
     return JSONResponse(body, status_code=status, headers=headers)
@@ -86,8 +99,9 @@ def exception_response(exc: BaseException) -> Response:
         return Response(status_code=CLIENT_CLOSED)
     if status == 500:
         logger.error("internal error while serving a request", exc_info=exc)
-        return error_response("internal server error (the server's log has the details)",
-                              None, 500, err_type)
+        return error_response(
+            "internal server error (the server's log has the details)", None, 500, err_type
+        )
     return error_response(str(exc), getattr(exc, "param", None), status, err_type)
 
 
@@ -122,8 +136,11 @@ def _no_constant(name: str) -> Any:
 
 def _too_deep(param: str | None = None) -> APIError:
     where = f" (in {param})" if param else ""
-    return APIError(f"the request body is nested too deeply{where}: at most {MAX_JSON_DEPTH} "
-                    "levels of arrays and objects are allowed", param)
+    return APIError(
+        f"the request body is nested too deeply{where}: at most {MAX_JSON_DEPTH} "
+        "levels of arrays and objects are allowed",
+        param,
+    )
 
 
 def check_json_value(value: Any) -> None:
@@ -137,8 +154,10 @@ def check_json_value(value: Any) -> None:
         if isinstance(item, list):
             named: list[tuple[str, Any]] = [(path, child) for child in item]
         else:  # the error names the field, as far as a field name goes (two levels)
-            named = [(path if depth > 2 else f"{path}.{k}".lstrip("."), child)
-                     for k, child in item.items()]
+            named = [
+                (path if depth > 2 else f"{path}.{k}".lstrip("."), child)
+                for k, child in item.items()
+            ]
             named += [(path, key) for key in item]
         for child_path, child in named:
             if isinstance(child, (dict, list)):
@@ -151,8 +170,10 @@ def _check_unicode(text: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise APIError(f"the request body holds a lone surrogate ({text[e.start]!r}), which "
-                       "is not valid Unicode") from None
+        raise APIError(
+            f"the request body holds a lone surrogate ({text[e.start]!r}), which "
+            "is not valid Unicode"
+        ) from None
 
 
 def json_body(schema_name: str) -> dict[str, Any]:
@@ -256,8 +277,7 @@ class EngineStream(StreamingResponse):
     ends (finished, client gone, never iterated): closing it aborts what still runs.
     Starlette cancels the iteration as soon as the client disconnects."""
 
-    def __init__(self, events: AsyncIterator[Any], source: Chunks,
-                 first: asyncio.Future) -> None:
+    def __init__(self, events: AsyncIterator[Any], source: Chunks, first: asyncio.Future) -> None:
         super().__init__(sse_stream(events), media_type="text/event-stream")
         self.source, self.first = source, first
 

@@ -50,8 +50,12 @@ def launch_server(args: ServerArgs) -> int:
         state = ServerState(engine, args, name, ServerMetrics(engine.get_stats, name))
         app = build_app(state, lifespan=_lifespan(state))
         config = uvicorn.Config(
-            app, host=args.host, port=args.port, log_level=args.log_level,
-            loop="uvloop" if _has_uvloop() else "asyncio", access_log=False,
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            loop="uvloop" if _has_uvloop() else "asyncio",
+            access_log=False,
             # uvicorn annotates int | None but hands it to asyncio.wait_for, which takes a float.
             timeout_graceful_shutdown=FLUSH_TIMEOUT_S,  # type: ignore[arg-type]
         )
@@ -96,9 +100,12 @@ class _DrainingServer(uvicorn.Server):
             self.should_exit = True
         elif self.drain_until is None:
             self.state.healthy = False
-            self.state.engine.refuse_new_requests(ServerShuttingDown(
-                f"the server is shutting down ({signal.Signals(sig).name}): it takes no new "
-                "requests"))
+            self.state.engine.refuse_new_requests(
+                ServerShuttingDown(
+                    f"the server is shutting down ({signal.Signals(sig).name}): it takes no new "
+                    "requests"
+                )
+            )
             self.drain_until = time.monotonic() + self.grace_s
         else:
             self.drain_until = 0.0  # a second signal: end the running requests now
@@ -112,12 +119,18 @@ class _DrainingServer(uvicorn.Server):
         engine = self.state.engine
         if not self._announced:
             self._announced = True
-            logger.info("shutting down: new requests get 503; %d running %s", engine.num_requests,
-                        f"may finish within {self.grace_s:g} s" if self.grace_s else "end now")
+            logger.info(
+                "shutting down: new requests get 503; %d running %s",
+                engine.num_requests,
+                f"may finish within {self.grace_s:g} s" if self.grace_s else "end now",
+            )
         if engine.num_requests and time.monotonic() < drain_until:
             return
-        ended = engine.end_all_requests(ServerShuttingDown(
-            "the server is shutting down: the request was ended before it finished"))
+        ended = engine.end_all_requests(
+            ServerShuttingDown(
+                "the server is shutting down: the request was ended before it finished"
+            )
+        )
         if ended:
             logger.warning("shutting down: ended %d running request(s) with an error", ended)
         self.should_exit = True
@@ -148,21 +161,25 @@ def _lifespan(state):
 async def _warm_up(engine) -> None:
     """One tiny request through every process: /health says ok only after a real step."""
     ids = [engine.info.eos_token_ids[0] if engine.info.eos_token_ids else 0]
-    await engine.async_generate(input_ids=ids, sampling_params={"max_new_tokens": 1,
-                                                                 "temperature": 0})
+    await engine.async_generate(
+        input_ids=ids, sampling_params={"max_new_tokens": 1, "temperature": 0}
+    )
 
 
 def _print_banner(state) -> None:
     info, args = state.engine.info, state.args
-    print(f"radixrt {state.served_model_name} serving at http://{args.host}:{args.port} "
-          f"(pid {os.getpid()}; scheduler pid {info.pid})\n"
-          f"  model: {info.model_path or DEFAULT_MODEL_NAME} ({info.dtype} on {info.device}, "
-          f"context {info.context_length})\n"
-          f"  KV pool: {info.pool_tokens} tokens, page size {args.page_size}, radix cache "
-          f"{'off' if args.disable_radix_cache else 'on'}; attention backend: "
-          f"{info.attention_backend}\n"
-          f"  ZeroMQ frontend: {state.zmq_address}; API key "
-          f"{'required' if args.api_key else 'not required'}", flush=True)
+    print(
+        f"radixrt {state.served_model_name} serving at http://{args.host}:{args.port} "
+        f"(pid {os.getpid()}; scheduler pid {info.pid})\n"
+        f"  model: {info.model_path or DEFAULT_MODEL_NAME} ({info.dtype} on {info.device}, "
+        f"context {info.context_length})\n"
+        f"  KV pool: {info.pool_tokens} tokens, page size {args.page_size}, radix cache "
+        f"{'off' if args.disable_radix_cache else 'on'}; attention backend: "
+        f"{info.attention_backend}\n"
+        f"  ZeroMQ frontend: {state.zmq_address}; API key "
+        f"{'required' if args.api_key else 'not required'}",
+        flush=True,
+    )
 
 
 def _check_port_free(host: str, port: int) -> None:
@@ -171,8 +188,9 @@ def _check_port_free(host: str, port: int) -> None:
         try:
             s.bind((host, port))
         except OSError as e:
-            raise SystemExit(f"cannot serve on {host}:{port}: {e.strerror} "
-                             "(choose another --port or --host)") from None
+            raise SystemExit(
+                f"cannot serve on {host}:{port}: {e.strerror} (choose another --port or --host)"
+            ) from None
 
 
 def _has_uvloop() -> bool:

@@ -25,8 +25,28 @@ from radixrt.request_state import ReqState
 
 disable_created_metrics()  # no *_created series: SGLang's and vLLM's dashboards ignore them
 
-_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                    7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
+_LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+)
 
 
 class ServerMetrics:
@@ -39,8 +59,9 @@ class ServerMetrics:
             return Counter(f"radixrt:{name}", doc, labels, registry=self.registry)
 
         def histogram(name: str, doc: str) -> Histogram:
-            return Histogram(f"radixrt:{name}", doc, labels, registry=self.registry,
-                             buckets=_LATENCY_BUCKETS)
+            return Histogram(
+                f"radixrt:{name}", doc, labels, registry=self.registry, buckets=_LATENCY_BUCKETS
+            )
 
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens processed")
         self.generation_tokens = counter("generation_tokens", "Tokens generated")
@@ -104,15 +125,18 @@ class _SchedulerCollector:
             "num_running_reqs": ("Requests running in the batch", stats["running"]),
             "num_queue_reqs": ("Requests waiting for admission", stats["queued"]),
             "token_usage": ("Fraction of the KV pool held by running requests", used / pool),
-            "cache_hit_rate": ("Prompt tokens served from the cache / prompt tokens",
-                               stats["cache_hit_rate"]),
+            "cache_hit_rate": (
+                "Prompt tokens served from the cache / prompt tokens",
+                stats["cache_hit_rate"],
+            ),
             "max_total_num_tokens": ("KV pool size in tokens", stats["pool_tokens"]),
         }
         for name, (doc, value) in gauges.items():
             g = GaugeMetricFamily(f"radixrt:{name}", doc, labels=["model_name"])
             g.add_metric([self.model_name], value)
             yield g
-        c = CounterMetricFamily("radixrt:num_preemptions", "Requests retracted to free KV",
-                                labels=["model_name"])
+        c = CounterMetricFamily(
+            "radixrt:num_preemptions", "Requests retracted to free KV", labels=["model_name"]
+        )
         c.add_metric([self.model_name], stats["num_preemptions"])
         yield c

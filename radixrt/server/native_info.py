@@ -33,8 +33,9 @@ HEALTH_GENERATE_TIMEOUT_S = 20.0  # a one-token generation on an idle server tak
 class TokenizeReq(BaseModel):
     """Exactly one of prompt or messages."""
 
-    model_config = ConfigDict(json_schema_extra={
-        "anyOf": [{"required": ["prompt"]}, {"required": ["messages"]}]})
+    model_config = ConfigDict(
+        json_schema_extra={"anyOf": [{"required": ["prompt"]}, {"required": ["messages"]}]}
+    )
     prompt: str | list[str] | None = None
     messages: list[dict[str, Any]] | None = None
     add_special_tokens: bool = True
@@ -70,11 +71,15 @@ def add_native_info_routes(app: FastAPI, state: Any) -> None:
         args.pop("api_key")
         info = await asyncio.to_thread(engine.get_server_info)
         stats = {k: v for k, v in info.items() if k not in args}
-        return {**args, **info, "version": radixrt.__version__,
-                "served_model_name": state.served_model_name,
-                # SGLang reports live scheduler state per data-parallel rank; radixrt has one.
-                "internal_states": [stats],
-                "zmq_frontend_address": state.zmq_address}
+        return {
+            **args,
+            **info,
+            "version": radixrt.__version__,
+            "served_model_name": state.served_model_name,
+            # SGLang reports live scheduler state per data-parallel rank; radixrt has one.
+            "internal_states": [stats],
+            "zmq_frontend_address": state.zmq_address,
+        }
 
     @app.get("/version")
     async def version() -> dict[str, str]:
@@ -85,13 +90,14 @@ def add_native_info_routes(app: FastAPI, state: Any) -> None:
         return await _health_generate(state)
 
     routes: list[tuple[str, _Compute, type[BaseModel]]] = [
-        ("/concate_and_append_request", concat_and_append_body, ConcateAndAppendReq)]
+        ("/concate_and_append_request", concat_and_append_body, ConcateAndAppendReq)
+    ]
     routes += [(path, tokenize_body, TokenizeReq) for path in ("/tokenize", "/v1/tokenize")]
-    routes += [(path, detokenize_body, DetokenizeReq)
-               for path in ("/detokenize", "/v1/detokenize")]
+    routes += [(path, detokenize_body, DetokenizeReq) for path in ("/detokenize", "/v1/detokenize")]
     for path, compute, body in routes:
         app.post(path, openapi_extra=json_body(body.__name__))(
-            _json_route(engine, state.args, compute))
+            _json_route(engine, state.args, compute)
+        )
 
 
 # A native route's body: compute(engine, body, server_args) -> the JSON answer.
@@ -101,6 +107,7 @@ _Compute = Callable[[Any, dict[str, Any], Any], dict[str, Any]]
 def _json_route(engine: Any, args: Any, compute: _Compute) -> Any:
     """A POST route answering `compute(engine, body, args)` as JSON, or the error it raised;
     computed on a worker thread (tokenizing a long prompt must not stall the event loop)."""
+
     def answer(body: dict[str, Any]) -> Response:
         return json_response(compute(engine, body, args))
 
@@ -121,8 +128,9 @@ def served_model_path(engine: Any) -> str:
     return engine.info.model_path or default_model_path()
 
 
-def model_info_of(state: Any, model_path: str,
-                  identity: tuple[str | None, list[str] | None]) -> dict[str, Any]:
+def model_info_of(
+    state: Any, model_path: str, identity: tuple[str | None, list[str] | None]
+) -> dict[str, Any]:
     """SGLang's /model_info fields, plus what a client needs to render prompts as
     /v1/chat/completions does with jinja2 alone (the chat template and special tokens)."""
     engine, args = state.engine, state.args
@@ -179,9 +187,12 @@ async def _health_generate(state: Any) -> Response:
         return Response(status_code=503)
     ids = [engine.info.eos_token_ids[0] if engine.info.eos_token_ids else 0]
     try:
-        await asyncio.wait_for(engine.async_generate(
-            input_ids=ids, sampling_params={"max_new_tokens": 1, "temperature": 0}),
-            HEALTH_GENERATE_TIMEOUT_S)
+        await asyncio.wait_for(
+            engine.async_generate(
+                input_ids=ids, sampling_params={"max_new_tokens": 1, "temperature": 0}
+            ),
+            HEALTH_GENERATE_TIMEOUT_S,
+        )
     except Exception:  # noqa: BLE001 - any failure means unhealthy
         return Response(status_code=503)
     return Response(status_code=200)
@@ -194,24 +205,33 @@ def tokenize_body(engine: Any, body: dict[str, Any], args: Any) -> dict[str, Any
     tokenizer = _tokenizer(engine)
     prompt, messages = body.get("prompt"), body.get("messages")
     if (prompt is None) == (messages is None):
-        raise APIError("give exactly one of 'prompt' (a string or a list of strings) or "
-                       "'messages' (chat turns)", "prompt")
-    _check_chars(prompt if messages is None else messages, args.max_prompt_chars,
-                 "prompt" if messages is None else "messages")
+        raise APIError(
+            "give exactly one of 'prompt' (a string or a list of strings) or "
+            "'messages' (chat turns)",
+            "prompt",
+        )
+    _check_chars(
+        prompt if messages is None else messages,
+        args.max_prompt_chars,
+        "prompt" if messages is None else "messages",
+    )
     add_special = body.get("add_special_tokens", True)
     if not isinstance(add_special, bool):
-        raise APIError(f"add_special_tokens must be true or false, got {add_special!r}",
-                       "add_special_tokens")
+        raise APIError(
+            f"add_special_tokens must be true or false, got {add_special!r}", "add_special_tokens"
+        )
     limit = engine.info.context_length
     if messages is not None:
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise APIError("messages must be a list of {role, content} objects", "messages")
         try:
-            text = tokenizer.apply_chat_template(messages, tokenize=False,
-                                                 add_generation_prompt=True)
+            text = tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
         except Exception as e:  # noqa: BLE001 - no template, or the template's own raise
-            raise APIError(f"the chat template cannot render these messages: {e}",
-                           "messages") from None
+            raise APIError(
+                f"the chat template cannot render these messages: {e}", "messages"
+            ) from None
         ids = tokenizer.encode(text, add_special_tokens=False)
         return {"tokens": ids, "count": len(ids), "max_model_len": limit}
     if isinstance(prompt, str):
@@ -220,8 +240,9 @@ def tokenize_body(engine: Any, body: dict[str, Any], args: Any) -> dict[str, Any
     if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
         lists = [tokenizer.encode(p, add_special_tokens=add_special) for p in prompt]
         return {"tokens": lists, "count": [len(x) for x in lists], "max_model_len": limit}
-    raise APIError(f"prompt must be a string or a list of strings, got {type(prompt).__name__}",
-                   "prompt")
+    raise APIError(
+        f"prompt must be a string or a list of strings, got {type(prompt).__name__}", "prompt"
+    )
 
 
 def _check_chars(value: Any, limit: int, param: str) -> None:
@@ -234,8 +255,11 @@ def _check_chars(value: Any, limit: int, param: str) -> None:
     else:
         size = len(json.dumps(value, ensure_ascii=False))
     if size > limit:
-        raise APIError(f"{param} has {size} characters, more than this server's limit of "
-                       f"{limit} (--max-prompt-chars)", param)
+        raise APIError(
+            f"{param} has {size} characters, more than this server's limit of "
+            f"{limit} (--max-prompt-chars)",
+            param,
+        )
 
 
 def detokenize_body(engine: Any, body: dict[str, Any], args: Any = None) -> dict[str, Any]:
@@ -244,8 +268,9 @@ def detokenize_body(engine: Any, body: dict[str, Any], args: Any = None) -> dict
     tokens = body.get("tokens")
     skip = body.get("skip_special_tokens", True)
     if not isinstance(skip, bool):
-        raise APIError(f"skip_special_tokens must be true or false, got {skip!r}",
-                       "skip_special_tokens")
+        raise APIError(
+            f"skip_special_tokens must be true or false, got {skip!r}", "skip_special_tokens"
+        )
     vocab = engine.info.vocab_size
     if isinstance(tokens, list) and tokens and all(isinstance(t, list) for t in tokens):
         for ids in tokens:
@@ -255,8 +280,7 @@ def detokenize_body(engine: Any, body: dict[str, Any], args: Any = None) -> dict
     return {"text": tokenizer.decode(tokens, skip_special_tokens=skip)}
 
 
-def concat_and_append_body(engine: Any, body: dict[str, Any],
-                           args: Any = None) -> dict[str, Any]:
+def concat_and_append_body(engine: Any, body: dict[str, Any], args: Any = None) -> dict[str, Any]:
     """SGLang's client calls this when a fork joins with mode="concate_and_append" (its
     "parallel encoding"), after it has appended the branches' text itself. radixrt does not
     splice the branches' KV together: the next request holds the joined text, its common
@@ -267,15 +291,21 @@ def concat_and_append_body(engine: Any, body: dict[str, Any],
         raise APIError("src_rids must be a list of request ids (strings)", "src_rids")
     if not isinstance(dst, str):
         raise APIError("dst_rid must be a request id (a string)", "dst_rid")
-    return {"success": True, "message": "nothing to splice: the joined text is prefilled "
-            "over the radix cache by the next request"}
+    return {
+        "success": True,
+        "message": "nothing to splice: the joined text is prefilled "
+        "over the radix cache by the next request",
+    }
 
 
 def _check_ids(ids: Any, vocab: int) -> None:
     if not isinstance(ids, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids):
-        raise APIError(f"tokens must be a list of token ids in [0, {vocab}) (or a list of "
-                       "such lists)", "tokens")
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids
+    ):
+        raise APIError(
+            f"tokens must be a list of token ids in [0, {vocab}) (or a list of such lists)",
+            "tokens",
+        )
 
 
 def _tokenizer(engine: Any) -> Any:

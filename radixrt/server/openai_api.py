@@ -81,10 +81,18 @@ def add_openai_routes(app: FastAPI, manager: Any, served_model_name: str) -> Non
     api = OpenAIServing(manager, served_model_name)
     app.add_api_route("/v1/models", api.models, methods=["GET"])
     app.add_api_route("/v1/models/{model:path}", api.retrieve_model, methods=["GET"])
-    app.add_api_route("/v1/completions", api.completions, methods=["POST"],
-                      openapi_extra=json_body("CompletionRequest"))
-    app.add_api_route("/v1/chat/completions", api.chat_completions, methods=["POST"],
-                      openapi_extra=json_body("ChatCompletionRequest"))
+    app.add_api_route(
+        "/v1/completions",
+        api.completions,
+        methods=["POST"],
+        openapi_extra=json_body("CompletionRequest"),
+    )
+    app.add_api_route(
+        "/v1/chat/completions",
+        api.chat_completions,
+        methods=["POST"],
+        openapi_extra=json_body("ChatCompletionRequest"),
+    )
 
 
 class OpenAIServing:
@@ -108,9 +116,15 @@ class OpenAIServing:
         return JSONResponse(self._model_card())
 
     def _model_card(self) -> dict[str, Any]:
-        return {"id": self.model_name, "object": "model", "created": self.created,
-                "owned_by": "radixrt", "root": self.model_name, "parent": None,
-                "max_model_len": self.manager.info.context_length}
+        return {
+            "id": self.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "radixrt",
+            "root": self.model_name,
+            "parent": None,
+            "max_model_len": self.manager.info.context_length,
+        }
 
     def _serves(self, model: str | None) -> bool:
         """Whether `model` names the served model (see the module's docstring)."""
@@ -131,8 +145,11 @@ class OpenAIServing:
         try:
             texts = self.texts
             if texts is None:
-                raise APIError("this server runs without a tokenizer (skip_tokenizer_init): "
-                               "use /generate with input_ids", None)
+                raise APIError(
+                    "this server runs without a tokenizer (skip_tokenizer_init): "
+                    "use /generate with input_ids",
+                    None,
+                )
             # Validating, rendering the chat template and tokenizing are CPU work: a worker
             # thread does them, so that a long conversation does not stall the event loop.
             job = await asyncio.to_thread(self._prepared, prepare, await read_json(request))
@@ -181,8 +198,17 @@ class OpenAIServing:
         default = self.manager.info.pool_tokens - len(ids)
         with translate.openai_names(names):
             max_new = self._max_new_tokens(len(ids), requested, default)
-        return Job(req, [ids], False, max_new, names, id=f"chatcmpl-{uuid.uuid4().hex}",
-                   created=int(time.time()), model=self.model_name, tools=plan)
+        return Job(
+            req,
+            [ids],
+            False,
+            max_new,
+            names,
+            id=f"chatcmpl-{uuid.uuid4().hex}",
+            created=int(time.time()),
+            model=self.model_name,
+            tools=plan,
+        )
 
     def _prepare_completion(self, body: dict[str, Any]) -> Job:
         req = proto.parse_request(CompletionRequest, body)
@@ -190,17 +216,31 @@ class OpenAIServing:
         names = translate.field_names(req)
         with translate.openai_names(names):
             ids, texts, batch = self._prompt_ids(req)
-            max_new = min(self._max_new_tokens(len(p), req.max_tokens,
-                                               COMPLETIONS_DEFAULT_MAX_TOKENS) for p in ids)
-        return Job(req, ids, batch, max_new, names, texts, id=f"cmpl-{uuid.uuid4().hex}",
-                   created=int(time.time()), model=self.model_name)
+            max_new = min(
+                self._max_new_tokens(len(p), req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS)
+                for p in ids
+            )
+        return Job(
+            req,
+            ids,
+            batch,
+            max_new,
+            names,
+            texts,
+            id=f"cmpl-{uuid.uuid4().hex}",
+            created=int(time.time()),
+            model=self.model_name,
+        )
 
     def _check_chars(self, chars: int, param: str) -> None:
         """The prompt's length in characters is bounded before anything is tokenized."""
         limit = self.max_prompt_chars
         if limit is not None and chars > limit:
-            raise APIError(f"{param} has {chars} characters, more than this server's limit "
-                           f"of {limit} (--max-prompt-chars)", param)
+            raise APIError(
+                f"{param} has {chars} characters, more than this server's limit "
+                f"of {limit} (--max-prompt-chars)",
+                param,
+            )
 
     def _check_model(self, model: str | None) -> None:
         if not self._serves(model):
@@ -239,6 +279,7 @@ class OpenAIServing:
         validate_request_size(prompt_len, max_new, info.context_length, info.pool_tokens)
         return max_new
 
+
 class ModelNotFound(Exception):
     """A request's `model` is not the served model."""
 
@@ -249,10 +290,18 @@ class ModelNotFound(Exception):
 
 def _model_not_found(model: str | None, served: str) -> JSONResponse:
     """OpenAI's 404 for an unknown model (code "model_not_found", as SGLang and vLLM)."""
-    message = (f"The model {model!r} does not exist: this server serves {served!r} "
-               "(also reachable as 'default')")
-    body = {"error": {"message": message, "type": "invalid_request_error", "param": "model",
-                      "code": "model_not_found"}}
+    message = (
+        f"The model {model!r} does not exist: this server serves {served!r} "
+        "(also reachable as 'default')"
+    )
+    body = {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error",
+            "param": "model",
+            "code": "model_not_found",
+        }
+    }
     return JSONResponse(body, status_code=404)
 
 
@@ -267,10 +316,14 @@ def _tool_plan(req: ChatCompletionRequest) -> ToolPlan | None:
     plan = plan_tools(tools, req.tool_choice, req.parallel_tool_calls)
     fmt = req.response_format
     others = proto.constraint_extras(req) + (
-        ["response_format"] if fmt is not None and fmt.type != "text" else [])
+        ["response_format"] if fmt is not None and fmt.type != "text" else []
+    )
     if plan is not None and plan.forced and others:
-        raise APIError(f"tool_choice {req.tool_choice!r} constrains the output to a tool call "
-                       f"and cannot be combined with {others}", "tool_choice")
+        raise APIError(
+            f"tool_choice {req.tool_choice!r} constrains the output to a tool call "
+            f"and cannot be combined with {others}",
+            "tool_choice",
+        )
     if plan is not None and plan.mode == "auto" and others:
         plan = replace(plan, mode="none")
     return plan

@@ -59,11 +59,15 @@ def engine_kwargs(job: Job, special_call_marker: bool) -> dict[str, Any]:
         params["json_schema"] = json.dumps(job.tools.schema)
     elif job.tools is not None and job.tools.mode == "auto" and special_call_marker:
         params.setdefault("skip_special_tokens", False)
-    return {"input_ids": job.ids if job.batch else job.ids[0],
-            "sampling_params": params,
-            "return_logprob": want_logprobs, "top_logprobs_num": top,
-            "logprob_start_len": 0 if echo_logprobs else None, "rid": rid,
-            **translate.request_extras(req)}
+    return {
+        "input_ids": job.ids if job.batch else job.ids[0],
+        "sampling_params": params,
+        "return_logprob": want_logprobs,
+        "top_logprobs_num": top,
+        "logprob_start_len": 0 if echo_logprobs else None,
+        "rid": rid,
+        **translate.request_extras(req),
+    }
 
 
 def chat_response(job: Job, outs: list[dict[str, Any]], texts: TokenTexts) -> dict[str, Any]:
@@ -73,23 +77,37 @@ def chat_response(job: Job, outs: list[dict[str, Any]], texts: TokenTexts) -> di
         meta = out["meta_info"]
         logprobs = None
         if job.req.logprobs:
-            logprobs = chat_logprobs(texts, meta["output_token_logprobs"],
-                                     meta["output_top_logprobs"])
+            logprobs = chat_logprobs(
+                texts, meta["output_token_logprobs"], meta["output_top_logprobs"]
+            )
         parsed = read_calls(job.tools, out["text"])
-        message: dict[str, Any] = {"role": "assistant", "content": parsed.content,
-                                   "reasoning_content": None}
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": parsed.content,
+            "reasoning_content": None,
+        }
         if parsed.calls:
             message["tool_calls"] = [call.to_openai() for call in parsed.calls]
-        choices.append({"index": i, "message": message, "logprobs": logprobs,
-                        "finish_reason": translate.finish_reason(meta, bool(parsed.calls)),
-                        "matched_stop": translate.matched_stop(meta)})
-    return {"id": job.id, "object": "chat.completion", "created": job.created,
-            "model": job.model, "choices": choices,
-            "usage": translate.usage([o["meta_info"] for o in outs], job.n)}
+        choices.append(
+            {
+                "index": i,
+                "message": message,
+                "logprobs": logprobs,
+                "finish_reason": translate.finish_reason(meta, bool(parsed.calls)),
+                "matched_stop": translate.matched_stop(meta),
+            }
+        )
+    return {
+        "id": job.id,
+        "object": "chat.completion",
+        "created": job.created,
+        "model": job.model,
+        "choices": choices,
+        "usage": translate.usage([o["meta_info"] for o in outs], job.n),
+    }
 
 
-def completion_response(job: Job, outs: list[dict[str, Any]],
-                        texts: TokenTexts) -> dict[str, Any]:
+def completion_response(job: Job, outs: list[dict[str, Any]], texts: TokenTexts) -> dict[str, Any]:
     """The text_completion body of the engine's results, n per prompt in prompt order."""
     choices = []
     req = job.req
@@ -101,9 +119,20 @@ def completion_response(job: Job, outs: list[dict[str, Any]],
         if req.logprobs is not None:
             entries = completion_entries(meta, bool(req.echo))
             logprobs, _ = completion_logprobs(texts, *entries, offset=0)
-        choices.append({"index": i, "text": prefix + out["text"], "logprobs": logprobs,
-                        "finish_reason": translate.finish_reason(meta),
-                        "matched_stop": translate.matched_stop(meta)})
-    return {"id": job.id, "object": "text_completion", "created": job.created,
-            "model": job.model, "choices": choices,
-            "usage": translate.usage([o["meta_info"] for o in outs], job.n)}
+        choices.append(
+            {
+                "index": i,
+                "text": prefix + out["text"],
+                "logprobs": logprobs,
+                "finish_reason": translate.finish_reason(meta),
+                "matched_stop": translate.matched_stop(meta),
+            }
+        )
+    return {
+        "id": job.id,
+        "object": "text_completion",
+        "created": job.created,
+        "model": job.model,
+        "choices": choices,
+        "usage": translate.usage([o["meta_info"] for o in outs], job.n),
+    }

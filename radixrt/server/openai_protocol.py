@@ -155,17 +155,23 @@ def _validation_error(e: ValidationError) -> APIError:
     if errors[0]["type"] == "missing":
         return APIError(f"'{param}' is required", param)
     got = f"{type(value).__name__} {_short(value)}"
-    return APIError(f"invalid value for '{param}': {' or '.join(dict.fromkeys(msgs))} "
-                    f"(got {got})", param)
+    return APIError(
+        f"invalid value for '{param}': {' or '.join(dict.fromkeys(msgs))} (got {got})", param
+    )
 
 
 def _plain(msg: str) -> str:
     """pydantic's wording, shortened: "must be >= 1" for "Input should be greater than or
     equal to 1"."""
-    for long, short in (("Input should be", "must be"), ("greater than or equal to", ">="),
-                        ("less than or equal to", "<="), ("greater than", ">"),
-                        ("less than", "<"), ("List should have", "must have"),
-                        (" after validation", "")):
+    for long, short in (
+        ("Input should be", "must be"),
+        ("greater than or equal to", ">="),
+        ("less than or equal to", "<="),
+        ("greater than", ">"),
+        ("less than", "<"),
+        ("List should have", "must have"),
+        (" after validation", ""),
+    ):
         msg = msg.replace(long, short)
     return msg
 
@@ -191,8 +197,11 @@ def _check_common(req: SamplingFields) -> None:
     req.stream = bool(req.stream)
     if isinstance(req, CompletionRequest):
         if req.best_of not in (None, req.n):
-            raise APIError(f"best_of must equal n ({req.n}) or be left out: best_of > n is "
-                           f"not supported, got {req.best_of}", "best_of")
+            raise APIError(
+                f"best_of must equal n ({req.n}) or be left out: best_of > n is "
+                f"not supported, got {req.best_of}",
+                "best_of",
+            )
         if req.suffix:
             raise APIError("suffix is not supported", "suffix")
         if isinstance(req.prompt, list) and not req.prompt:
@@ -208,8 +217,10 @@ def _check_common(req: SamplingFields) -> None:
 def _check_tool_messages(messages: list[ChatMessage]) -> None:
     for i, msg in enumerate(messages):
         if msg.role == "tool" and not msg.tool_call_id:
-            raise APIError(f"messages[{i}] has role 'tool' and needs the tool_call_id of the "
-                           "call it answers", f"messages[{i}].tool_call_id")
+            raise APIError(
+                f"messages[{i}] has role 'tool' and needs the tool_call_id of the call it answers",
+                f"messages[{i}].tool_call_id",
+            )
 
 
 def _check_continuation(req: ChatCompletionRequest) -> None:
@@ -219,13 +230,18 @@ def _check_continuation(req: ChatCompletionRequest) -> None:
         return
     last = req.messages[-1].role
     if last != "assistant":
-        raise APIError("continue_final_message continues the last message, which must be "
-                       f"the assistant's: messages[-1].role is {last!r}",
-                       "continue_final_message")
+        raise APIError(
+            "continue_final_message continues the last message, which must be "
+            f"the assistant's: messages[-1].role is {last!r}",
+            "continue_final_message",
+        )
     if req.add_generation_prompt:
-        raise APIError("continue_final_message and add_generation_prompt cannot both be "
-                       "true: the first continues the last assistant message, the second "
-                       "starts a new one", "continue_final_message")
+        raise APIError(
+            "continue_final_message and add_generation_prompt cannot both be "
+            "true: the first continues the last assistant message, the second "
+            "starts a new one",
+            "continue_final_message",
+        )
 
 
 def constraint_extras(req: SamplingFields) -> list[str]:
@@ -238,11 +254,16 @@ def _check_response_format(req: SamplingFields) -> None:
     if fmt is None or fmt.type == "text":
         return
     if constraint_extras(req):
-        raise APIError(f"response_format {fmt.type!r} cannot be combined with "
-                       f"{constraint_extras(req)}: give one constraint", "response_format")
+        raise APIError(
+            f"response_format {fmt.type!r} cannot be combined with "
+            f"{constraint_extras(req)}: give one constraint",
+            "response_format",
+        )
     if fmt.type == "json_schema":
         spec = fmt.json_schema
         if spec is None or not isinstance(spec.get("name"), str):
-            raise APIError('response_format of type "json_schema" needs "json_schema": '
-                           '{"name": str, "schema": object, "strict": bool}',
-                           "response_format.json_schema")
+            raise APIError(
+                'response_format of type "json_schema" needs "json_schema": '
+                '{"name": str, "schema": object, "strict": bool}',
+                "response_format.json_schema",
+            )

@@ -82,19 +82,27 @@ def _chat_entry(texts: TokenTexts, lp: float, tid: int) -> dict[str, Any]:
     return {"token": text, "logprob": translate.clamp_logprob(lp), "bytes": list(data)}
 
 
-def completion_logprobs(texts: TokenTexts, token_lps: list, top_lps: list,
-                        offset: int) -> tuple[dict[str, Any], int]:
+def completion_logprobs(
+    texts: TokenTexts, token_lps: list, top_lps: list, offset: int
+) -> tuple[dict[str, Any], int]:
     """The legacy {tokens, token_logprobs, top_logprobs, text_offset} shape, with offsets
     counted from `offset` (characters of the choice's text before these tokens); returns it
     and the offset after them."""
-    out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
-                            "text_offset": []}
+    out: dict[str, list] = {
+        "tokens": [],
+        "token_logprobs": [],
+        "top_logprobs": [],
+        "text_offset": [],
+    }
     for (lp, tid, _), tops in zip(token_lps, top_lps, strict=True):
         text = texts.get(tid)[0]
         out["tokens"].append(text)
         out["token_logprobs"].append(translate.clamp_logprob(lp))
-        out["top_logprobs"].append(None if tops is None else {
-            texts.get(t_id)[0]: translate.clamp_logprob(t_lp) for t_lp, t_id, _ in tops})
+        out["top_logprobs"].append(
+            None
+            if tops is None
+            else {texts.get(t_id)[0]: translate.clamp_logprob(t_lp) for t_lp, t_id, _ in tops}
+        )
         out["text_offset"].append(offset)
         offset += len(text)
     return out, offset
@@ -123,11 +131,11 @@ class _Progress:
         """The logprob entries of output i not sent yet (the prompt's first, if asked)."""
         tokens, tops = [], []
         if prompt:
-            tokens += meta["input_token_logprobs"][self.sent_in[i]:]
-            tops += meta["input_top_logprobs"][self.sent_in[i]:]
+            tokens += meta["input_token_logprobs"][self.sent_in[i] :]
+            tops += meta["input_top_logprobs"][self.sent_in[i] :]
             self.sent_in[i] = len(meta["input_token_logprobs"])
-        tokens += meta["output_token_logprobs"][self.sent_out[i]:]
-        tops += meta["output_top_logprobs"][self.sent_out[i]:]
+        tokens += meta["output_token_logprobs"][self.sent_out[i] :]
+        tops += meta["output_top_logprobs"][self.sent_out[i] :]
         self.sent_out[i] = len(meta["output_token_logprobs"])
         return tokens, tops
 
@@ -145,8 +153,11 @@ def _chunk_maker(job: Any, obj: str):
     return make, with_usage
 
 
-async def chat_events(job: Any, chunks: Chunks, texts: TokenTexts,
-                      ) -> AsyncIterator[dict[str, Any]]:
+async def chat_events(
+    job: Any,
+    chunks: Chunks,
+    texts: TokenTexts,
+) -> AsyncIterator[dict[str, Any]]:
     """chat.completion.chunk events: a role delta per choice, content deltas, a final delta
     with finish_reason per choice, then (include_usage) one chunk with usage and no choices."""
     make, with_usage = _chunk_maker(job, "chat.completion.chunk")
@@ -174,8 +185,13 @@ async def chat_events(job: Any, chunks: Chunks, texts: TokenTexts,
         yield make([], translate.usage(progress.metas, job.req.n))
 
 
-def _chat_choice(i: int, delta: dict[str, Any], logprobs: dict | None = None,
-                 meta: dict[str, Any] | None = None, calls: bool = False) -> dict[str, Any]:
+def _chat_choice(
+    i: int,
+    delta: dict[str, Any],
+    logprobs: dict | None = None,
+    meta: dict[str, Any] | None = None,
+    calls: bool = False,
+) -> dict[str, Any]:
     # reasoning_content: SGLang's delta field, null where reasoning is not separated.
     delta = {**delta, "reasoning_content": None}
     choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": None}
@@ -218,8 +234,10 @@ class ChoiceDeltas:
             out = [] if self.ids else [self._start(self.named)]
             return out + ([_args_delta(0, text)] if text else [])
         if self.scanner is not None:  # "required"
-            return [self._start(ev[2]) if ev[0] == "start" else _args_delta(ev[1], ev[2])
-                    for ev in self.scanner.feed(text)]
+            return [
+                self._start(ev[2]) if ev[0] == "start" else _args_delta(ev[1], ev[2])
+                for ev in self.scanner.feed(text)
+            ]
         assert self.auto is not None, "the mode left is auto"
         sent = self.auto.feed(text)
         return [{"content": sent}] if sent else []
@@ -244,8 +262,11 @@ def _args_delta(index: int, text: str) -> dict[str, Any]:
     return {"tool_calls": [{"index": index, "function": {"arguments": text}}]}
 
 
-async def completion_events(job: Any, chunks: Chunks, texts: TokenTexts,
-                            ) -> AsyncIterator[dict[str, Any]]:
+async def completion_events(
+    job: Any,
+    chunks: Chunks,
+    texts: TokenTexts,
+) -> AsyncIterator[dict[str, Any]]:
     """text_completion chunks, one per engine update of a choice (as SGLang streams them):
     the first one starts with the prompt (echo) and carries its logprobs; the last one carries
     finish_reason with the last tokens' logprobs; then usage (include_usage)."""
@@ -264,8 +285,9 @@ async def completion_events(job: Any, chunks: Chunks, texts: TokenTexts,
             if req.logprobs is not None:
                 entries = progress.new_entries(i, meta, prompt=bool(req.echo))
                 if entries[0]:
-                    logprobs, progress.offset[i] = completion_logprobs(texts, *entries,
-                                                                       progress.offset[i])
+                    logprobs, progress.offset[i] = completion_logprobs(
+                        texts, *entries, progress.offset[i]
+                    )
             done = meta["finish_reason"] is not None
             if text or logprobs or done:
                 yield make([_text_choice(i, text, logprobs, meta if done else None)])
@@ -275,8 +297,9 @@ async def completion_events(job: Any, chunks: Chunks, texts: TokenTexts,
         yield make([], translate.usage(progress.metas, req.n))
 
 
-def _text_choice(i: int, text: str, logprobs: dict | None = None,
-                 meta: dict[str, Any] | None = None) -> dict[str, Any]:
+def _text_choice(
+    i: int, text: str, logprobs: dict | None = None, meta: dict[str, Any] | None = None
+) -> dict[str, Any]:
     choice = {"index": i, "text": text, "logprobs": logprobs, "finish_reason": None}
     if meta is not None:
         choice["finish_reason"] = translate.finish_reason(meta)

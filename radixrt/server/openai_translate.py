@@ -14,14 +14,31 @@ from radixrt.errors import ParamError
 from radixrt.server.http_utils import APIError
 from radixrt.server.openai_protocol import ChatCompletionRequest, ResponseFormat, SamplingFields
 
-_SAME_NAMES = ("n", "stop", "temperature", "top_p", "seed", "frequency_penalty",
-               "presence_penalty", "logit_bias", "top_k", "min_p", "repetition_penalty",
-               "stop_token_ids", "stop_regex", "custom_params", "ignore_eos",
-               "skip_special_tokens", "no_stop_trim", "regex", "json_schema", "ebnf")
+_SAME_NAMES = (
+    "n",
+    "stop",
+    "temperature",
+    "top_p",
+    "seed",
+    "frequency_penalty",
+    "presence_penalty",
+    "logit_bias",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "stop_token_ids",
+    "stop_regex",
+    "custom_params",
+    "ignore_eos",
+    "skip_special_tokens",
+    "no_stop_trim",
+    "regex",
+    "json_schema",
+    "ebnf",
+)
 # Request-level fields of SGLang's OpenAI requests, handed to the engine as they are: it
 # serves them, or refuses by name the ones it does not support when they ask for something.
-REQUEST_EXTRAS = ("lora_path", "custom_logit_processor", "return_hidden_states",
-                  "session_params")
+REQUEST_EXTRAS = ("lora_path", "custom_logit_processor", "return_hidden_states", "session_params")
 
 
 def request_extras(req: SamplingFields) -> dict[str, Any]:
@@ -58,16 +75,19 @@ def _response_format_schema(fmt: ResponseFormat | None) -> str | None:
     spec = fmt.json_schema or {}
     schema = spec.get("schema", spec.get("schema_"))
     if not isinstance(schema, dict):
-        raise APIError("response_format.json_schema.schema must be a JSON schema object",
-                       "response_format.json_schema.schema")
+        raise APIError(
+            "response_format.json_schema.schema must be a JSON schema object",
+            "response_format.json_schema.schema",
+        )
     return json.dumps(schema)
 
 
 def field_names(req: SamplingFields) -> dict[str, str]:
     """For `rename_engine_error`: the OpenAI field each engine (SGLang) name came from."""
     chat = isinstance(req, ChatCompletionRequest)
-    named_completion = (isinstance(req, ChatCompletionRequest)
-                        and req.max_completion_tokens is not None)
+    named_completion = (
+        isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None
+    )
     names = {
         "max_new_tokens": "max_completion_tokens" if named_completion else "max_tokens",
         "min_new_tokens": "min_tokens",
@@ -125,9 +145,12 @@ def usage(metas: list[dict[str, Any]], n: int) -> dict[str, Any]:
     firsts = metas[::n]
     prompt = sum(m["prompt_tokens"] for m in firsts)
     completion = sum(m["completion_tokens"] for m in metas)
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": sum(m["cached_tokens"] for m in firsts)}}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": sum(m["cached_tokens"] for m in firsts)},
+    }
 
 
 def clamp_logprob(value: float | None) -> float | None:

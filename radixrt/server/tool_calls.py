@@ -43,8 +43,11 @@ class ToolCall:
     id: str = field(default_factory=new_call_id)
 
     def to_openai(self) -> dict[str, Any]:
-        return {"id": self.id, "type": "function",
-                "function": {"name": self.name, "arguments": self.arguments}}
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
 
 
 @dataclass(frozen=True)
@@ -75,14 +78,19 @@ class ToolPlan:
         return self.forced_name
 
 
-def plan_tools(tools: list[dict[str, Any]] | None, tool_choice: str | dict | None,
-               parallel_tool_calls: bool | None) -> ToolPlan | None:
+def plan_tools(
+    tools: list[dict[str, Any]] | None,
+    tool_choice: str | dict | None,
+    parallel_tool_calls: bool | None,
+) -> ToolPlan | None:
     """The plan for `tools` (OpenAI dicts, shape already checked) and `tool_choice`; None when
     there are no tools. APIError naming `tools` or `tool_choice` for what cannot be served."""
     if not tools:
         if tool_choice not in (None, "none"):
-            raise APIError("tool_choice needs tools: give the functions in 'tools', or leave "
-                           "tool_choice out", "tool_choice")
+            raise APIError(
+                "tool_choice needs tools: give the functions in 'tools', or leave tool_choice out",
+                "tool_choice",
+            )
         return None
     params = _checked_parameters(tools)
     names = tuple(params)
@@ -105,18 +113,22 @@ def _checked_parameters(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]
         fn = tool["function"]
         where = f"tools[{i}].function"
         if not _NAME.match(fn["name"]):
-            raise APIError(f"{where}.name must match ^[a-zA-Z0-9_-]{{1,64}}$, got "
-                           f"{fn['name']!r}", f"{where}.name")
+            raise APIError(
+                f"{where}.name must match ^[a-zA-Z0-9_-]{{1,64}}$, got {fn['name']!r}",
+                f"{where}.name",
+            )
         if fn["name"] in out:
-            raise APIError(f"{where}.name {fn['name']!r} is given twice: names must be unique",
-                           f"{where}.name")
+            raise APIError(
+                f"{where}.name {fn['name']!r} is given twice: names must be unique", f"{where}.name"
+            )
         schema = fn.get("parameters") or _EMPTY_PARAMS
         try:
             check_constraint("json_schema", json.dumps(schema))
         except ValueError as e:
             reason = str(e).split(": ", 1)[-1]
-            raise APIError(f"{where}.parameters is not a valid JSON schema: {reason}",
-                           f"{where}.parameters") from None
+            raise APIError(
+                f"{where}.parameters is not a valid JSON schema: {reason}", f"{where}.parameters"
+            ) from None
         out[fn["name"]] = schema
     return out
 
@@ -126,27 +138,42 @@ def _mode(tool_choice: str | dict | None, names: tuple[str, ...]) -> str:
         return "auto"
     if isinstance(tool_choice, str):
         if tool_choice not in TOOL_CHOICES:
-            raise APIError(f"tool_choice must be one of {list(TOOL_CHOICES)} or "
-                           f'{{"type": "function", "function": {{"name": ...}}}}, got '
-                           f"{tool_choice!r}", "tool_choice")
+            raise APIError(
+                f"tool_choice must be one of {list(TOOL_CHOICES)} or "
+                f'{{"type": "function", "function": {{"name": ...}}}}, got '
+                f"{tool_choice!r}",
+                "tool_choice",
+            )
         return tool_choice
     fn = tool_choice.get("function")
     name = fn.get("name") if isinstance(fn, dict) else None
     if tool_choice.get("type") != "function" or not isinstance(name, str):
-        raise APIError('tool_choice as an object must be {"type": "function", "function": '
-                       f'{{"name": ...}}}}, got {json.dumps(tool_choice)[:80]}', "tool_choice")
+        raise APIError(
+            'tool_choice as an object must be {"type": "function", "function": '
+            f'{{"name": ...}}}}, got {json.dumps(tool_choice)[:80]}',
+            "tool_choice",
+        )
     if name not in names:
-        raise APIError(f"tool_choice names the function {name!r}, which is not in tools; "
-                       f"the tools are {list(names)}", "tool_choice")
+        raise APIError(
+            f"tool_choice names the function {name!r}, which is not in tools; "
+            f"the tools are {list(names)}",
+            "tool_choice",
+        )
     return "named"
 
 
 def _required_schema(params: dict[str, dict[str, Any]], parallel: bool) -> dict[str, Any]:
     """One call: {"name": const, "arguments": schema}, any of the tools; a non-empty array of
     calls when parallel. Properties come out in this order, which ForcedCallScanner needs."""
-    cases = [{"type": "object", "properties": {"name": {"const": name}, "arguments": schema},
-              "required": ["name", "arguments"], "additionalProperties": False}
-             for name, schema in params.items()]
+    cases = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": name}, "arguments": schema},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for name, schema in params.items()
+    ]
     one = cases[0] if len(cases) == 1 else {"anyOf": cases}
     return {"type": "array", "items": one, "minItems": 1} if parallel else one
 
@@ -183,7 +210,7 @@ class ForcedCallScanner:
             events.append(("start", len(self.calls) - 1, self.calls[-1][0]))
             self._pos, self._in_args = m.end(), True
         end, done = self._scan_value(self._pos)
-        piece = self.text[self._pos:end]
+        piece = self.text[self._pos : end]
         if piece:
             self.calls[-1][1] += piece
             events.append(("args", len(self.calls) - 1, piece))
@@ -230,8 +257,9 @@ def _content(parts: list[str]) -> str | None:
     return text or None
 
 
-def _call_from(obj: Any, args_keys: tuple[str, ...] = ("arguments", "parameters")
-               ) -> ToolCall | None:
+def _call_from(
+    obj: Any, args_keys: tuple[str, ...] = ("arguments", "parameters")
+) -> ToolCall | None:
     """A ToolCall from {"name": str, "arguments" | "parameters": object}, else None."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
@@ -252,12 +280,13 @@ def _call_from(obj: Any, args_keys: tuple[str, ...] = ("arguments", "parameters"
 def _parse_hermes(text: str) -> ParsedOutput:
     """<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>, any number of times;
     the last one may lack its closing tag (the model stopped right after the JSON)."""
-    pattern = re.compile(rf"{re.escape(HERMES_OPEN)}(.*?)(?:{re.escape(HERMES_CLOSE)}|$)",
-                         re.DOTALL)
+    pattern = re.compile(
+        rf"{re.escape(HERMES_OPEN)}(.*?)(?:{re.escape(HERMES_CLOSE)}|$)", re.DOTALL
+    )
     calls, kept, pos = [], [], 0
     for m in pattern.finditer(text):
         call = _loads_call(m.group(1))
-        kept.append(text[pos:m.start()] if call else text[pos:m.end()])
+        kept.append(text[pos : m.start()] if call else text[pos : m.end()])
         pos = m.end()
         if call:
             calls.append(call)
@@ -338,10 +367,12 @@ class AutoToolStream:
     def _release(self) -> str:
         marks = [i for i in (self.held.find(m) for m in self._MARKERS) if i >= 0]
         if marks:
-            out, self.held, self.holding = self.held[:min(marks)], self.held[min(marks):], True
+            out, self.held, self.holding = self.held[: min(marks)], self.held[min(marks) :], True
             return out
-        keep = max((k for m in self._MARKERS for k in range(1, len(m))
-                    if self.held.endswith(m[:k])), default=0)
+        keep = max(
+            (k for m in self._MARKERS for k in range(1, len(m)) if self.held.endswith(m[:k])),
+            default=0,
+        )
         cut = len(self.held) - keep
         out, self.held = self.held[:cut], self.held[cut:]
         return out

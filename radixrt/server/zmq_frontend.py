@@ -64,8 +64,7 @@ class ZmqFrontend:
             self.sock.close()
             self.ctx.term()
 
-    def _dispatch(self, identity: bytes, rid_frame: bytes, key_frame: bytes,
-                  data: bytes) -> None:
+    def _dispatch(self, identity: bytes, rid_frame: bytes, key_frame: bytes, data: bytes) -> None:
         try:
             request_id = rid_frame.decode()
         except UnicodeDecodeError:
@@ -73,24 +72,39 @@ class ZmqFrontend:
         if not request_id or len(rid_frame) > MAX_REQUEST_ID_BYTES:
             return
         if not self._authorized(key_frame):  # before a byte of the payload is decoded
-            self._reply(identity, ClientReply(request_id, "error", error="missing or "
-                                              "wrong API key", status=401))
+            self._reply(
+                identity,
+                ClientReply(request_id, "error", error="missing or wrong API key", status=401),
+            )
             return
         try:
             msg = decode_from_client(data)
         except RecursionError:
-            self._reply(identity, ClientReply(request_id, "error", status=400,
-                                              error="bad request: the payload is nested too "
-                                              "deeply"))
+            self._reply(
+                identity,
+                ClientReply(
+                    request_id,
+                    "error",
+                    status=400,
+                    error="bad request: the payload is nested too deeply",
+                ),
+            )
             return
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            self._reply(identity, ClientReply(request_id, "error", error=f"bad request: {e}",
-                                              status=400))
+            self._reply(
+                identity, ClientReply(request_id, "error", error=f"bad request: {e}", status=400)
+            )
             return
         if msg.request_id != request_id:
-            self._reply(identity, ClientReply(request_id, "error", status=400, error="bad "
-                                              "request: the payload's request_id differs "
-                                              "from its frame's"))
+            self._reply(
+                identity,
+                ClientReply(
+                    request_id,
+                    "error",
+                    status=400,
+                    error="bad request: the payload's request_id differs from its frame's",
+                ),
+            )
             return
         key = (identity, request_id)
         if isinstance(msg, ClientAbort):
@@ -98,8 +112,11 @@ class ZmqFrontend:
             if task is not None:
                 task.cancel()  # the engine aborts the request, returning its KV
             return
-        work = self._generate(identity, msg) if isinstance(msg, ClientGenerate) else \
-            self._control(identity, msg)
+        work = (
+            self._generate(identity, msg)
+            if isinstance(msg, ClientGenerate)
+            else self._control(identity, msg)
+        )
         task = asyncio.ensure_future(work)
         self.tasks[key] = task
         task.add_done_callback(lambda _: self.tasks.pop(key, None))
@@ -119,8 +136,7 @@ class ZmqFrontend:
                 result = await self.engine.async_generate_request(msg.request)
             self._reply(identity, ClientReply(msg.request_id, "result", result))
         except asyncio.CancelledError:
-            self._reply(identity, ClientReply(msg.request_id, "error", error="aborted",
-                                              status=499))
+            self._reply(identity, ClientReply(msg.request_id, "error", error="aborted", status=499))
             raise
         except Exception as exc:  # noqa: BLE001 - reported to the client
             self._reply(identity, _error_reply(msg.request_id, exc))
@@ -132,8 +148,9 @@ class ZmqFrontend:
             elif msg.kind == "get_server_info":
                 data = await asyncio.to_thread(self.engine.get_server_info)
             else:
-                raise ValueError(f"kind must be 'flush_cache' or 'get_server_info', "
-                                 f"got {msg.kind!r}")
+                raise ValueError(
+                    f"kind must be 'flush_cache' or 'get_server_info', got {msg.kind!r}"
+                )
             self._reply(identity, ClientReply(msg.request_id, "result", data))
         except Exception as exc:  # noqa: BLE001 - reported to the client
             self._reply(identity, _error_reply(msg.request_id, exc))
@@ -148,7 +165,10 @@ def _error_reply(request_id: str, exc: BaseException) -> ClientReply:
 
 def _bind_host(host: str, api_key: str | None) -> str:
     if host in ("0.0.0.0", "::", "") and not api_key:
-        logger.warning("the ZeroMQ frontend binds 127.0.0.1, not %r: without --api-key it would "
-                       "serve anyone on the network (set --api-key to expose it)", host)
+        logger.warning(
+            "the ZeroMQ frontend binds 127.0.0.1, not %r: without --api-key it would "
+            "serve anyone on the network (set --api-key to expose it)",
+            host,
+        )
         return "127.0.0.1"
     return host

@@ -19,8 +19,8 @@ def hf_loader():
                 import os
 
                 model = AutoModelForCausalLM.from_pretrained(
-                    os.path.dirname(path), gguf_file=os.path.basename(path),
-                    dtype=torch.float32)
+                    os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
+                )
             else:
                 model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
             cache[path] = model.eval()

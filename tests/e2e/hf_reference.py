@@ -26,9 +26,13 @@ class Reference:
 
     def first(self, n: int) -> Reference:
         """The reference of the first n generated steps (fresh lists: callers may keep them)."""
-        return replace(self, tokens=self.tokens[:n], gaps=self.gaps[:n],
-                       prompt_logprobs=list(self.prompt_logprobs),
-                       output_logprobs=self.output_logprobs[:n])
+        return replace(
+            self,
+            tokens=self.tokens[:n],
+            gaps=self.gaps[:n],
+            prompt_logprobs=list(self.prompt_logprobs),
+            output_logprobs=self.output_logprobs[:n],
+        )
 
 
 # model -> {prompt: the longest reference computed so far}; weak, so a model can be freed.
@@ -73,7 +77,8 @@ def assert_same_greedy(ours: list[int], ref: Reference, label: str) -> None:
         if a != b:
             assert ref.gaps[i] < TIE_GAP, (
                 f"{label}: token {i} is {a}, reference {b} (top-2 gap {ref.gaps[i]:.2e}); "
-                f"ours {ours}, reference {ref.tokens}")
+                f"ours {ours}, reference {ref.tokens}"
+            )
             print(f"{label}: divergence at a tie, step {i} (gap {ref.gaps[i]:.2e})")
             return
     assert len(ours) == len(ref.tokens), f"{label}: {len(ours)} tokens, want {len(ref.tokens)}"

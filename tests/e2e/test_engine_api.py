@@ -16,8 +16,9 @@ PROMPT = "Once upon a time, in a small village by the sea, there lived"
 def engine():
     # float32: bfloat16 (the CPU default) rounds differently with batch shape and cache hits,
     # and these tests compare runs token for token.
-    eng = radixrt.Engine(dtype="float32", enable_kv_checks=True, log_level="warning",
-                         max_total_tokens=16384)
+    eng = radixrt.Engine(
+        dtype="float32", enable_kv_checks=True, log_level="warning", max_total_tokens=16384
+    )
     yield eng
     eng.shutdown()
 
@@ -34,8 +35,9 @@ def test_seeded_sampling_repeats_exactly(engine):
     params = {"temperature": 0.9, "top_p": 0.95, "seed": 1234, "max_new_tokens": 24}
     first = engine.generate(PROMPT, params)["output_ids"]
     again = engine.generate(PROMPT, params)["output_ids"]
-    batch = engine.generate(["Hello there", PROMPT, "1 2 3"],
-                            [{"max_new_tokens": 5}, params, {"max_new_tokens": 9}])
+    batch = engine.generate(
+        ["Hello there", PROMPT, "1 2 3"], [{"max_new_tokens": 5}, params, {"max_new_tokens": 9}]
+    )
     assert first == again == batch[1]["output_ids"]
     other = engine.generate(PROMPT, {**params, "seed": 99})["output_ids"]
     assert other != first
@@ -49,8 +51,7 @@ def test_stop_string_cuts_text_and_is_never_streamed(engine):
     out = engine.generate(PROMPT, {**greedy, "stop": stop})
     assert out["text"] == full[: full.index(stop)]
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
-    chunks = [c["text"] for c in engine.generate(PROMPT, {**greedy, "stop": [stop]},
-                                                 stream=True)]
+    chunks = [c["text"] for c in engine.generate(PROMPT, {**greedy, "stop": [stop]}, stream=True)]
     assert "".join(chunks) == out["text"] and len(chunks) > 1
     kept = engine.generate(PROMPT, {**greedy, "stop": stop, "no_stop_trim": True})
     assert kept["text"] == full[: full.index(stop) + len(stop)]
@@ -64,13 +65,14 @@ def test_stop_token_ids_and_length(engine):
     assert out["output_ids"] == ids[: first + 1]
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": ids[3]}
     assert engine.generate(PROMPT, greedy)["meta_info"]["finish_reason"] == {
-        "type": "length", "length": 12}
+        "type": "length",
+        "length": 12,
+    }
 
 
 def test_n_samples_share_the_prompt(engine):
     engine.flush_cache()
-    outs = engine.generate(PROMPT, {"n": 3, "temperature": 0.8, "seed": 7,
-                                    "max_new_tokens": 8})
+    outs = engine.generate(PROMPT, {"n": 3, "temperature": 0.8, "seed": 7, "max_new_tokens": 8})
     assert len(outs) == 3
     prompt_tokens = outs[0]["meta_info"]["prompt_tokens"]
     cached = sorted(o["meta_info"]["cached_tokens"] for o in outs)
@@ -107,8 +109,9 @@ def test_async_generate_and_async_stream(engine):
         engine.flush_cache()
         stream = await engine.async_generate(PROMPT, params, stream=True)
         text = "".join([c["text"] async for c in stream])
-        both = await asyncio.gather(engine.async_generate(PROMPT, params),
-                                    engine.async_generate("Count: 1, 2,", params))
+        both = await asyncio.gather(
+            engine.async_generate(PROMPT, params), engine.async_generate("Count: 1, 2,", params)
+        )
         return one, both, text
 
     one, both, text = asyncio.run(run())
@@ -127,21 +130,26 @@ def test_abandoned_stream_aborts_and_returns_kv(engine):
     assert pool_is_whole(engine)
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(prompt=""), "empty"),
-    (dict(input_ids=[1] * 9000), "context_length"),
-    (dict(input_ids=[1] * 8000, sampling_params={"max_new_tokens": 500}),
-     "max_new_tokens to at most 192"),
-    (dict(prompt="hi", sampling_params={"max_new_tokens": -1}), "max_new_tokens"),
-    (dict(prompt="hi", sampling_params={"temperature": -0.5}), "temperature"),
-    (dict(prompt="hi", sampling_params={"top_p": 0}), "top_p"),
-    (dict(prompt="hi", sampling_params={"max_new_tokens": 10**9}), "max_new_tokens"),
-    (dict(prompt="hi", sampling_params={"temprature": 0.5}), "temprature"),
-    (dict(prompt="hi", sampling_params={"n": 0}), "n"),
-    (dict(input_ids=[10**7]), "input_ids"),
-    (dict(prompt=["a", "b"], sampling_params=[{}]), "sampling_params"),
-    (dict(prompt="hi", logprob_start_len=5, return_logprob=True), "logprob_start_len"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(prompt=""), "empty"),
+        (dict(input_ids=[1] * 9000), "context_length"),
+        (
+            dict(input_ids=[1] * 8000, sampling_params={"max_new_tokens": 500}),
+            "max_new_tokens to at most 192",
+        ),
+        (dict(prompt="hi", sampling_params={"max_new_tokens": -1}), "max_new_tokens"),
+        (dict(prompt="hi", sampling_params={"temperature": -0.5}), "temperature"),
+        (dict(prompt="hi", sampling_params={"top_p": 0}), "top_p"),
+        (dict(prompt="hi", sampling_params={"max_new_tokens": 10**9}), "max_new_tokens"),
+        (dict(prompt="hi", sampling_params={"temprature": 0.5}), "temprature"),
+        (dict(prompt="hi", sampling_params={"n": 0}), "n"),
+        (dict(input_ids=[10**7]), "input_ids"),
+        (dict(prompt=["a", "b"], sampling_params=[{}]), "sampling_params"),
+        (dict(prompt="hi", logprob_start_len=5, return_logprob=True), "logprob_start_len"),
+    ],
+)
 def test_bad_input_raises_and_engine_keeps_serving(engine, kwargs, field):
     with pytest.raises(ValueError, match=field):
         engine.generate(**kwargs)
@@ -167,6 +175,5 @@ def test_streaming_a_batch_interleaves_chunks_by_index(engine):
         ids[chunk["index"]] += chunk["output_ids"]
     assert ids == [w["output_ids"] for w in whole]
     assert texts == [w["text"] for w in whole]
-    seen = {c["index"] for c in engine.generate(PROMPT, {"n": 3, "max_new_tokens": 3},
-                                                 stream=True)}
+    seen = {c["index"] for c in engine.generate(PROMPT, {"n": 3, "max_new_tokens": 3}, stream=True)}
     assert seen == {0, 1, 2}

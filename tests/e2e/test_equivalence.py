@@ -39,14 +39,27 @@ def prompt_sets(vocab: int, encode=None) -> dict[str, list[list[int]]]:
         return [rng.randrange(3, vocab) for _ in range(n)]
 
     if encode is not None:
-        base = encode("Here are some facts about the world. Paris is the capital of France. "
-                      "The Nile is a long river in Africa. Mount Everest is very high. ")
-        mixed = [encode(t) for t in ("The capital of France is", "def add(a, b):",
-                                     "Write a haiku about autumn leaves falling on a pond",
-                                     "1, 2, 3, 4,")]
-        shared = [base + encode(q) for q in ("Q: What is the capital of France? A:",
-                                            "Q: Where is the Nile? A:",
-                                            "Q: Name a high mountain. A:")]
+        base = encode(
+            "Here are some facts about the world. Paris is the capital of France. "
+            "The Nile is a long river in Africa. Mount Everest is very high. "
+        )
+        mixed = [
+            encode(t)
+            for t in (
+                "The capital of France is",
+                "def add(a, b):",
+                "Write a haiku about autumn leaves falling on a pond",
+                "1, 2, 3, 4,",
+            )
+        ]
+        shared = [
+            base + encode(q)
+            for q in (
+                "Q: What is the capital of France? A:",
+                "Q: Where is the Nile? A:",
+                "Q: Name a high mountain. A:",
+            )
+        ]
     else:
         mixed = [rand(n) for n in (3, 17, 40, 29)]
         prefix = rand(45)
@@ -82,8 +95,15 @@ def test_greedy_matches_transformers(model_case, setting, hf_loader):
         args["max_total_tokens"] = 64  # its text prompts are shorter than the tiny models'
     # The scheduler runs on a thread here (quicker to start); test_engine_api covers the
     # default child-process mode.
-    engine = radixrt.Engine(model_path=path, dtype="float32", device="cpu", in_process=True,
-                            enable_kv_checks=True, **tokenizer_args, **args)
+    engine = radixrt.Engine(
+        model_path=path,
+        dtype="float32",
+        device="cpu",
+        in_process=True,
+        enable_kv_checks=True,
+        **tokenizer_args,
+        **args,
+    )
     try:
         encode = engine.tokenizer.encode if engine.tokenizer else None
         sets = prompt_sets(engine.info.vocab_size, encode)
@@ -113,16 +133,28 @@ def test_greedy_matches_transformers(model_case, setting, hf_loader):
 def test_logprobs_match_transformers(model_case, hf_loader):
     _, path, tokenizer_args = model_case
     hf = hf_loader(path)
-    engine = radixrt.Engine(model_path=path, dtype="float32", device="cpu", in_process=True,
-                            enable_kv_checks=True, chunked_prefill_size=8, max_total_tokens=8192,
-                            **tokenizer_args)
+    engine = radixrt.Engine(
+        model_path=path,
+        dtype="float32",
+        device="cpu",
+        in_process=True,
+        enable_kv_checks=True,
+        chunked_prefill_size=8,
+        max_total_tokens=8192,
+        **tokenizer_args,
+    )
     try:
         encode = engine.tokenizer.encode if engine.tokenizer else None
         prompts = prompt_sets(engine.info.vocab_size, encode)["shared"]
         engine.generate(input_ids=prompts[0], sampling_params={"max_new_tokens": 1})
         params = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
-        outs = engine.generate(input_ids=prompts, sampling_params=params, return_logprob=True,
-                               logprob_start_len=0, top_logprobs_num=3)
+        outs = engine.generate(
+            input_ids=prompts,
+            sampling_params=params,
+            return_logprob=True,
+            logprob_start_len=0,
+            top_logprobs_num=3,
+        )
         for prompt, out in zip(prompts, outs, strict=True):
             ref = hf_greedy(hf, prompt, 6)
             meta = out["meta_info"]

@@ -20,8 +20,13 @@ GREEDY = {"temperature": 0, "max_new_tokens": MAX_NEW}
 
 def _engine(**kwargs) -> radixrt.Engine:
     # float32: runs are compared token for token (bfloat16 is not batch-invariant).
-    return radixrt.Engine(dtype="float32", enable_kv_checks=True, log_level="warning",
-                          max_total_tokens=16384, **kwargs)
+    return radixrt.Engine(
+        dtype="float32",
+        enable_kv_checks=True,
+        log_level="warning",
+        max_total_tokens=16384,
+        **kwargs,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +58,10 @@ def assert_valid(case, out) -> None:
 def test_sampled_outputs_always_validate(engine):
     runs = [(case, seed) for case in CASES for seed in SEEDS]
     assert len(CASES) >= 20
-    outs = engine.generate([c.prompt for c, _ in runs], [
-        c.params(temperature=1.0, seed=s, max_new_tokens=MAX_NEW) for c, s in runs])
+    outs = engine.generate(
+        [c.prompt for c, _ in runs],
+        [c.params(temperature=1.0, seed=s, max_new_tokens=MAX_NEW) for c, s in runs],
+    )
     for (case, _), out in zip(runs, outs, strict=True):
         assert_valid(case, out)
     assert engine.get_stats()["jump_forward_tokens"] > 0
@@ -73,20 +80,19 @@ ALREADY_HOLDS = [
 
 @pytest.mark.parametrize("which", ["engine", "plain"])
 @pytest.mark.parametrize("question,regex", ALREADY_HOLDS)
-def test_greedy_output_unchanged_when_the_constraint_already_holds(request, which, question,
-                                                                   regex):
+def test_greedy_output_unchanged_when_the_constraint_already_holds(request, which, question, regex):
     engine = request.getfixturevalue(which)
     free = engine.generate(chat(question), GREEDY)
     assert free["meta_info"]["finish_reason"]["type"] == "stop", "premise: the model stops"
     assert re.fullmatch(regex, free["text"]), f"premise: {free['text']!r} matches {regex!r}"
     constrained = engine.generate(chat(question), {**GREEDY, "regex": regex})
     assert constrained["output_ids"] == free["output_ids"], (
-        f"{constrained['text']!r} != {free['text']!r}")
+        f"{constrained['text']!r} != {free['text']!r}"
+    )
 
 
 def _greedy_json(engine) -> list[str]:
-    outs = engine.generate([c.prompt for c in JSON_CASES],
-                           [c.params(**GREEDY) for c in JSON_CASES])
+    outs = engine.generate([c.prompt for c in JSON_CASES], [c.params(**GREEDY) for c in JSON_CASES])
     for case, out in zip(JSON_CASES, outs, strict=True):
         assert_valid(case, out)
     return [o["text"] for o in outs]
@@ -117,8 +123,10 @@ BAD = [
     ({"json_schema": "{bad"}, "'json_schema' is not valid JSON"),
     ({"json_schema": "[1]"}, "'json_schema' must be a JSON object"),
     ({"json_schema": {"type": "foo"}}, "'json_schema' is not a valid JSON schema"),
-    ({"json_schema": {"type": "integer", "minimum": 5, "maximum": 1}},
-     "'json_schema' is not a valid JSON schema"),
+    (
+        {"json_schema": {"type": "integer", "minimum": 5, "maximum": 1}},
+        "'json_schema' is not a valid JSON schema",
+    ),
     ({"ebnf": "root ::= "}, "'ebnf' is not a valid EBNF grammar"),
     ({"ebnf": 'start ::= "a"'}, "'ebnf' is not a valid EBNF grammar"),
     ({"regex": r"\d+", "json_schema": {"type": "integer"}}, "give at most one of the sampling"),
@@ -144,8 +152,9 @@ def test_bad_constraints_raise_and_leave_the_engine_serving(engine):
 
 def test_n_samples_each_validate(engine):
     case = next(c for c in JSON_CASES if c.name == "person")
-    outs = engine.generate(case.prompt, case.params(n=3, temperature=1.0, seed=5,
-                                                    max_new_tokens=MAX_NEW))
+    outs = engine.generate(
+        case.prompt, case.params(n=3, temperature=1.0, seed=5, max_new_tokens=MAX_NEW)
+    )
     assert len(outs) == 3
     for out in outs:
         assert_valid(case, out)
@@ -170,11 +179,18 @@ def test_preemption_keeps_constrained_outputs_valid(tiny_model_dir):
     # A random tiny model (byte tokens) on a 96-token pool: six requests of ~64 tokens each
     # run out of pages, so decodes are retracted and recomputed with their matchers' state.
     regex = rf"({DATE} ){{3}}{DATE}"  # 43 characters, one token each
-    with radixrt.Engine(tiny_model_dir("llama"), dtype="float32", enable_kv_checks=True,
-                        log_level="warning", max_total_tokens=96, page_size=1,
-                        schedule_conservativeness=0.0) as tiny:
-        params = [{"regex": regex, "temperature": 1.0, "seed": i, "max_new_tokens": 48}
-                  for i in range(6)]
+    with radixrt.Engine(
+        tiny_model_dir("llama"),
+        dtype="float32",
+        enable_kv_checks=True,
+        log_level="warning",
+        max_total_tokens=96,
+        page_size=1,
+        schedule_conservativeness=0.0,
+    ) as tiny:
+        params = [
+            {"regex": regex, "temperature": 1.0, "seed": i, "max_new_tokens": 48} for i in range(6)
+        ]
         outs = tiny.generate([f"Four dates, please ({i}):" for i in range(6)], params)
         assert tiny.get_stats()["num_preemptions"] > 0, "the pool never ran short"
         for out in outs:
@@ -184,8 +200,9 @@ def test_preemption_keeps_constrained_outputs_valid(tiny_model_dir):
 
 
 @pytest.mark.parametrize("page_size,chunk", [(1, 2048), (16, 4)])
-def test_jump_forward_equals_masked_decoding_with_pages_and_chunks(tiny_model_dir, page_size,
-                                                                   chunk):
+def test_jump_forward_equals_masked_decoding_with_pages_and_chunks(
+    tiny_model_dir, page_size, chunk
+):
     # Pages of 16 make a rejected proposal give back part of a page; chunks of 4 are shorter
     # than most proposals (which are computed in one step anyway). Greedy: token for token the
     # same; sampled: valid (the same distribution, but the seeded noise is drawn per checked
@@ -193,13 +210,24 @@ def test_jump_forward_equals_masked_decoding_with_pages_and_chunks(tiny_model_di
     regex = r'\{"id": [0-9]{1,4}, "tags": \["[a-z]{1,6}"(, "[a-z]{1,6}"){0,3}\]\}'
     outs = {}
     for off in (False, True):
-        with radixrt.Engine(tiny_model_dir("llama"), dtype="float32", enable_kv_checks=True,
-                            log_level="warning", max_total_tokens=2048, page_size=page_size,
-                            chunked_prefill_size=chunk, disable_jump_forward=off,
-                            in_process=True) as tiny:
-            outs[off] = tiny.generate([f"Record {i}:" for i in range(4)], [
-                {"regex": regex, "temperature": t, "seed": 7, "max_new_tokens": 80}
-                for t in (0.0, 0.0, 1.0, 1.0)])
+        with radixrt.Engine(
+            tiny_model_dir("llama"),
+            dtype="float32",
+            enable_kv_checks=True,
+            log_level="warning",
+            max_total_tokens=2048,
+            page_size=page_size,
+            chunked_prefill_size=chunk,
+            disable_jump_forward=off,
+            in_process=True,
+        ) as tiny:
+            outs[off] = tiny.generate(
+                [f"Record {i}:" for i in range(4)],
+                [
+                    {"regex": regex, "temperature": t, "seed": 7, "max_new_tokens": 80}
+                    for t in (0.0, 0.0, 1.0, 1.0)
+                ],
+            )
             jumped = tiny.get_stats(check_kv=True)["jump_forward_tokens"]
             assert (jumped == 0) == off
     for i, (with_jump, masked) in enumerate(zip(outs[False], outs[True], strict=True)):

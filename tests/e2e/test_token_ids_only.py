@@ -23,10 +23,12 @@ def bare_model_dir(tiny_model_dir, tmp_path_factory):
 def test_token_ids_only(bare_model_dir):
     with pytest.raises(ValueError, match="skip_tokenizer_init"):
         radixrt.Engine(model_path=bare_model_dir, dtype="float32")
-    with radixrt.Engine(model_path=bare_model_dir, dtype="float32",
-                        skip_tokenizer_init=True) as engine:
-        out = engine.generate(input_ids=[[5, 6, 7], [8, 9]],
-                              sampling_params={"max_new_tokens": 4, "ignore_eos": True})
+    with radixrt.Engine(
+        model_path=bare_model_dir, dtype="float32", skip_tokenizer_init=True
+    ) as engine:
+        out = engine.generate(
+            input_ids=[[5, 6, 7], [8, 9]], sampling_params={"max_new_tokens": 4, "ignore_eos": True}
+        )
         assert [len(o["output_ids"]) for o in out] == [4, 4]
         assert out[0]["text"] == ""
         with pytest.raises(ValueError, match="input_ids"):
@@ -54,8 +56,9 @@ def test_child_scheduler_death_is_an_error_not_a_hang(tiny_model_dir):
         os.kill(engine.info.pid, signal.SIGKILL)
         start = time.monotonic()
         with pytest.raises(SchedulerDied):
-            engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 200,
-                                                                   "ignore_eos": True})
+            engine.generate(
+                input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 200, "ignore_eos": True}
+            )
         assert time.monotonic() - start < 10
     finally:
         engine.shutdown()
@@ -78,10 +81,13 @@ def test_scheduler_exits_when_its_frontend_is_killed(tiny_model_dir):
     import sys
     import time
 
-    code = ("import sys, time, radixrt; e = radixrt.Engine(model_path=sys.argv[1], "
-            "dtype='float32'); print(e.info.pid, flush=True); time.sleep(120)")
-    front = subprocess.Popen([sys.executable, "-c", code, tiny_model_dir("llama")],
-                             stdout=subprocess.PIPE, text=True)
+    code = (
+        "import sys, time, radixrt; e = radixrt.Engine(model_path=sys.argv[1], "
+        "dtype='float32'); print(e.info.pid, flush=True); time.sleep(120)"
+    )
+    front = subprocess.Popen(
+        [sys.executable, "-c", code, tiny_model_dir("llama")], stdout=subprocess.PIPE, text=True
+    )
     child = int(front.stdout.readline())
     os.kill(front.pid, signal.SIGKILL)
     front.wait()

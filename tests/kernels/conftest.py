@@ -58,10 +58,13 @@ def paged_kv() -> Callable[..., PagedKV]:
 
         news = [n for _, n in specs]
         return PagedKV(
-            k_buffer=randn(pool, hkv, head_dim), v_buffer=randn(pool, hkv, head_dim),
-            qo_indptr=indptr(news), kv_indptr=indptr([p + n for p, n in specs]),
+            k_buffer=randn(pool, hkv, head_dim),
+            v_buffer=randn(pool, hkv, head_dim),
+            qo_indptr=indptr(news),
+            kv_indptr=indptr([p + n for p, n in specs]),
             kv_indices=torch.tensor(sum(slots, []), dtype=torch.int64),
-            q=randn(sum(news), hq, head_dim), max_new_tokens=max(news, default=0),
+            q=randn(sum(news), hq, head_dim),
+            max_new_tokens=max(news, default=0),
         )
 
     return make

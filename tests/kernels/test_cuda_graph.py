@@ -65,8 +65,9 @@ def test_padded_inputs_match_eager_decode(tiny_model_dir):
     as the graph would): the same hidden states, a padding row of zeros-attention that writes
     no KV."""
     model, cfg = load_model(tiny_model_dir("llama"), torch.float32, "cpu")
-    pool = KVPool(4 * SLOTS_PER_SEQ, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
-                  torch.float32, "cpu")
+    pool = KVPool(
+        4 * SLOTS_PER_SEQ, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, torch.float32, "cpu"
+    )
     backend = TritonAttentionBackend(device="cpu")
     table = slot_table(4, "cpu")
     runner = ModelRunner(model, pool, backend, table, "cpu")
@@ -98,17 +99,31 @@ def test_padded_inputs_match_eager_decode(tiny_model_dir):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or interpreting(),
-                    reason="needs a CUDA device; run with TRITON_INTERPRET=0")
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or interpreting(),
+    reason="needs a CUDA device; run with TRITON_INTERPRET=0",
+)
 def test_graph_replay_matches_eager_on_gpu(tiny_model_dir):
     model, cfg = load_model(tiny_model_dir("llama"), torch.float16, "cuda")
     logits = {}
     for disable in (True, False):
-        pool = KVPool(16 * SLOTS_PER_SEQ, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
-                      torch.float16, "cuda")
-        runner = ModelRunner(model, pool, TritonAttentionBackend(device="cuda"),
-                             slot_table(16, "cuda"), "cuda", disable_cuda_graph=disable,
-                             cuda_graph_max_bs=8)
+        pool = KVPool(
+            16 * SLOTS_PER_SEQ,
+            cfg.num_layers,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            torch.float16,
+            "cuda",
+        )
+        runner = ModelRunner(
+            model,
+            pool,
+            TritonAttentionBackend(device="cuda"),
+            slot_table(16, "cuda"),
+            "cuda",
+            disable_cuda_graph=disable,
+            cuda_graph_max_bs=8,
+        )
         assert (runner.graph_runner is None) == disable
         prompts = [list(range(3, 3 + n)) for n in (5, 40, 1)]  # batch 3: padded to 4
         step = prefill_then_decode_step(runner, prompts)

@@ -27,10 +27,18 @@ RAGGED = [(0, 1), (17, 1), (39, 1), (32, 1)]
 
 def check(batch, dtype: torch.dtype, num_splits: int) -> None:
     scale = batch.q.shape[-1] ** -0.5
-    out = decode_attention(batch.q, batch.k_buffer, batch.v_buffer, batch.kv_indptr,
-                           batch.kv_indices, scale, num_splits)
-    want = decode_attention_ref(batch.q, batch.k_buffer, batch.v_buffer, batch.kv_indptr,
-                                batch.kv_indices, scale)
+    out = decode_attention(
+        batch.q,
+        batch.k_buffer,
+        batch.v_buffer,
+        batch.kv_indptr,
+        batch.kv_indices,
+        scale,
+        num_splits,
+    )
+    want = decode_attention_ref(
+        batch.q, batch.k_buffer, batch.v_buffer, batch.kv_indptr, batch.kv_indices, scale
+    )
     assert out.dtype == dtype and not out.isnan().any()
     torch.testing.assert_close(out.float(), want.float(), atol=TOL[dtype], rtol=TOL[dtype])
 
@@ -59,11 +67,13 @@ def test_empty_sequence_gives_zeros(paged_kv):
     batch = paged_kv([(20, 1), (0, 1)], 4, 2, 64, 16)
     batch.kv_indptr[2] = batch.kv_indptr[1]  # the second sequence now has length 0
     scale = 64**-0.5
-    out = decode_attention(batch.q, batch.k_buffer, batch.v_buffer, batch.kv_indptr,
-                           batch.kv_indices, scale, 2)
+    out = decode_attention(
+        batch.q, batch.k_buffer, batch.v_buffer, batch.kv_indptr, batch.kv_indices, scale, 2
+    )
     assert not out.isnan().any() and bool((out[1] == 0).all())
-    want = decode_attention_ref(batch.q[:1], batch.k_buffer, batch.v_buffer,
-                                batch.kv_indptr[:2], batch.kv_indices, scale)
+    want = decode_attention_ref(
+        batch.q[:1], batch.k_buffer, batch.v_buffer, batch.kv_indptr[:2], batch.kv_indices, scale
+    )
     torch.testing.assert_close(out[:1], want, atol=1e-5, rtol=1e-5)
 
 

@@ -22,10 +22,25 @@ RAGGED = [(0, 5), (21, 7), (16, 1), (3, 20)]
 
 def check(batch, dtype: torch.dtype) -> torch.Tensor:
     scale = batch.q.shape[-1] ** -0.5
-    out = extend_attention(batch.q, batch.k_buffer, batch.v_buffer, batch.qo_indptr,
-                           batch.kv_indptr, batch.kv_indices, batch.max_new_tokens, scale)
-    want = paged_attention_ref(batch.q, batch.k_buffer, batch.v_buffer, batch.qo_indptr,
-                               batch.kv_indptr, batch.kv_indices, scale)
+    out = extend_attention(
+        batch.q,
+        batch.k_buffer,
+        batch.v_buffer,
+        batch.qo_indptr,
+        batch.kv_indptr,
+        batch.kv_indices,
+        batch.max_new_tokens,
+        scale,
+    )
+    want = paged_attention_ref(
+        batch.q,
+        batch.k_buffer,
+        batch.v_buffer,
+        batch.qo_indptr,
+        batch.kv_indptr,
+        batch.kv_indices,
+        scale,
+    )
     assert out.dtype == dtype and not out.isnan().any()
     torch.testing.assert_close(out.float(), want.float(), atol=TOL[dtype], rtol=TOL[dtype])
     return out

@@ -20,8 +20,9 @@ from radixrt.executor.forward_batch import ForwardBatch  # noqa: E402
 HQ, HKV, D = 6, 2, 64
 
 
-def batch_on_pages(pool: KVPool, specs: list[tuple[int, int]], page_size: int,
-                   gen: torch.Generator) -> ForwardBatch:
+def batch_on_pages(
+    pool: KVPool, specs: list[tuple[int, int]], page_size: int, gen: torch.Generator
+) -> ForwardBatch:
     """specs: (prefix, new) per sequence, each on its own shuffled pages; the prefixes' K/V are
     written into the pool here."""
     pages = torch.randperm(pool.size // page_size, generator=gen).tolist()
@@ -32,9 +33,12 @@ def batch_on_pages(pool: KVPool, specs: list[tuple[int, int]], page_size: int,
         used += count
         slots = [p * page_size + j for p in mine for j in range(page_size)][: prefix + n]
         for layer in range(pool.num_layers):
-            pool.set_kv(layer, torch.tensor(slots[:prefix], dtype=torch.int64),
-                        torch.randn(prefix, HKV, D, generator=gen),
-                        torch.randn(prefix, HKV, D, generator=gen))
+            pool.set_kv(
+                layer,
+                torch.tensor(slots[:prefix], dtype=torch.int64),
+                torch.randn(prefix, HKV, D, generator=gen),
+                torch.randn(prefix, HKV, D, generator=gen),
+            )
         kv += slots
         loc += slots[prefix:]
     news, lens = [n for _, n in specs], [p + n for p, n in specs]
@@ -62,8 +66,9 @@ def batch_on_pages(pool: KVPool, specs: list[tuple[int, int]], page_size: int,
 def test_matches_torch_backend(specs, page_size):
     gen = torch.Generator().manual_seed(0)
     pools = [KVPool(256, 2, HKV, D, torch.float32, "cpu") for _ in range(2)]
-    batches = [batch_on_pages(pool, specs, page_size, torch.Generator().manual_seed(1))
-               for pool in pools]
+    batches = [
+        batch_on_pages(pool, specs, page_size, torch.Generator().manual_seed(1)) for pool in pools
+    ]
     backends = [TorchAttentionBackend(), TritonAttentionBackend(device="cpu")]
     n = batches[0].qo_indptr[-1].item()
     q, k, v = (torch.randn(n, h, D, generator=gen) for h in (HQ, HKV, HKV))
@@ -71,8 +76,10 @@ def test_matches_torch_backend(specs, page_size):
         fb.attn_backend = backend
         backend.init_forward_metadata(fb)
     for layer in range(2):
-        want, got = (be.forward(q, k, v, layer, fb, D**-0.5)
-                     for be, fb in zip(backends, batches, strict=True))
+        want, got = (
+            be.forward(q, k, v, layer, fb, D**-0.5)
+            for be, fb in zip(backends, batches, strict=True)
+        )
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(pools[1].get_kv(layer), pools[0].get_kv(layer))
 
@@ -100,9 +107,17 @@ def prompts(vocab: int) -> list[list[int]]:
 
 def greedy(path: str, backend: str, **settings) -> list[list[int]]:
     params = {"temperature": 0, "max_new_tokens": MAX_NEW, "ignore_eos": True}
-    with radixrt.Engine(model_path=path, dtype="float32", device="cpu", in_process=True,
-                        skip_tokenizer_init=True, attention_backend=backend,
-                        enable_kv_checks=True, max_total_tokens=1024, **settings) as engine:
+    with radixrt.Engine(
+        model_path=path,
+        dtype="float32",
+        device="cpu",
+        in_process=True,
+        skip_tokenizer_init=True,
+        attention_backend=backend,
+        enable_kv_checks=True,
+        max_total_tokens=1024,
+        **settings,
+    ) as engine:
         batch = prompts(engine.info.vocab_size)
         outs = [o["output_ids"] for o in engine.generate(input_ids=batch, sampling_params=params)]
         # The shared-prefix prompt again: now a radix-cache hit, its prefix read from the pool.
@@ -113,11 +128,15 @@ def greedy(path: str, backend: str, **settings) -> list[list[int]]:
     return outs + [again["output_ids"]]
 
 
-@pytest.mark.parametrize("settings", [
-    dict(page_size=1),
-    # Chunks of 7: prefill chunks and decode steps share batches (the extend kernel's mix).
-    dict(page_size=16, chunked_prefill_size=7),
-], ids=["page1", "page16-chunked"])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(page_size=1),
+        # Chunks of 7: prefill chunks and decode steps share batches (the extend kernel's mix).
+        dict(page_size=16, chunked_prefill_size=7),
+    ],
+    ids=["page1", "page16-chunked"],
+)
 def test_engine_greedy_equals_torch_backend(tiny_model_dir, settings):
     path = tiny_model_dir("llama", num_attention_heads=6, num_key_value_heads=2, hidden_size=96)
     assert greedy(path, "triton", **settings) == greedy(path, "torch", **settings)

@@ -32,5 +32,4 @@ def engine_backend() -> rt.EngineBackend:
 @pytest.fixture(params=["endpoint", "engine"])
 def backend(request) -> rt.Backend:
     """Each DSL test runs on a real server over ZeroMQ and on the in-process backend."""
-    return request.getfixturevalue("endpoint" if request.param == "endpoint"
-                                   else "engine_backend")
+    return request.getfixturevalue("endpoint" if request.param == "endpoint" else "engine_backend")

@@ -25,8 +25,7 @@ def pick(s, statement):
 @sgl.function
 def typed(s):
     s += "The number of hours in a day is " + sgl.gen_int("hours", max_tokens=4) + "\n"
-    s += "A: " + sgl.gen("ip", regex=r"[0-9]{1,3}\.[0-9]{1,3}", temperature=0,
-                          max_tokens=8)
+    s += "A: " + sgl.gen("ip", regex=r"[0-9]{1,3}\.[0-9]{1,3}", temperature=0, max_tokens=8)
 
 
 @sgl.function
@@ -56,12 +55,18 @@ def chat(s, question):
 def main(url: str) -> None:
     backend = sgl.RuntimeEndpoint(url)
     sgl.set_default_backend(backend)
-    out = {"model_name": backend.get_model_name(),
-           "server_info_keys": sorted(backend.get_server_info())}
+    out = {
+        "model_name": backend.get_model_name(),
+        "server_info_keys": sorted(backend.get_server_info()),
+    }
     backend.flush_cache()
     out["answer"] = few_shot.run(question="What is the capital of Italy?")["answer"]
-    batch = few_shot.run_batch([{"question": "What is the capital of Spain?"},
-                                {"question": "What is the capital of Japan?"}])
+    batch = few_shot.run_batch(
+        [
+            {"question": "What is the capital of Spain?"},
+            {"question": "What is the capital of Japan?"},
+        ]
+    )
     out["batch"] = [state["answer"] for state in batch]
     out["select"] = pick.run(statement="The capital of Germany is Berlin.")["answer"]
     state = typed.run(temperature=0)

@@ -17,10 +17,16 @@ HEAVY_MODULES = ("torch", "transformers", "triton")
 
 def run_example(name: str, url: str) -> str:
     """Run examples/NAME.py --url URL; its stdout (fails with its output if it exits non-0)."""
-    proc = subprocess.run([sys.executable, f"examples/{name}.py", "--url", url], cwd=ROOT,
-                          capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert proc.returncode == 0, f"{name} exited with {proc.returncode}:\n{proc.stdout}\n" \
-                                 f"{proc.stderr}"
+    proc = subprocess.run(
+        [sys.executable, f"examples/{name}.py", "--url", url],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert proc.returncode == 0, (
+        f"{name} exited with {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    )
     return proc.stdout
 
 
@@ -47,8 +53,9 @@ def test_react_agent(lang_server):
 
 def test_tree_of_thought(lang_server):
     out = run_example("tree_of_thought", lang_server.url)
-    branches = re.findall(r"^branch (\d) \[(good|bad)\] \((\d+)/(\d+) prompt tokens cached\)",
-                          out, re.M)
+    branches = re.findall(
+        r"^branch (\d) \[(good|bad)\] \((\d+)/(\d+) prompt tokens cached\)", out, re.M
+    )
     assert [b[0] for b in branches] == ["0", "1", "2"], out
     # The shared prefix was prefilled once before forking: every branch finds most of its
     # prompt in the cache.
@@ -73,11 +80,14 @@ def test_json_extraction(lang_server):
 @pytest.mark.parametrize("name", ["json_extraction"])
 def test_examples_import_nothing_heavy(lang_server, name):
     """Against a server (--url), an example needs only the light client: no torch."""
-    code = (f"import runpy, sys; sys.argv = ['{name}.py', '--url', {lang_server.url!r}]; "
-            "sys.path.insert(0, 'examples'); "
-            f"runpy.run_path('examples/{name}.py', run_name='__main__'); "
-            f"heavy = [m for m in {HEAVY_MODULES!r} if m in sys.modules]; "
-            f"assert not heavy, f'imported {{heavy}}'")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                          text=True, timeout=TIMEOUT_S)
+    code = (
+        f"import runpy, sys; sys.argv = ['{name}.py', '--url', {lang_server.url!r}]; "
+        "sys.path.insert(0, 'examples'); "
+        f"runpy.run_path('examples/{name}.py', run_name='__main__'); "
+        f"heavy = [m for m in {HEAVY_MODULES!r} if m in sys.modules]; "
+        f"assert not heavy, f'imported {{heavy}}'"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr

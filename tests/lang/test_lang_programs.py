@@ -27,7 +27,8 @@ def test_gen_fills_variables_text_messages_and_meta_info(backend):
     assert state.messages() == [
         {"role": "system", "content": "You are a terse assistant."},
         {"role": "user", "content": "What is the capital of France?"},
-        {"role": "assistant", "content": answer}]
+        {"role": "assistant", "content": answer},
+    ]
     meta = state.get_meta_info("answer")
     assert meta["prompt_tokens"] > 10 and 0 < meta["completion_tokens"] <= 12
     assert meta["finish_reason"]["type"] in ("stop", "length")
@@ -123,15 +124,25 @@ def test_join_concate_and_append_copy_and_nested_programs(endpoint):
 
 
 def test_streaming_text_iter_and_async_iter(backend):
-    state = qa.run(question="Tell me about the sea.", stream=True, max_new_tokens=12,
-                   temperature=0, backend=backend)
+    state = qa.run(
+        question="Tell me about the sea.",
+        stream=True,
+        max_new_tokens=12,
+        temperature=0,
+        backend=backend,
+    )
     pieces = list(state.text_iter("answer"))
     assert len(pieces) > 1 and "".join(pieces) == state["answer"]
     assert "".join(state.text_iter()) == state.text()
 
     async def collect():
-        st = qa.run(question="Tell me about the sea.", stream=True, max_new_tokens=12,
-                    temperature=0, backend=backend)
+        st = qa.run(
+            question="Tell me about the sea.",
+            stream=True,
+            max_new_tokens=12,
+            temperature=0,
+            backend=backend,
+        )
         return [p async for p in st.text_async_iter("answer")], st
 
     pieces2, state2 = asyncio.run(collect())
@@ -141,8 +152,13 @@ def test_streaming_text_iter_and_async_iter(backend):
 def test_run_batch_matches_single_runs_and_caches_the_common_prefix(endpoint):
     questions = ["What is 2+2?", "Name a color.", "Name a fruit.", "What is ice?"]
     endpoint.flush_cache()
-    states = qa.run_batch([{"question": q} for q in questions], temperature=0,
-                          num_threads=4, progress_bar=True, backend=endpoint)
+    states = qa.run_batch(
+        [{"question": q} for q in questions],
+        temperature=0,
+        num_threads=4,
+        progress_bar=True,
+        backend=endpoint,
+    )
     assert len(states.prefix_metas) == 1  # the shared system turn, prefilled once
     for q, state in zip(questions, states, strict=True):
         assert state["answer"] == qa.run(question=q, temperature=0, backend=endpoint)["answer"]
@@ -151,9 +167,12 @@ def test_run_batch_matches_single_runs_and_caches_the_common_prefix(endpoint):
 
 
 def test_gen_regex_json_schema_int_and_string(endpoint):
-    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
-                                               "age": {"type": "integer"}},
-              "required": ["name", "age"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
 
     @rt.function
     def extract(s):
@@ -178,6 +197,7 @@ def test_gen_regex_json_schema_int_and_string(endpoint):
 
 def test_errors_surface_from_run_and_reads(backend):
     before = threading.active_count()
+
     @rt.function
     def bad_argument(s):
         s += "x" + rt.gen("a", max_tokens=-1)
@@ -199,8 +219,12 @@ def test_errors_surface_from_run_and_reads(backend):
     with pytest.raises(TypeError, match=r"qa\(\): unexpected arguments \['questoin'\]"):
         qa.run(questoin="hi", backend=backend)
 
-    states = qa.run_batch([{"question": "hi"}, {"question": "hey"}], max_new_tokens=2,
-                          temperature=-3.0, backend=backend)
+    states = qa.run_batch(
+        [{"question": "hi"}, {"question": "hey"}],
+        max_new_tokens=2,
+        temperature=-3.0,
+        backend=backend,
+    )
     for st in states:
         assert isinstance(st.error(), ValueError)
         with pytest.raises(ValueError, match="temperature"):

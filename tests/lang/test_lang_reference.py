@@ -25,8 +25,11 @@ def hf_tokenizer():
 
 
 def http_generate(server, text: str, max_new_tokens: int, **extra) -> dict:
-    body = {"text": text, "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens},
-            **extra}
+    body = {
+        "text": text,
+        "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens},
+        **extra,
+    }
     resp = httpx.post(server.url + "/generate", json=body, timeout=120)
     resp.raise_for_status()
     return resp.json()
@@ -46,11 +49,14 @@ def test_program_equals_chat_template_and_generate(lang_server, endpoint, hf_tok
     state = two_turns.run(q1=q1, q2=q2, temperature=0, backend=endpoint)
 
     def prompt(messages):
-        return hf_tokenizer.apply_chat_template(messages, tokenize=False,
-                                                add_generation_prompt=True)
+        return hf_tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
 
-    messages = [{"role": "system", "content": "You answer in one sentence."},
-                {"role": "user", "content": q1}]
+    messages = [
+        {"role": "system", "content": "You answer in one sentence."},
+        {"role": "user", "content": q1},
+    ]
     a1 = http_generate(lang_server, prompt(messages), 16)["text"]
     messages += [{"role": "assistant", "content": a1}, {"role": "user", "content": q2}]
     a2 = http_generate(lang_server, prompt(messages), 16)["text"]
@@ -68,12 +74,13 @@ def test_select_scores_are_the_choices_prompt_logprobs(lang_server, endpoint):
 
     state = pick.run(backend=endpoint)
     meta = state.get_meta_info("animal")
-    prefix = state.text()[:-len(state["animal"] + "<|im_end|>\n")]
+    prefix = state.text()[: -len(state["animal"] + "<|im_end|>\n")]
     n_prefix = http_generate(lang_server, prefix, 0)["meta_info"]["prompt_tokens"]
     expected = []
     for choice in ["dog", "cat", "fish tank"]:
-        out = http_generate(lang_server, prefix + choice, 0, return_logprob=True,
-                            logprob_start_len=n_prefix)
+        out = http_generate(
+            lang_server, prefix + choice, 0, return_logprob=True, logprob_start_len=n_prefix
+        )
         lps = [lp for lp, _, _ in out["meta_info"]["input_token_logprobs"]]
         expected.append(sum(lps) / len(lps))
     assert meta["scores"] == pytest.approx(expected, abs=1e-4)
@@ -95,8 +102,7 @@ def test_a_client_imports_no_torch(lang_server):
         assert not heavy, heavy
         print("ok")
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 

@@ -20,8 +20,11 @@ pytestmark = pytest.mark.slow
 SGLANG = "sglang==0.5.23"
 # What `import sglang` needs beyond this venv's packages (its frontend is pure Python).
 EXTRA = ["orjson", "pybase64", "pillow", "ipython", "aiohttp"]
-VENV = Path(os.environ.get("RADIXRT_SGLANG_VENV",
-                           Path.home() / ".cache" / "radixrt" / "sglang-0.5.23-client"))
+VENV = Path(
+    os.environ.get(
+        "RADIXRT_SGLANG_VENV", Path.home() / ".cache" / "radixrt" / "sglang-0.5.23-client"
+    )
+)
 PROGRAMS = Path(__file__).with_name("sglang_client_programs.py")
 
 
@@ -30,16 +33,22 @@ def _python() -> Path:
 
 
 def _imports_sglang() -> bool:
-    return _python().exists() and subprocess.run(
-        [str(_python()), "-c", "import sglang"], capture_output=True).returncode == 0
+    return (
+        _python().exists()
+        and subprocess.run([str(_python()), "-c", "import sglang"], capture_output=True).returncode
+        == 0
+    )
 
 
 def _see_this_venvs_packages() -> None:
     """The venv sees this venv's packages (torch, transformers, requests, ...) through a .pth
     (rewritten each run: the cached venv may have been built from another checkout)."""
-    purelib = subprocess.run([str(_python()), "-c", "import sysconfig; print(sysconfig."
-                              "get_paths()['purelib'])"], capture_output=True, text=True,
-                             check=True).stdout.strip()
+    purelib = subprocess.run(
+        [str(_python()), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     Path(purelib, "radixrt_test_packages.pth").write_text("\n".join(site.getsitepackages()))
 
 
@@ -60,18 +69,24 @@ def sglang_python() -> Path:
         try:
             _build_venv()
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-            pytest.skip(f"cannot install {SGLANG} from PyPI here ({exc}); the client test "
-                        "needs the real wheel")
+            pytest.skip(
+                f"cannot install {SGLANG} from PyPI here ({exc}); the client test "
+                "needs the real wheel"
+            )
     return _python()
 
 
 @pytest.fixture(scope="module")
 def results(sglang_python, lang_server) -> dict:
-    run = subprocess.run([str(sglang_python), str(PROGRAMS), lang_server.url],
-                         capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [str(sglang_python), str(PROGRAMS), lang_server.url],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
     assert run.returncode == 0 and lines, f"SGLang's client failed:\n{run.stdout}\n{run.stderr}"
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def test_model_name_and_server_info(results):
@@ -102,8 +117,7 @@ def test_fork_join_gathers_both_branches(results):
 
 
 def test_fork_concate_and_append_joins_the_branches_text(results):
-    assert results["encoded_text"].startswith("Facts:\nFact 0: item 0.\nFact 1: item 1.\n"
-                                              "Summary:")
+    assert results["encoded_text"].startswith("Facts:\nFact 0: item 0.\nFact 1: item 1.\nSummary:")
 
 
 def test_streaming_chunks_make_the_answer(results):

@@ -26,8 +26,9 @@ def remote(request, endpoint, http_endpoint) -> rt.RuntimeEndpoint:
 @rt.function
 def capital(s, country):
     s += "Q: What is the capital of France?\nA: Paris\n"
-    s += "Q: What is the capital of " + country + "?\nA:" + rt.gen("answer", max_tokens=6,
-                                                                   stop="\n")
+    s += (
+        "Q: What is the capital of " + country + "?\nA:" + rt.gen("answer", max_tokens=6, stop="\n")
+    )
 
 
 def test_transports_are_the_ones_asked_for(endpoint, http_endpoint):
@@ -85,8 +86,9 @@ def test_stop_regex_ends_the_text_without_the_match(remote):
 def test_return_text_in_logprobs_and_logprob_length(remote):
     @rt.function
     def prog(s):
-        s += "The sky is" + rt.gen("x", max_tokens=4, return_logprob=True,
-                                   return_text_in_logprobs=True)
+        s += "The sky is" + rt.gen(
+            "x", max_tokens=4, return_logprob=True, return_text_in_logprobs=True
+        )
 
     state = prog.run(temperature=0, backend=remote)
     meta = state.get_meta_info("x")
@@ -104,8 +106,7 @@ def test_run_takes_n_and_run_batch_yields_as_a_generator(remote):
     state = prog.run(topic="rain", n=2, temperature=1.0, backend=remote)
     assert isinstance(state["w"], list) and len(state["w"]) == 2
     items = [{"topic": t} for t in ("sun", "snow", "wind")]
-    rows = prog.run_batch(items, temperature=0, backend=remote, generator_style=True,
-                          num_threads=2)
+    rows = prog.run_batch(items, temperature=0, backend=remote, generator_style=True, num_threads=2)
     assert not isinstance(rows, list)
     texts = [st.text() for st in rows]
     assert [t.split(":")[0] for t in texts] == ["A word about " + i["topic"] for i in items]
@@ -132,8 +133,13 @@ def test_streamed_logprobs_chunk_by_chunk_as_sglangs_test(remote):
         s += rt.assistant(rt.gen("answer", return_logprob=True))
 
     async def collect():
-        state = qa(question="Describe Hawaii.", stream=True, temperature=0, max_new_tokens=16,
-                   backend=remote)
+        state = qa(
+            question="Describe Hawaii.",
+            stream=True,
+            temperature=0,
+            max_new_tokens=16,
+            backend=remote,
+        )
         return state, [p async for p in state.text_async_iter("answer", return_meta_data=True)]
 
     state, chunks = asyncio.run(collect())
@@ -174,8 +180,9 @@ def test_endpoint_methods_as_sglangs(remote, lang_server):
     meta = remote.cache_prefix("A prefix worth caching for later requests.")
     assert meta["prompt_tokens"] > 5
     assert remote.uncache_prefix("any") is None
-    chatml = rt.RuntimeEndpoint(lang_server.url, chat_template_name="chatml",
-                                transport=remote.transport)
+    chatml = rt.RuntimeEndpoint(
+        lang_server.url, chat_template_name="chatml", transport=remote.transport
+    )
     try:
         assert chatml.chat_template_name == "chatml"
         assert chatml.get_chat_template().begin("user") == "<|im_start|>user\n"
@@ -201,4 +208,3 @@ def test_separate_reasoning_and_multimodal_errors(endpoint):
         prog.run(model_type=None, temperature=0, backend=endpoint)
     with pytest.raises(NotImplementedError, match="multimodal"):
         rt.user(rt.image("example_image.png") + "describe")
-

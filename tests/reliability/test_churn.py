@@ -18,8 +18,9 @@ from launch_helpers import assert_pool_conserved, server_stats
 
 REQUESTS = 1000
 CONCURRENCY = 24
-PREFIXES = [f"Shared prefix {i}: " + "the quick brown fox jumps over the lazy dog. " * 3
-            for i in range(4)]
+PREFIXES = [
+    f"Shared prefix {i}: " + "the quick brown fox jumps over the lazy dog. " * 3 for i in range(4)
+]
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 BAD_BODIES = [
     {"text": "x", "sampling_params": {"max_new_tokens": -1}},
@@ -35,20 +36,36 @@ BAD_BODIES = [
 @pytest.fixture(scope="module")
 def churn_server(launch_server, tiny_model_dir):
     # A tiny random-weight model: steps take milliseconds, so 1,000 requests fit in CI time.
-    return launch_server("--model-path", tiny_model_dir("llama"), "--dtype", "float32",
-                         "--max-total-tokens", "640", "--page-size", "4",
-                         "--max-running-requests", "16", "--enable-kv-checks",
-                         "--log-level", "warning")
+    return launch_server(
+        "--model-path",
+        tiny_model_dir("llama"),
+        "--dtype",
+        "float32",
+        "--max-total-tokens",
+        "640",
+        "--page-size",
+        "4",
+        "--max-running-requests",
+        "16",
+        "--enable-kv-checks",
+        "--log-level",
+        "warning",
+    )
 
 
 def _prompt(rng: random.Random) -> str:
-    return rng.choice(PREFIXES) + "".join(rng.choice("abcdefgh ") for _ in range(rng.randint(1,
-                                                                                    40)))
+    return rng.choice(PREFIXES) + "".join(
+        rng.choice("abcdefgh ") for _ in range(rng.randint(1, 40))
+    )
 
 
 def _params(rng: random.Random, **extra) -> dict:
-    return {"max_new_tokens": rng.randint(1, 48), "temperature": rng.choice([0, 1.0]),
-            "seed": rng.randint(0, 1000), **extra}
+    return {
+        "max_new_tokens": rng.randint(1, 48),
+        "temperature": rng.choice([0, 1.0]),
+        "seed": rng.randint(0, 1000),
+        **extra,
+    }
 
 
 class Churn:
@@ -66,9 +83,11 @@ class Churn:
         body = {"text": _prompt(rng), "sampling_params": _params(rng)}
         r = await self.client.post(self.url + "/generate", json=body)
         out = r.json()
-        ok = r.status_code == 200 and out["meta_info"]["finish_reason"]["type"] in (
-            "length", "stop") and len(out["output_ids"]) <= body["sampling_params"][
-            "max_new_tokens"]
+        ok = (
+            r.status_code == 200
+            and out["meta_info"]["finish_reason"]["type"] in ("length", "stop")
+            and len(out["output_ids"]) <= body["sampling_params"]["max_new_tokens"]
+        )
         self.note("generate", ok, (r.status_code, out))
 
     async def stream(self, rng: random.Random, drop: bool) -> None:
@@ -84,30 +103,40 @@ class Churn:
             self.note("stream_dropped", r.status_code == 200, r.status_code)
             return
         last = json.loads(events[-2]) if len(events) >= 2 else {}
-        ok = r.status_code == 200 and events[-1] == "[DONE]" and last.get(
-            "meta_info", {}).get("finish_reason", {}).get("type") in ("length", "stop")
+        ok = (
+            r.status_code == 200
+            and events[-1] == "[DONE]"
+            and last.get("meta_info", {}).get("finish_reason", {}).get("type") in ("length", "stop")
+        )
         self.note("stream", ok, (r.status_code, events[-2:]))
 
     async def dropped(self, rng: random.Random) -> None:
         body = {"text": _prompt(rng), "sampling_params": _params(rng, max_new_tokens=48)}
         try:
-            r = await self.client.post(self.url + "/generate", json=body,
-                                       timeout=rng.uniform(0.01, 0.2))
+            r = await self.client.post(
+                self.url + "/generate", json=body, timeout=rng.uniform(0.01, 0.2)
+            )
             self.note("dropped", r.status_code == 200, r.status_code)
         except httpx.TimeoutException:
             self.note("dropped", True)
 
     async def aborted(self, rng: random.Random) -> None:
         rid = f"churn-{uuid.uuid4().hex}"
-        body = {"text": _prompt(rng), "rid": rid,
-                "sampling_params": _params(rng, max_new_tokens=48)}
+        body = {
+            "text": _prompt(rng),
+            "rid": rid,
+            "sampling_params": _params(rng, max_new_tokens=48),
+        }
         task = asyncio.ensure_future(self.client.post(self.url + "/generate", json=body))
         await asyncio.sleep(rng.uniform(0, 0.3))
         a = await self.client.post(self.url + "/abort_request", json={"rid": rid})
         r = await task
         reason = r.json()["meta_info"]["finish_reason"]["type"] if r.status_code == 200 else None
-        self.note("aborted", a.status_code == 200 and reason in ("abort", "length", "stop"),
-                  (a.status_code, r.status_code, r.text[:200]))
+        self.note(
+            "aborted",
+            a.status_code == 200 and reason in ("abort", "length", "stop"),
+            (a.status_code, r.status_code, r.text[:200]),
+        )
 
     async def n_samples(self, rng: random.Random) -> None:
         n = rng.choice([2, 3])
@@ -126,29 +155,51 @@ class Churn:
         self.note("constrained", bool(ok), (r.status_code, r.text[:200]))
 
     async def logprobs(self, rng: random.Random) -> None:
-        body = {"text": _prompt(rng), "return_logprob": True, "logprob_start_len": 0,
-                "top_logprobs_num": 3, "sampling_params": _params(rng)}
+        body = {
+            "text": _prompt(rng),
+            "return_logprob": True,
+            "logprob_start_len": 0,
+            "top_logprobs_num": 3,
+            "sampling_params": _params(rng),
+        }
         r = await self.client.post(self.url + "/generate", json=body)
         ok = r.status_code == 200 and len(r.json()["meta_info"]["output_token_logprobs"]) == len(
-            r.json()["output_ids"])
+            r.json()["output_ids"]
+        )
         self.note("logprobs", ok, (r.status_code, r.text[:200]))
 
     async def chat_stream(self, rng: random.Random) -> None:
-        body = {"model": "default", "stream": True, "max_tokens": rng.randint(1, 16),
-                "messages": [{"role": "user", "content": _prompt(rng)}]}
+        body = {
+            "model": "default",
+            "stream": True,
+            "max_tokens": rng.randint(1, 16),
+            "messages": [{"role": "user", "content": _prompt(rng)}],
+        }
         async with self.client.stream("POST", self.url + "/v1/chat/completions", json=body) as r:
             lines = [line async for line in r.aiter_lines() if line.startswith("data: ")]
-        self.note("chat_stream", r.status_code == 200 and lines[-1] == "data: [DONE]",
-                  (r.status_code, lines[-2:]))
+        self.note(
+            "chat_stream",
+            r.status_code == 200 and lines[-1] == "data: [DONE]",
+            (r.status_code, lines[-2:]),
+        )
 
     async def bad(self, rng: random.Random) -> None:
         r = await self.client.post(self.url + "/generate", json=rng.choice(BAD_BODIES))
         self.note("bad", r.status_code == 400 and "error" in r.json(), (r.status_code, r.text))
 
 
-KINDS = [("generate", 25), ("stream", 12), ("stream_dropped", 8), ("dropped", 8),
-         ("aborted", 8), ("n", 8), ("constrained", 8), ("logprobs", 6), ("chat_stream", 7),
-         ("bad", 10)]
+KINDS = [
+    ("generate", 25),
+    ("stream", 12),
+    ("stream_dropped", 8),
+    ("dropped", 8),
+    ("aborted", 8),
+    ("n", 8),
+    ("constrained", 8),
+    ("logprobs", 6),
+    ("chat_stream", 7),
+    ("bad", 10),
+]
 
 
 async def _run_churn(url: str, seed: int = 0) -> Churn:
@@ -167,8 +218,9 @@ async def _run_churn(url: str, seed: int = 0) -> Churn:
                     if kind in ("stream", "stream_dropped"):
                         await churn.stream(r, drop=kind == "stream_dropped")
                     else:
-                        await getattr(churn, {"n": "n_samples", "generate": "generate"}.get(
-                            kind, kind))(r)
+                        await getattr(
+                            churn, {"n": "n_samples", "generate": "generate"}.get(kind, kind)
+                        )(r)
                 except Exception as exc:  # noqa: BLE001 - every surprise is a failure
                     churn.note(kind, False, repr(exc))
 

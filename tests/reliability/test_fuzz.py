@@ -22,13 +22,24 @@ EXAMPLES = 20  # drawn requests per operation and mode (valid, invalid bodies)
 BUDGET_S = 35.0  # past this, draws are no longer sent
 CLIENT_TIMEOUT_S = 4.0
 # Upper bounds put on integer fields of the same name in the test's copy of the document.
-CAPS = {"max_tokens": 8, "max_completion_tokens": 8, "max_new_tokens": 8, "min_tokens": 8,
-        "min_new_tokens": 8, "n": 3, "best_of": 3}
+CAPS = {
+    "max_tokens": 8,
+    "max_completion_tokens": 8,
+    "max_new_tokens": 8,
+    "min_tokens": 8,
+    "min_new_tokens": 8,
+    "n": 3,
+    "best_of": 3,
+}
 BATCH_CAPS = {"prompt": 3, "text": 3, "input_ids": 3}  # most items in a list of prompts
 # Fields made required in the copy, so that no drawn request generates the default length
 # (chat: the rest of the context; /generate: 128 tokens).
-REQUIRED = {"ChatCompletionRequest": "max_tokens", "CompletionRequest": "max_tokens",
-            "GenerateReqInput": "sampling_params", "SamplingParams": "max_new_tokens"}
+REQUIRED = {
+    "ChatCompletionRequest": "max_tokens",
+    "CompletionRequest": "max_tokens",
+    "GenerateReqInput": "sampling_params",
+    "SamplingParams": "max_new_tokens",
+}
 
 
 def _bounded(doc: dict) -> dict:
@@ -76,8 +87,14 @@ class _Fuzzer:
         self.sent = 0
 
     def run(self, op, mode) -> None:
-        @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
-                  phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=EXAMPLES,
+            deadline=None,
+            database=None,
+            derandomize=True,
+            phases=[Phase.generate],
+            suppress_health_check=list(HealthCheck),
+        )
         @given(case=op.as_strategy(generation_mode=mode))
         def send(case) -> None:
             if time.monotonic() < self.deadline and len(self.failures) < 5:
@@ -94,8 +111,10 @@ class _Fuzzer:
                 self.failures.append(f"{case.operation.label}: the server stopped answering")
             return
         if r.status_code >= 500:
-            self.failures.append(f"{case.operation.label} {r.status_code}: body "
-                                 f"{str(case.body)[:300]} -> {r.text[:300]}")
+            self.failures.append(
+                f"{case.operation.label} {r.status_code}: body "
+                f"{str(case.body)[:300]} -> {r.text[:300]}"
+            )
 
 
 def test_fuzzed_requests_get_no_server_error(shared_server):

@@ -19,32 +19,54 @@ import httpx
 import pytest
 
 TIMEOUT = httpx.Timeout(120.0)
-GREEDY = {"text": "The capital of France is", "sampling_params": {"temperature": 0,
-                                                                   "max_new_tokens": 16}}
+GREEDY = {
+    "text": "The capital of France is",
+    "sampling_params": {"temperature": 0, "max_new_tokens": 16},
+}
 # Each ends alone, midway, with finish reason abort: (route, body, words its message holds).
 MIDWAY = [
-    ("/v1/completions", {"prompt": "Say:", "max_tokens": 8, "min_tokens": 5, "regex": "a"},
-     None),
-    ("/generate", {"text": "Say:", "sampling_params": {"max_new_tokens": 8,
-                                                       "min_new_tokens": 5, "regex": "a"}},
-     ("min_new_tokens=5", "regex")),
-    ("/generate", {"text": "Say:", "sampling_params": {"max_new_tokens": 8,
-                                                       "min_new_tokens": 6,
-                                                       "regex": "\U0001F600"}},
-     ("min_new_tokens=6", "regex")),
-    ("/generate", {"text": "Say:", "sampling_params": {"max_new_tokens": 8,
-                                                       "regex": "a\u0016"}},
-     ("regex", "allows no token")),
-    ("/generate", {"text": "Say:", "stream": True,
-                   "sampling_params": {"max_new_tokens": 8, "min_new_tokens": 5,
-                                       "regex": "a"}}, ("min_new_tokens=5",)),
+    ("/v1/completions", {"prompt": "Say:", "max_tokens": 8, "min_tokens": 5, "regex": "a"}, None),
+    (
+        "/generate",
+        {
+            "text": "Say:",
+            "sampling_params": {"max_new_tokens": 8, "min_new_tokens": 5, "regex": "a"},
+        },
+        ("min_new_tokens=5", "regex"),
+    ),
+    (
+        "/generate",
+        {
+            "text": "Say:",
+            "sampling_params": {"max_new_tokens": 8, "min_new_tokens": 6, "regex": "\U0001f600"},
+        },
+        ("min_new_tokens=6", "regex"),
+    ),
+    (
+        "/generate",
+        {"text": "Say:", "sampling_params": {"max_new_tokens": 8, "regex": "a\u0016"}},
+        ("regex", "allows no token"),
+    ),
+    (
+        "/generate",
+        {
+            "text": "Say:",
+            "stream": True,
+            "sampling_params": {"max_new_tokens": 8, "min_new_tokens": 5, "regex": "a"},
+        },
+        ("min_new_tokens=5",),
+    ),
 ]
 
 
 def post(server, route: str, body: dict | str) -> httpx.Response:
     content = body if isinstance(body, str) else json.dumps(body)
-    return httpx.post(server.url + route, content=content, timeout=TIMEOUT,
-                      headers={**server.headers, "Content-Type": "application/json"})
+    return httpx.post(
+        server.url + route,
+        content=content,
+        timeout=TIMEOUT,
+        headers={**server.headers, "Content-Type": "application/json"},
+    )
 
 
 def assert_400(response: httpx.Response, param: str, *words: str) -> None:
@@ -69,13 +91,31 @@ def finish_of(route: str, response: httpx.Response) -> dict | str:
 
 def test_a_constraint_no_token_can_start_is_a_400_naming_it(pool_conserved):
     server = pool_conserved
-    assert_400(post(server, "/generate", {"text": "Say:", "sampling_params": {
-        "max_new_tokens": 8, "regex": "\u0016"}}), "regex", "can never be satisfied")
-    assert_400(post(server, "/generate", {"text": "Say:", "sampling_params": {
-        "max_new_tokens": 8, "ebnf": 'root ::= "\\x16" [a-z]*'}}), "ebnf",
-        "can never be satisfied")
-    assert_400(post(server, "/v1/completions", {"prompt": "Say:", "max_tokens": 8,
-                                               "regex": "\u0016"}), "regex")
+    assert_400(
+        post(
+            server,
+            "/generate",
+            {"text": "Say:", "sampling_params": {"max_new_tokens": 8, "regex": "\u0016"}},
+        ),
+        "regex",
+        "can never be satisfied",
+    )
+    assert_400(
+        post(
+            server,
+            "/generate",
+            {
+                "text": "Say:",
+                "sampling_params": {"max_new_tokens": 8, "ebnf": 'root ::= "\\x16" [a-z]*'},
+            },
+        ),
+        "ebnf",
+        "can never be satisfied",
+    )
+    assert_400(
+        post(server, "/v1/completions", {"prompt": "Say:", "max_tokens": 8, "regex": "\u0016"}),
+        "regex",
+    )
     assert httpx.get(server.url + "/health", timeout=10).status_code == 200
 
 
@@ -107,52 +147,106 @@ def test_a_deeply_nested_schema_is_a_400_not_a_recursion_error(pool_conserved, d
     as_text = {"text": "x", "sampling_params": {"max_new_tokens": 4, "json_schema": schema}}
     assert_400(post(server, "/generate", as_text), "json_schema")
     arrays = '{"enum": ' + "[" * depth + "]" * depth + "}"  # short enough for the size cap
-    assert_400(post(server, "/generate", {"text": "x", "sampling_params": {
-        "max_new_tokens": 4, "json_schema": arrays}}), "json_schema", "levels deep")
+    assert_400(
+        post(
+            server,
+            "/generate",
+            {"text": "x", "sampling_params": {"max_new_tokens": 4, "json_schema": arrays}},
+        ),
+        "json_schema",
+        "levels deep",
+    )
     # The schema as an object inside the body: refused whole (the body nests too deeply) or
     # by its field, but a 400 either way, never a RecursionError.
-    as_dict = ('{"text": "x", "sampling_params": {"max_new_tokens": 4, "json_schema": '
-               + schema + "}}")
+    as_dict = (
+        '{"text": "x", "sampling_params": {"max_new_tokens": 4, "json_schema": ' + schema + "}}"
+    )
     answer = post(server, "/generate", as_dict)
     assert answer.status_code == 400 and "Recursion" not in answer.text, answer.text[:300]
-    answer = post(server, "/v1/chat/completions", '{"messages": [{"role": "user", "content": '
-                  '"x"}], "max_tokens": 4, "response_format": {"type": "json_schema", '
-                  '"json_schema": {"name": "x", "schema": ' + schema + "}}}")
+    answer = post(
+        server,
+        "/v1/chat/completions",
+        '{"messages": [{"role": "user", "content": '
+        '"x"}], "max_tokens": 4, "response_format": {"type": "json_schema", '
+        '"json_schema": {"name": "x", "schema": ' + schema + "}}}",
+    )
     assert answer.status_code == 400 and "Recursion" not in answer.text, answer.text[:300]
 
 
 def test_a_body_nested_past_the_limit_names_the_field_it_is_in(pool_conserved):
     # 200 levels: past the server's 128, within what json.loads parses (so the path is known).
     schema = '{"type": "array", "items": ' * 200 + '{"type": "string"}' + "}" * 200
-    native = ('{"text": "x", "sampling_params": {"max_new_tokens": 4, "json_schema": '
-              + schema + "}}")
-    assert_400(post(pool_conserved, "/generate", native), "sampling_params.json_schema",
-               "nested too deeply")
-    chat = ('{"messages": [{"role": "user", "content": "x"}], "max_tokens": 4, '
-            '"response_format": {"type": "json_schema", "json_schema": {"name": "x", '
-            '"schema": ' + schema + "}}}")
-    assert_400(post(pool_conserved, "/v1/chat/completions", chat),
-               "response_format.json_schema", "nested too deeply")
+    native = (
+        '{"text": "x", "sampling_params": {"max_new_tokens": 4, "json_schema": ' + schema + "}}"
+    )
+    assert_400(
+        post(pool_conserved, "/generate", native),
+        "sampling_params.json_schema",
+        "nested too deeply",
+    )
+    chat = (
+        '{"messages": [{"role": "user", "content": "x"}], "max_tokens": 4, '
+        '"response_format": {"type": "json_schema", "json_schema": {"name": "x", '
+        '"schema": ' + schema + "}}}"
+    )
+    assert_400(
+        post(pool_conserved, "/v1/chat/completions", chat),
+        "response_format.json_schema",
+        "nested too deeply",
+    )
 
 
 def test_logprob_requests_are_bounded(pool_conserved):
     server = pool_conserved
     prompt = " ".join(["word"] * 64)
-    assert_400(post(server, "/generate", {"text": prompt, "return_logprob": True,
-                                          "logprob_start_len": 0, "top_logprobs_num": 49152,
-                                          "sampling_params": {"max_new_tokens": 1}}),
-               "top_logprobs_num", "[0, 20]", "--max-logprobs", "49152")
+    assert_400(
+        post(
+            server,
+            "/generate",
+            {
+                "text": prompt,
+                "return_logprob": True,
+                "logprob_start_len": 0,
+                "top_logprobs_num": 49152,
+                "sampling_params": {"max_new_tokens": 1},
+            },
+        ),
+        "top_logprobs_num",
+        "[0, 20]",
+        "--max-logprobs",
+        "49152",
+    )
     # 20,000 ids at (64 prompt + 100 new) positions: 3.3M entries, over the 1M default.
-    assert_400(post(server, "/generate", {"text": prompt, "return_logprob": True,
-                                          "logprob_start_len": 0,
-                                          "token_ids_logprob": list(range(20000)),
-                                          "sampling_params": {"max_new_tokens": 100}}),
-               "token_ids_logprob", "--max-logprob-entries")
-    assert_400(post(server, "/v1/completions", {"prompt": prompt, "max_tokens": 1,
-                                               "logprobs": 49152}), "logprobs")
-    ok = post(server, "/generate", {"text": prompt, "return_logprob": True,
-                                    "logprob_start_len": 0, "top_logprobs_num": 20,
-                                    "sampling_params": {"max_new_tokens": 2}})
+    assert_400(
+        post(
+            server,
+            "/generate",
+            {
+                "text": prompt,
+                "return_logprob": True,
+                "logprob_start_len": 0,
+                "token_ids_logprob": list(range(20000)),
+                "sampling_params": {"max_new_tokens": 100},
+            },
+        ),
+        "token_ids_logprob",
+        "--max-logprob-entries",
+    )
+    assert_400(
+        post(server, "/v1/completions", {"prompt": prompt, "max_tokens": 1, "logprobs": 49152}),
+        "logprobs",
+    )
+    ok = post(
+        server,
+        "/generate",
+        {
+            "text": prompt,
+            "return_logprob": True,
+            "logprob_start_len": 0,
+            "top_logprobs_num": 20,
+            "sampling_params": {"max_new_tokens": 2},
+        },
+    )
     assert ok.status_code == 200, ok.text[:300]
     meta = ok.json()["meta_info"]
     assert all(len(top) == 20 for top in meta["input_top_logprobs"][1:])
@@ -161,15 +255,35 @@ def test_logprob_requests_are_bounded(pool_conserved):
 
 def test_prompt_length_and_batch_size_are_bounded(pool_conserved):
     server = pool_conserved
-    assert_400(post(server, "/generate", {"text": "a" * 1_000_001,
-                                          "sampling_params": {"max_new_tokens": 1}}),
-               "text", "1000001 characters", "--max-prompt-chars")
-    assert_400(post(server, "/generate", {"text": ["a"] * 1025,
-                                          "sampling_params": {"max_new_tokens": 1}}),
-               "text", "1025 prompts", "--max-request-batch-size")
-    assert_400(post(server, "/generate", {"input_ids": [[1]] * 1025,
-                                          "sampling_params": {"max_new_tokens": 1}}),
-               "input_ids", "--max-request-batch-size")
-    assert_400(post(server, "/generate", {"text": ["a"] * 9,
-                                          "sampling_params": {"max_new_tokens": 1, "n": 128}}),
-               "n", "1152 requests")
+    assert_400(
+        post(
+            server, "/generate", {"text": "a" * 1_000_001, "sampling_params": {"max_new_tokens": 1}}
+        ),
+        "text",
+        "1000001 characters",
+        "--max-prompt-chars",
+    )
+    assert_400(
+        post(server, "/generate", {"text": ["a"] * 1025, "sampling_params": {"max_new_tokens": 1}}),
+        "text",
+        "1025 prompts",
+        "--max-request-batch-size",
+    )
+    assert_400(
+        post(
+            server,
+            "/generate",
+            {"input_ids": [[1]] * 1025, "sampling_params": {"max_new_tokens": 1}},
+        ),
+        "input_ids",
+        "--max-request-batch-size",
+    )
+    assert_400(
+        post(
+            server,
+            "/generate",
+            {"text": ["a"] * 9, "sampling_params": {"max_new_tokens": 1, "n": 128}},
+        ),
+        "n",
+        "1152 requests",
+    )

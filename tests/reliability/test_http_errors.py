@@ -29,8 +29,14 @@ def test_openapi_describes_every_request_body(shared_server):
     doc = httpx.get(shared_server.url + "/openapi.json", timeout=30).json()
     schemas = doc["components"]["schemas"]
     posts = {path: ops["post"] for path, ops in doc["paths"].items() if "post" in ops}
-    assert {"/generate", "/v1/chat/completions", "/v1/completions", "/abort_request",
-            "/tokenize", "/detokenize"} <= set(posts)
+    assert {
+        "/generate",
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/abort_request",
+        "/tokenize",
+        "/detokenize",
+    } <= set(posts)
     for path, op in posts.items():
         if path == "/flush_cache":
             continue
@@ -42,9 +48,16 @@ def test_openapi_describes_every_request_body(shared_server):
 
 
 BAD_BODIES = [
-    b"", b"not json", b"[1, 2]", b'"text"', b"{\"a\": NaN}", b'{"text": "\\ud800"}',
-    b"[" * 5000 + b"]" * 5000, b'{"a": ' + b"[" * 200 + b"]" * 200 + b"}",
-    b'{"text": ' + b'{"a": ' * 1500 + b"1" + b"}" * 1500 + b"}", b"\xff\xfe\x00",
+    b"",
+    b"not json",
+    b"[1, 2]",
+    b'"text"',
+    b'{"a": NaN}',
+    b'{"text": "\\ud800"}',
+    b"[" * 5000 + b"]" * 5000,
+    b'{"a": ' + b"[" * 200 + b"]" * 200 + b"}",
+    b'{"text": ' + b'{"a": ' * 1500 + b"1" + b"}" * 1500 + b"}",
+    b"\xff\xfe\x00",
 ]
 
 
@@ -63,21 +76,28 @@ def test_every_route_answers_4xx_to_what_it_cannot_serve(shared_server):
             r = httpx.request("GET", url + path, content=b"[" * 5000, timeout=30)
             assert r.status_code < 500, (path, r.text[:200])
     openai_error(httpx.get(url + "/no/such/route", timeout=30), 404)
-    deep = ('{"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": '
-            '"json_schema", "json_schema": {"name": "x", "schema": ' + '{"items": ' * 3000
-            + "{}" + "}" * 3000 + "}}}")
+    deep = (
+        '{"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": '
+        '"json_schema", "json_schema": {"name": "x", "schema": '
+        + '{"items": ' * 3000
+        + "{}"
+        + "}" * 3000
+        + "}}}"
+    )
     r = httpx.post(url + "/v1/chat/completions", content=deep, timeout=30)
     assert "nested too deeply" in openai_error(r, 400)["message"]
 
 
 def test_validation_errors_are_openai_400s(shared_server):
     url = shared_server.url
-    cases = [("/v1/chat/completions", {"messages": "hi"}, "messages"),
-             ("/v1/chat/completions", {"messages": [{"role": "user"}], "n": "2"}, "n"),
-             ("/v1/completions", {"prompt": "hi", "max_tokens": -1}, "max_tokens"),
-             ("/generate", {"text": 5}, "text"),
-             ("/generate", {"text": "hi", "nope": 1}, "nope"),
-             ("/detokenize", {"tokens": "x"}, "tokens")]
+    cases = [
+        ("/v1/chat/completions", {"messages": "hi"}, "messages"),
+        ("/v1/chat/completions", {"messages": [{"role": "user"}], "n": "2"}, "n"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": -1}, "max_tokens"),
+        ("/generate", {"text": 5}, "text"),
+        ("/generate", {"text": "hi", "nope": 1}, "nope"),
+        ("/detokenize", {"tokens": "x"}, "tokens"),
+    ]
     for path, body, param in cases:
         openai_error(httpx.post(url + path, json=body, timeout=30), 400, param)
 
@@ -90,8 +110,9 @@ class _StandInEngine:
         self.error, self.failure = error, failure
         self.tokenizer = None
         self.server_args = ServerArgs()
-        self.info = SimpleNamespace(context_length=64, vocab_size=100, pool_tokens=64,
-                                    model_path="m", eos_token_ids=[0])
+        self.info = SimpleNamespace(
+            context_length=64, vocab_size=100, pool_tokens=64, model_path="m", eos_token_ids=[0]
+        )
 
     def _fail(self, *args, **kwargs):
         raise self.failure
@@ -104,19 +125,28 @@ class _StandInEngine:
 
 def _app(error: BaseException | None, failure: BaseException) -> TestClient:
     engine = _StandInEngine(error, failure)
-    state = ServerState(engine, ServerArgs(), "m", ServerMetrics(engine.get_stats, "m"),
-                        healthy=True)
+    state = ServerState(
+        engine, ServerArgs(), "m", ServerMetrics(engine.get_stats, "m"), healthy=True
+    )
     return TestClient(build_app(state), raise_server_exceptions=False)
 
 
 def test_after_a_child_died_every_endpoint_answers_503_naming_it():
     died = SchedulerDied("the detokenizer process died (exit code -9)")
     client = _app(died, died)
-    for method, path in [("GET", "/flush_cache"), ("POST", "/flush_cache"),
-                         ("GET", "/get_server_info"), ("GET", "/server_info"),
-                         ("GET", "/metrics"), ("GET", "/v1/models"), ("GET", "/version"),
-                         ("POST", "/generate"), ("POST", "/v1/chat/completions"),
-                         ("POST", "/abort_request"), ("GET", "/model_info")]:
+    for method, path in [
+        ("GET", "/flush_cache"),
+        ("POST", "/flush_cache"),
+        ("GET", "/get_server_info"),
+        ("GET", "/server_info"),
+        ("GET", "/metrics"),
+        ("GET", "/v1/models"),
+        ("GET", "/version"),
+        ("POST", "/generate"),
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/abort_request"),
+        ("GET", "/model_info"),
+    ]:
         r = client.request(method, path, json={"text": "hi"})
         assert r.status_code == 503 and "detokenizer" in r.json()["error"]["message"], path
     health = client.get("/health")
@@ -125,8 +155,11 @@ def test_after_a_child_died_every_endpoint_answers_503_naming_it():
 
 def test_a_500_names_no_internal_exception():
     client = _app(None, RuntimeError("kv table 0x7f3a corrupt"))
-    for method, path, body in [("POST", "/generate", {"text": "hi"}),
-                               ("GET", "/flush_cache", None), ("GET", "/server_info", None)]:
+    for method, path, body in [
+        ("POST", "/generate", {"text": "hi"}),
+        ("GET", "/flush_cache", None),
+        ("GET", "/server_info", None),
+    ]:
         r = client.request(method, path, json=body)
         assert r.status_code == 500, (path, r.text)
         assert "RuntimeError" not in r.text and "0x7f3a" not in r.text, r.text

@@ -20,8 +20,11 @@ import pytest
 from launch_helpers import assert_pool_conserved, server_stats
 
 LONG = {"max_new_tokens": 3000, "ignore_eos": True}
-CHAT = {"messages": [{"role": "user", "content": "Count to a million."}], "max_tokens": 3000,
-        "ignore_eos": True}
+CHAT = {
+    "messages": [{"role": "user", "content": "Count to a million."}],
+    "max_tokens": 3000,
+    "ignore_eos": True,
+}
 
 
 def openai_error(r: httpx.Response, status: int, param: str | None = "any") -> dict:
@@ -38,8 +41,10 @@ def _raw_request(server, path: str, body: bytes) -> socket.socket:
     """A request written on a raw socket (the test closes it to play a client that left)."""
     port = int(server.url.rsplit(":", 1)[1])
     sock = socket.create_connection(("127.0.0.1", port), timeout=30)
-    sock.sendall(b"POST %s HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n" % (path.encode(), len(body)) + body)
+    sock.sendall(
+        b"POST %s HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % (path.encode(), len(body)) + body
+    )
     return sock
 
 
@@ -64,8 +69,12 @@ def test_abort_matches_rids_exactly_and_abort_all_ends_everything(pool_conserved
     outs = [[], []]
     started = [threading.Event(), threading.Event()]
     body = {**CHAT, "max_tokens": 1000, "stream": True}  # both fit in the pool at once
-    streams = [threading.Thread(target=_stream_lines, args=(
-        server, "/v1/chat/completions", body, outs[i], started[i])) for i in range(2)]
+    streams = [
+        threading.Thread(
+            target=_stream_lines, args=(server, "/v1/chat/completions", body, outs[i], started[i])
+        )
+        for i in range(2)
+    ]
     for t in streams:
         t.start()
     for ev in started:
@@ -82,16 +91,20 @@ def test_abort_matches_rids_exactly_and_abort_all_ends_everything(pool_conserved
         t.join(30)
     assert [o[-1]["choices"][0]["finish_reason"] for o in outs] == ["abort", "abort"]
     openai_error(httpx.post(server.url + "/abort_request", json={}, timeout=30), 400, "rid")
-    openai_error(httpx.post(server.url + "/abort_request", json={"rid": "x", "abort_all": "yes"},
-                      timeout=30), 400, "abort_all")
+    openai_error(
+        httpx.post(
+            server.url + "/abort_request", json={"rid": "x", "abort_all": "yes"}, timeout=30
+        ),
+        400,
+        "abort_all",
+    )
 
 
 def test_a_running_rid_cannot_be_taken_and_server_ids_are_uuid4(pool_conserved):
     server = pool_conserved
     out, started = [], threading.Event()
     body = {"text": "Count:", "rid": "mine-1", "stream": True, "sampling_params": LONG}
-    stream = threading.Thread(target=_stream_lines, args=(server, "/generate", body, out,
-                                                          started))
+    stream = threading.Thread(target=_stream_lines, args=(server, "/generate", body, out, started))
     stream.start()
     assert started.wait(30)
     again = httpx.post(server.url + "/generate", json={**body, "stream": False}, timeout=30)
@@ -99,15 +112,23 @@ def test_a_running_rid_cannot_be_taken_and_server_ids_are_uuid4(pool_conserved):
     httpx.post(server.url + "/abort_request", json={"rid": "mine-1"}, timeout=30)
     stream.join(30)
     assert out[-1]["meta_info"]["finish_reason"]["type"] == "abort"
-    chat = httpx.post(server.url + "/v1/chat/completions", json={**CHAT, "max_tokens": 1},
-                      timeout=30).json()
-    text = httpx.post(server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 1},
-                      timeout=30).json()
-    native = httpx.post(server.url + "/generate", json={"text": "Hi", "sampling_params": {
-        "max_new_tokens": 1}}, timeout=30).json()
-    for made, prefix in ((chat["id"], "chatcmpl-"), (text["id"], "cmpl-"),
-                         (native["meta_info"]["id"], "")):
-        assert made.startswith(prefix) and uuid.UUID(made[len(prefix):]).version == 4, made
+    chat = httpx.post(
+        server.url + "/v1/chat/completions", json={**CHAT, "max_tokens": 1}, timeout=30
+    ).json()
+    text = httpx.post(
+        server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 1}, timeout=30
+    ).json()
+    native = httpx.post(
+        server.url + "/generate",
+        json={"text": "Hi", "sampling_params": {"max_new_tokens": 1}},
+        timeout=30,
+    ).json()
+    for made, prefix in (
+        (chat["id"], "chatcmpl-"),
+        (text["id"], "cmpl-"),
+        (native["meta_info"]["id"], ""),
+    ):
+        assert made.startswith(prefix) and uuid.UUID(made[len(prefix) :]).version == 4, made
 
 
 # -- item 5: the body limit and the prompt-length cap --------------------------------------
@@ -127,8 +148,9 @@ def test_a_body_over_the_limit_is_413_before_it_is_read(shared_server):
         assert sock.recv(4096).startswith(b"HTTP/1.1 413")
     # A chunked body: refused once the bytes received pass the limit.
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\n"
-                     b"Transfer-Encoding: chunked\r\n\r\n")
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
         chunk = b"%x\r\n%s\r\n" % (65536, b"a" * 65536)
         sent, answer = 0, b""
         while not answer and sent < 4 * limit:
@@ -152,14 +174,17 @@ def test_prompt_length_is_capped_in_characters_before_tokenizing(shared_server):
     limit = server_stats(shared_server)["max_prompt_chars"]
     piece = "x" * (limit // 4 + 1)
     chat = {"messages": [{"role": "user", "content": piece}] * 4, "max_tokens": 1}
-    err = openai_error(httpx.post(url + "/v1/chat/completions", json=chat, timeout=60), 400,
-                 "messages")
+    err = openai_error(
+        httpx.post(url + "/v1/chat/completions", json=chat, timeout=60), 400, "messages"
+    )
     assert "--max-prompt-chars" in err["message"]
-    err = openai_error(httpx.post(url + "/v1/completions", json={"prompt": [piece] * 4},
-                            timeout=60), 400, "prompt")
+    err = openai_error(
+        httpx.post(url + "/v1/completions", json={"prompt": [piece] * 4}, timeout=60), 400, "prompt"
+    )
     assert "--max-prompt-chars" in err["message"]
-    err = openai_error(httpx.post(url + "/tokenize", json={"prompt": piece * 4}, timeout=60), 400,
-                 "prompt")
+    err = openai_error(
+        httpx.post(url + "/tokenize", json={"prompt": piece * 4}, timeout=60), 400, "prompt"
+    )
     assert "--max-prompt-chars" in err["message"]
 
 
@@ -169,8 +194,10 @@ def test_health_answers_while_a_long_conversation_is_rendered(shared_server):
     # 30,000 short turns (900,000 characters, under the cap): validating them, rendering the
     # template and tokenizing took 2 s on the event loop of a quiet machine.
     text, roles = "lorem ipsum dolor sit amet, co", ("user", "assistant")
-    chat = {"messages": [{"role": roles[i % 2], "content": text} for i in range(30_000)],
-            "max_tokens": 1}
+    chat = {
+        "messages": [{"role": roles[i % 2], "content": text} for i in range(30_000)],
+        "max_tokens": 1,
+    }
     result = {}
 
     def send() -> None:
@@ -190,11 +217,15 @@ def test_health_answers_while_a_long_conversation_is_rendered(shared_server):
 
 
 # -- item 7: a client that leaves stops its request within a step ---------------------------
-@pytest.mark.parametrize("path, body", [
-    ("/v1/chat/completions", CHAT),
-    ("/v1/chat/completions", {**CHAT, "stream": True}),
-    ("/generate", {"text": "Count:", "sampling_params": LONG}),
-], ids=["chat", "chat-stream", "generate"])
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/chat/completions", CHAT),
+        ("/v1/chat/completions", {**CHAT, "stream": True}),
+        ("/generate", {"text": "Count:", "sampling_params": LONG}),
+    ],
+    ids=["chat", "chat-stream", "generate"],
+)
 def test_a_disconnect_stops_the_request_within_a_step(pool_conserved, path, body):
     """Counted in scheduler steps, which hold on a loaded machine: after the close, the step
     under way takes the abort (rarely the next one, when the close came at a step's end).
@@ -211,29 +242,31 @@ def test_a_disconnect_stops_the_request_within_a_step(pool_conserved, path, body
         while (info := server_stats(server))["running"]:
             assert time.monotonic() < deadline, "the request outlived its client"
         counts.append(info["steps"] - before)
-    assert max(counts) <= 2 and sum(counts) <= len(counts) + 1, \
+    assert max(counts) <= 2 and sum(counts) <= len(counts) + 1, (
         f"scheduler steps between the disconnect and the abort: {counts}"
+    )
 
 
 def test_a_client_leaving_a_v1_request_logs_no_traceback(pool_conserved):
     server = pool_conserved
     before = server.log_text()
-    sock = _raw_request(server, "/v1/completions",
-                        json.dumps({"prompt": "Count:", "max_tokens": 3000}).encode())
+    sock = _raw_request(
+        server, "/v1/completions", json.dumps({"prompt": "Count:", "max_tokens": 3000}).encode()
+    )
     _wait(lambda: server_stats(server)["running"] == 1, what="the request to run")
     sock.close()
     _wait(lambda: server_stats(server)["running"] == 0, what="the abort")
     time.sleep(0.2)
-    added = server.log_text()[len(before):]
+    added = server.log_text()[len(before) :]
     assert "Traceback" not in added and "CancelledError" not in added, added[-2000:]
 
 
 # -- item 9: the API key from the environment ------------------------------------------------
-def test_the_api_key_can_come_from_the_environment(launch_server, tiny_model_dir,
-                                                   monkeypatch):
+def test_the_api_key_can_come_from_the_environment(launch_server, tiny_model_dir, monkeypatch):
     monkeypatch.setenv("RADIXRT_API_KEY", "sk-from-env")
-    server = launch_server("--model-path", tiny_model_dir("llama"), "--dtype", "float32",
-                           "--log-level", "warning")
+    server = launch_server(
+        "--model-path", tiny_model_dir("llama"), "--dtype", "float32", "--log-level", "warning"
+    )
     assert "sk-from-env" not in " ".join(server.proc.args)
     assert httpx.get(server.url + "/health", timeout=10).status_code == 200
     openai_error(httpx.get(server.url + "/v1/models", timeout=10), 401)

@@ -65,8 +65,7 @@ class Requests:
     def _start(self, fn, path: str, body: dict, stream: bool) -> dict:
         result: dict = {"events": [], "times": [], "error": None, "response": None}
         self.results.append(result)
-        t = threading.Thread(target=self._run, args=(fn, path, body, result, stream),
-                             daemon=True)
+        t = threading.Thread(target=self._run, args=(fn, path, body, result, stream), daemon=True)
         self._threads.append(t)
         t.start()
         return result
@@ -86,7 +85,7 @@ class Requests:
                 if line.startswith("data: "):
                     if not result["events"]:
                         self._started.release()
-                    result["events"].append(line[len("data: "):])
+                    result["events"].append(line[len("data: ") :])
                     result["times"].append(time.monotonic())
 
     def _plain(self, path: str, body: dict, result: dict) -> None:
@@ -106,8 +105,10 @@ def _wait_gone(pids: list[int], limit_s: float, since: float) -> float:
     """Seconds from `since` until every pid has exited; fails past `limit_s`."""
     while any(_alive(p) for p in pids):
         if time.monotonic() - since > limit_s:
-            pytest.fail(f"processes {[p for p in pids if _alive(p)]} still alive "
-                        f"{limit_s} s after the fault")
+            pytest.fail(
+                f"processes {[p for p in pids if _alive(p)]} still alive "
+                f"{limit_s} s after the fault"
+            )
         time.sleep(0.02)
     return time.monotonic() - since
 
@@ -159,13 +160,27 @@ def test_sigterm_under_load_answers_every_request_and_exits_fast(launch_server, 
     server = launch_server("--model-path", model, *ARGS)
     pids = [server.proc.pid, *_pids(server)]
     load = Requests(server.url)
-    streams = [load.stream("/generate", {"input_ids": [5, 6, i], "sampling_params": ENDLESS})
-               for i in range(16)]
-    streams += [load.stream("/v1/completions", {"prompt": [7, 8, i], "max_tokens": 30000,
-                                                "ignore_eos": True}) for i in range(16)]
-    plain = [load.plain("/generate", {"input_ids": [9, 9], "sampling_params": ENDLESS}),
-             load.plain("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
-                                                 "max_tokens": 30000, "ignore_eos": True})]
+    streams = [
+        load.stream("/generate", {"input_ids": [5, 6, i], "sampling_params": ENDLESS})
+        for i in range(16)
+    ]
+    streams += [
+        load.stream(
+            "/v1/completions", {"prompt": [7, 8, i], "max_tokens": 30000, "ignore_eos": True}
+        )
+        for i in range(16)
+    ]
+    plain = [
+        load.plain("/generate", {"input_ids": [9, 9], "sampling_params": ENDLESS}),
+        load.plain(
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 30000,
+                "ignore_eos": True,
+            },
+        ),
+    ]
     load.wait_streaming(len(streams))
     deadline = time.monotonic() + 60
     while httpx.get(server.url + "/server_info", timeout=30).json()["running"] < 34:
@@ -192,8 +207,10 @@ def test_a_killed_child_stops_everything_within_2_s_naming_it(launch_server, mod
     scheduler, detokenizer = _pids(server)
     pid = scheduler if victim == "scheduler" else detokenizer
     load = Requests(server.url)
-    streams = [load.stream("/v1/completions", {"prompt": [7, i], "max_tokens": 30000,
-                                               "ignore_eos": True}) for i in range(4)]
+    streams = [
+        load.stream("/v1/completions", {"prompt": [7, i], "max_tokens": 30000, "ignore_eos": True})
+        for i in range(4)
+    ]
     plain = load.plain("/generate", {"input_ids": [9, 9], "sampling_params": ENDLESS})
     load.wait_streaming(len(streams))
     os.kill(pid, signal.SIGKILL)
@@ -215,15 +232,20 @@ def test_graceful_shutdown_timeout_lets_running_requests_finish(launch_server, m
     # machine), and a second SIGTERM ends the wait for the endless one.
     server = launch_server("--model-path", model, *ARGS, "--graceful-shutdown-timeout", "60")
     load = Requests(server.url)
-    short = load.stream("/generate", {"input_ids": [5, 6], "sampling_params": {
-        "max_new_tokens": 128, "ignore_eos": True}})
+    short = load.stream(
+        "/generate",
+        {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 128, "ignore_eos": True}},
+    )
     endless = load.stream("/generate", {"input_ids": [5, 7], "sampling_params": ENDLESS})
     load.wait_streaming(2)
     server.proc.send_signal(signal.SIGTERM)
     signalled = time.monotonic()
     # Draining: a new request gets 503 (the listener is still open), /health says so too.
-    late = httpx.post(server.url + "/generate", json={"input_ids": [5], "sampling_params": {
-        "max_new_tokens": 1}}, timeout=30)
+    late = httpx.post(
+        server.url + "/generate",
+        json={"input_ids": [5], "sampling_params": {"max_new_tokens": 1}},
+        timeout=30,
+    )
     assert late.status_code == 503 and "shutting down" in late.json()["error"]["message"]
     assert httpx.get(server.url + "/health", timeout=30).status_code == 503
     deadline = time.monotonic() + 60
@@ -249,7 +271,7 @@ def test_engine_calls_fail_fast_naming_a_dead_child(model):
 
     engine = radixrt.Engine(model_path=model, dtype="float32", max_total_tokens=32768)
     try:
-        detokenizer, = _child_pids("radixrt.server.detokenizer_process")
+        (detokenizer,) = _child_pids("radixrt.server.detokenizer_process")
         stream = engine.generate(input_ids=[5, 6], sampling_params=ENDLESS, stream=True)
         next(stream)
         os.kill(detokenizer, signal.SIGKILL)
@@ -258,11 +280,15 @@ def test_engine_calls_fail_fast_naming_a_dead_child(model):
         with pytest.raises(SchedulerDied, match=re.escape(named)):
             for _ in stream:
                 pass
-        calls = {"generate": lambda: engine.generate(input_ids=[5], sampling_params={
-                     "max_new_tokens": 2}),
-                 "flush_cache": engine.flush_cache, "get_stats": engine.get_stats,
-                 "get_server_info": engine.get_server_info,
-                 "abort_request": lambda: engine.abort_request(abort_all=True)}
+        calls = {
+            "generate": lambda: engine.generate(
+                input_ids=[5], sampling_params={"max_new_tokens": 2}
+            ),
+            "flush_cache": engine.flush_cache,
+            "get_stats": engine.get_stats,
+            "get_server_info": engine.get_server_info,
+            "abort_request": lambda: engine.abort_request(abort_all=True),
+        }
         for call in calls.values():
             with pytest.raises(SchedulerDied, match=re.escape(named)):
                 call()

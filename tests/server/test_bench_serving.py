@@ -25,10 +25,18 @@ def test_percentile_interpolates_between_ranks():
 
 def test_summary_math():
     results = [
-        bs.Result(ok=True, prompt_tokens=100, cached_tokens=80, output_tokens=11, ttft=0.5,
-                  latency=1.5, itl=[0.1] * 10),
-        bs.Result(ok=True, prompt_tokens=100, cached_tokens=0, output_tokens=1, ttft=0.2,
-                  latency=0.2),
+        bs.Result(
+            ok=True,
+            prompt_tokens=100,
+            cached_tokens=80,
+            output_tokens=11,
+            ttft=0.5,
+            latency=1.5,
+            itl=[0.1] * 10,
+        ),
+        bs.Result(
+            ok=True, prompt_tokens=100, cached_tokens=0, output_tokens=1, ttft=0.2, latency=0.2
+        ),
         bs.Result(ok=False, error="HTTP 503", prompt_tokens=50, cached_tokens=50),
     ]
     s = bs.summarize(results, duration=2.0)
@@ -64,7 +72,8 @@ def test_multi_turn_workload_and_its_groups():
     assert [m["role"] for m in first.messages] == ["system", "user"]
     assert [m["role"] for m in later.messages] == ["user"]
     assert bs._arrival_groups(bs.build_workload("skewed", 5, 0)) == [
-        [r] for r in bs.build_workload("skewed", 5, 0)]
+        [r] for r in bs.build_workload("skewed", 5, 0)
+    ]
 
 
 def test_skewed_workload():
@@ -86,18 +95,35 @@ def test_request_bodies_ask_exact_lengths_and_usage():
     assert bs._chunk_text({"choices": [{"delta": {"content": "a"}}]}) == "a"
     assert bs._chunk_text({"choices": [{"text": "b"}]}) == "b"
     assert bs._chunk_text({"choices": [], "usage": {}}) == ""
-    usage = {"prompt_tokens": 9, "completion_tokens": 3,
-             "prompt_tokens_details": {"cached_tokens": 4}}
+    usage = {
+        "prompt_tokens": 9,
+        "completion_tokens": 3,
+        "prompt_tokens_details": {"cached_tokens": 4},
+    }
     res = bs._with_usage(bs.Result(ok=False), usage, chunks=2)
     assert res.ok and (res.prompt_tokens, res.output_tokens, res.cached_tokens) == (9, 3, 4)
 
 
 def test_table_and_ratios():
-    on = {"completed": 4, "failed": 0, "duration_s": 2.0, "request_throughput": 2.0,
-          "output_throughput": 100.0, "ttft_ms": [10.0, 20.0, 30.0],
-          "tpot_ms": [5.0, 5.0, 5.0], "itl_ms": [5.0, 6.0, 7.0], "cache_hit_rate": 0.9}
-    off = {**on, "duration_s": 4.0, "request_throughput": 1.0, "output_throughput": 50.0,
-           "ttft_ms": [40.0, 40.0, 60.0], "cache_hit_rate": 0.0}
+    on = {
+        "completed": 4,
+        "failed": 0,
+        "duration_s": 2.0,
+        "request_throughput": 2.0,
+        "output_throughput": 100.0,
+        "ttft_ms": [10.0, 20.0, 30.0],
+        "tpot_ms": [5.0, 5.0, 5.0],
+        "itl_ms": [5.0, 6.0, 7.0],
+        "cache_hit_rate": 0.9,
+    }
+    off = {
+        **on,
+        "duration_s": 4.0,
+        "request_throughput": 1.0,
+        "output_throughput": 50.0,
+        "ttft_ms": [40.0, 40.0, 60.0],
+        "cache_hit_rate": 0.0,
+    }
     ratio = bs.ratio_row("w", on, off)
     assert ratio[4] == "2.00x" and ratio[5] == "2.00x"
     assert ratio[6] == "0.25x / 0.50x / 0.50x"

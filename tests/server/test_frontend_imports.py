@@ -24,10 +24,24 @@ from launch_helpers import STARTUP_TIMEOUT_S, free_port
 
 FORBIDDEN = ("radixrt.scheduler", "radixrt.executor", "radixrt.models", "radixrt.cache")
 # Loaded only on the paths exercised below: their presence shows the log catches lazy imports.
-EXPECTED = ("radixrt.server.openai_api", "radixrt.frontend_validation",
-            "radixrt.grammar.checker", "radixrt.server.tool_calls", "radixrt.server.zmq_frontend")
-TOOL = {"type": "function", "function": {"name": "pick", "parameters": {
-    "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}
+EXPECTED = (
+    "radixrt.server.openai_api",
+    "radixrt.frontend_validation",
+    "radixrt.grammar.checker",
+    "radixrt.server.tool_calls",
+    "radixrt.server.zmq_frontend",
+)
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "pick",
+        "parameters": {
+            "type": "object",
+            "properties": {"n": {"type": "integer"}},
+            "required": ["n"],
+        },
+    },
+}
 GREEDY = {"temperature": 0, "max_new_tokens": 4}
 
 
@@ -36,12 +50,28 @@ def imports_log(tiny_model_dir, tmp_path_factory) -> str:
     """The stderr of a launched server, stopped after serving `_serve_every_kind`."""
     log = tmp_path_factory.mktemp("imports") / "server.log"
     port = free_port()
-    cmd = [sys.executable, "-X", "importtime", "-m", "radixrt.cli", "launch", "--port",
-           str(port), "--model-path", tiny_model_dir("llama"), "--dtype", "float32",
-           "--max-total-tokens", "2048", "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-X",
+        "importtime",
+        "-m",
+        "radixrt.cli",
+        "launch",
+        "--port",
+        str(port),
+        "--model-path",
+        tiny_model_dir("llama"),
+        "--dtype",
+        "float32",
+        "--max-total-tokens",
+        "2048",
+        "--log-level",
+        "warning",
+    ]
     with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.Popen(
+            cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
     try:
         url = f"http://127.0.0.1:{port}"
         _wait_healthy(proc, url, log)
@@ -83,31 +113,72 @@ def _serve_every_kind(url: str, zmq_address: str) -> None:
         return r
 
     ok("POST", "/generate", {"text": "Hi", "sampling_params": GREEDY})
-    ok("POST", "/generate", {"input_ids": [[5, 6], [7]], "sampling_params": GREEDY,
-                             "return_logprob": True, "top_logprobs_num": 2,
-                             "return_text_in_logprobs": True, "logprob_start_len": 0})
+    ok(
+        "POST",
+        "/generate",
+        {
+            "input_ids": [[5, 6], [7]],
+            "sampling_params": GREEDY,
+            "return_logprob": True,
+            "top_logprobs_num": 2,
+            "return_text_in_logprobs": True,
+            "logprob_start_len": 0,
+        },
+    )
     ok("POST", "/generate", {"text": "Hi", "stream": True, "sampling_params": GREEDY})
     ok("POST", "/generate", {"text": "n=", "sampling_params": {**GREEDY, "regex": "[0-9]+"}})
-    ok("POST", "/generate", {"text": "{", "sampling_params": {
-        **GREEDY, "max_new_tokens": 12, "json_schema": json.dumps({"type": "object"})}})
+    ok(
+        "POST",
+        "/generate",
+        {
+            "text": "{",
+            "sampling_params": {
+                **GREEDY,
+                "max_new_tokens": 12,
+                "json_schema": json.dumps({"type": "object"}),
+            },
+        },
+    )
     chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}
     ok("POST", "/v1/chat/completions", chat)
-    ok("POST", "/v1/chat/completions", {**chat, "stream": True, "logprobs": True,
-                                        "top_logprobs": 1})
-    ok("POST", "/v1/chat/completions", {**chat, "max_tokens": 16, "tools": [TOOL],
-                                        "tool_choice": "required"})
-    ok("POST", "/v1/chat/completions", {**chat, "max_tokens": 12, "response_format": {
-        "type": "json_schema", "json_schema": {"name": "o", "schema": {"type": "object"}}}})
-    ok("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 3, "logprobs": 1,
-                                   "echo": True})
+    ok(
+        "POST",
+        "/v1/chat/completions",
+        {**chat, "stream": True, "logprobs": True, "top_logprobs": 1},
+    )
+    ok(
+        "POST",
+        "/v1/chat/completions",
+        {**chat, "max_tokens": 16, "tools": [TOOL], "tool_choice": "required"},
+    )
+    ok(
+        "POST",
+        "/v1/chat/completions",
+        {
+            **chat,
+            "max_tokens": 12,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "o", "schema": {"type": "object"}},
+            },
+        },
+    )
+    ok("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 3, "logprobs": 1, "echo": True})
     ok("POST", "/v1/completions", {"prompt": [[5, 6], [7]], "max_tokens": 3, "stream": True})
     bad = client.post("/v1/completions", json={"prompt": [5, 99999], "max_tokens": 3})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt", bad.text
     bad = client.post("/generate", json={"text": "x", "sampling_params": {"regex": "(["}})
     assert bad.status_code == 400, bad.text
     _abort_a_stream(client)
-    for path in ("/get_server_info", "/server_info", "/model_info", "/v1/models", "/metrics",
-                 "/version", "/health_generate"):
+    for path in (
+        "/get_server_info",
+        "/server_info",
+        "/model_info",
+        "/v1/models",
+        "/metrics",
+        "/version",
+        "/health_generate",
+    ):
         ok("GET", path)
     ok("POST", "/flush_cache")
     ok("POST", "/tokenize", {"prompt": "Hi"})
@@ -116,13 +187,18 @@ def _serve_every_kind(url: str, zmq_address: str) -> None:
 
 
 def _abort_a_stream(client: httpx.Client) -> None:
-    body = {"text": "Go", "rid": "long-one", "stream": True,
-            "sampling_params": {"max_new_tokens": 400, "ignore_eos": True, "temperature": 0}}
+    body = {
+        "text": "Go",
+        "rid": "long-one",
+        "stream": True,
+        "sampling_params": {"max_new_tokens": 400, "ignore_eos": True, "temperature": 0},
+    }
     with client.stream("POST", "/generate", json=body) as stream:
         lines = stream.iter_lines()
         next(line for line in lines if line.startswith("data:"))  # it is running
-        abort = threading.Thread(target=client.post, args=("/abort_request",),
-                                 kwargs={"json": {"rid": "long-one"}})
+        abort = threading.Thread(
+            target=client.post, args=("/abort_request",), kwargs={"json": {"rid": "long-one"}}
+        )
         abort.start()
         rest = "\n".join(lines)
         abort.join()
@@ -144,14 +220,18 @@ def _zmq_requests(address: str) -> None:
 
 def _imported(log: str) -> set[str]:
     """Module names from the `-X importtime` lines (`import time: self | cumulative | name`)."""
-    return {line.rsplit("|", 1)[1].strip() for line in log.splitlines()
-            if line.startswith("import time:") and line.count("|") == 2}
+    return {
+        line.rsplit("|", 1)[1].strip()
+        for line in log.splitlines()
+        if line.startswith("import time:") and line.count("|") == 2
+    }
 
 
 def test_the_http_process_never_imports_the_scheduler_side(imports_log):
     imported = _imported(imports_log)
     missing = [name for name in EXPECTED if name not in imported]
     assert not missing, f"the import log misses {missing}: it does not show what ran"
-    loaded = sorted(name for name in imported
-                    if any(name == p or name.startswith(p + ".") for p in FORBIDDEN))
+    loaded = sorted(
+        name for name in imported if any(name == p or name.startswith(p + ".") for p in FORBIDDEN)
+    )
     assert not loaded, f"the HTTP process imported {loaded}"

@@ -17,50 +17,145 @@ from radixrt.zmq_client import FrontendError, ZmqClient
 pytestmark = pytest.mark.slow
 PROMPT = "Once upon a time, in a small village by the sea, there lived"
 GREEDY = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
-SGLANG_FIELDS_AT_NULL = ["rid", "session_id", "input_embeds", "image_data", "video_data",
-                         "audio_data", "mm_hashes", "mm_content_hashes", "use_audio_in_video",
-                         "video_config", "watermark", "return_logprob", "logprob_start_len",
-                         "top_logprobs_num", "token_ids_logprob", "return_sampling_mask",
-                         "sampling_logprobs_mode", "return_text_in_logprobs",
-                         "return_flat_raw_top_logprobs", "return_flat_raw_output_top_logprobs",
-                         "return_flat_raw_top_logprobs_b64", "stream", "log_metrics",
-                         "return_hidden_states", "return_routed_experts",
-                         "routed_experts_start_len", "return_indexer_topk", "modalities",
-                         "session_params", "lora_path", "lora_id", "custom_logit_processor",
-                         "positional_embed_overrides", "bootstrap_host", "bootstrap_port",
-                         "bootstrap_room", "bootstrap_pair_key", "decode_tp_size",
-                         "routed_dp_rank", "data_parallel_rank", "disagg_prefill_dp_rank",
-                         "routing_key", "conversation_id", "http_worker_ipc", "background",
-                         "require_reasoning", "max_thinking_tokens", "priority", "extra_key",
-                         "no_logs", "custom_labels", "return_bytes", "return_entropy",
-                         "return_prompt_token_ids", "external_trace_header", "received_time",
-                         "need_wait_for_mm_inputs", "num_items_assigned", "encoder_urls",
-                         "max_dynamic_patch", "min_dynamic_patch", "image_max_dynamic_patch",
-                         "video_max_dynamic_patch", "images_config", "mm_processor_kwargs",
-                         "multi_item_delimiter_indices", "token_indices_to_pool", "cache_salt",
-                         "kv_hints"]
+SGLANG_FIELDS_AT_NULL = [
+    "rid",
+    "session_id",
+    "input_embeds",
+    "image_data",
+    "video_data",
+    "audio_data",
+    "mm_hashes",
+    "mm_content_hashes",
+    "use_audio_in_video",
+    "video_config",
+    "watermark",
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "token_ids_logprob",
+    "return_sampling_mask",
+    "sampling_logprobs_mode",
+    "return_text_in_logprobs",
+    "return_flat_raw_top_logprobs",
+    "return_flat_raw_output_top_logprobs",
+    "return_flat_raw_top_logprobs_b64",
+    "stream",
+    "log_metrics",
+    "return_hidden_states",
+    "return_routed_experts",
+    "routed_experts_start_len",
+    "return_indexer_topk",
+    "modalities",
+    "session_params",
+    "lora_path",
+    "lora_id",
+    "custom_logit_processor",
+    "positional_embed_overrides",
+    "bootstrap_host",
+    "bootstrap_port",
+    "bootstrap_room",
+    "bootstrap_pair_key",
+    "decode_tp_size",
+    "routed_dp_rank",
+    "data_parallel_rank",
+    "disagg_prefill_dp_rank",
+    "routing_key",
+    "conversation_id",
+    "http_worker_ipc",
+    "background",
+    "require_reasoning",
+    "max_thinking_tokens",
+    "priority",
+    "extra_key",
+    "no_logs",
+    "custom_labels",
+    "return_bytes",
+    "return_entropy",
+    "return_prompt_token_ids",
+    "external_trace_header",
+    "received_time",
+    "need_wait_for_mm_inputs",
+    "num_items_assigned",
+    "encoder_urls",
+    "max_dynamic_patch",
+    "min_dynamic_patch",
+    "image_max_dynamic_patch",
+    "video_max_dynamic_patch",
+    "images_config",
+    "mm_processor_kwargs",
+    "multi_item_delimiter_indices",
+    "token_indices_to_pool",
+    "cache_salt",
+    "kv_hints",
+]
 # SGLang's defaults where they are not null, as its DSL and clients send them.
-SGLANG_DEFAULTS = {"return_text_in_logprobs": False, "stream": False, "log_metrics": True,
-                   "return_hidden_states": False, "return_routed_experts": False,
-                   "routed_experts_start_len": 0, "background": False, "no_logs": False,
-                   "require_reasoning": False, "return_bytes": False, "return_entropy": False,
-                   "return_prompt_token_ids": False, "use_audio_in_video": False}
-SAMPLING_AT_NULL = ["max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature",
-                    "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
-                    "repetition_penalty", "min_new_tokens", "n", "beam_width", "json_schema",
-                    "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens",
-                    "spaces_between_special_tokens", "no_stop_trim", "stream_interval",
-                    "logit_bias", "sampling_seed", "custom_params", "watermark"]
-UNSUPPORTED = [("lora_path", "/adapters/a"), ("image_data", "http://x/cat.png"),
-               ("session_params", {"id": "s"}), ("custom_logit_processor", "{}"),
-               ("return_hidden_states", True), ("bootstrap_host", "10.0.0.2"),
-               ("priority", 3), ("input_embeds", [[0.5, 0.5]])]
+SGLANG_DEFAULTS = {
+    "return_text_in_logprobs": False,
+    "stream": False,
+    "log_metrics": True,
+    "return_hidden_states": False,
+    "return_routed_experts": False,
+    "routed_experts_start_len": 0,
+    "background": False,
+    "no_logs": False,
+    "require_reasoning": False,
+    "return_bytes": False,
+    "return_entropy": False,
+    "return_prompt_token_ids": False,
+    "use_audio_in_video": False,
+}
+SAMPLING_AT_NULL = [
+    "max_new_tokens",
+    "stop",
+    "stop_token_ids",
+    "stop_regex",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "min_new_tokens",
+    "n",
+    "beam_width",
+    "json_schema",
+    "regex",
+    "ebnf",
+    "structural_tag",
+    "ignore_eos",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "no_stop_trim",
+    "stream_interval",
+    "logit_bias",
+    "sampling_seed",
+    "custom_params",
+    "watermark",
+]
+UNSUPPORTED = [
+    ("lora_path", "/adapters/a"),
+    ("image_data", "http://x/cat.png"),
+    ("session_params", {"id": "s"}),
+    ("custom_logit_processor", "{}"),
+    ("return_hidden_states", True),
+    ("bootstrap_host", "10.0.0.2"),
+    ("priority", 3),
+    ("input_embeds", [[0.5, 0.5]]),
+]
 
 
 @pytest.fixture(scope="module")
 def server(launch_server):
-    return launch_server("--dtype", "float32", "--max-total-tokens", "8192",
-                         "--log-level", "warning", "--incremental-streaming-output")
+    return launch_server(
+        "--dtype",
+        "float32",
+        "--max-total-tokens",
+        "8192",
+        "--log-level",
+        "warning",
+        "--incremental-streaming-output",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +179,9 @@ def post(server, body: dict, status: int = 200):
 
 
 def stream(server, body: dict) -> list[dict]:
-    with httpx.stream("POST", server.url + "/generate", json={**body, "stream": True},
-                      timeout=120) as r:
+    with httpx.stream(
+        "POST", server.url + "/generate", json={**body, "stream": True}, timeout=120
+    ) as r:
         assert r.status_code == 200, r.read()
         events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
@@ -118,7 +214,7 @@ def test_unknown_names_are_a_400_naming_them(server):
 
 def _word_regex(text: str) -> tuple[str, re.Match]:
     """A regex for a whole word in the middle of the text, and its match in it."""
-    word = next(w for w in re.findall(r"[A-Za-z]{4,}", text[12:len(text) * 2 // 3]))
+    word = next(w for w in re.findall(r"[A-Za-z]{4,}", text[12 : len(text) * 2 // 3]))
     pattern = r"\b" + word + r"\b"
     return pattern, re.search(pattern, text)
 
@@ -128,40 +224,65 @@ def test_stop_regex_ends_generation_and_never_shows_in_the_text(server, full):
     pattern, m = _word_regex(text)
     params = {**GREEDY, "stop_regex": pattern}
     out = post(server, {"text": PROMPT, "sampling_params": params})
-    assert out["text"] == text[:m.start()]
+    assert out["text"] == text[: m.start()]
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": pattern}
     assert out["meta_info"]["completion_tokens"] < full["meta_info"]["completion_tokens"]
-    chunks = stream(server, {"text": PROMPT, "sampling_params": {**params,
-                                                                 "stop_regex": [pattern]}})
-    assert "".join(c["text"] for c in chunks) == text[:m.start()]  # deltas only append
+    chunks = stream(
+        server, {"text": PROMPT, "sampling_params": {**params, "stop_regex": [pattern]}}
+    )
+    assert "".join(c["text"] for c in chunks) == text[: m.start()]  # deltas only append
     kept = post(server, {"text": PROMPT, "sampling_params": {**params, "no_stop_trim": True}})
-    assert kept["text"] == text[:m.end()]
+    assert kept["text"] == text[: m.end()]
 
 
 def test_return_text_in_logprobs_gives_each_tokens_text(server, tokenizer):
-    out = post(server, {"text": PROMPT, "sampling_params": {**GREEDY, "max_new_tokens": 5},
-                        "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 3,
-                        "return_text_in_logprobs": True})
+    out = post(
+        server,
+        {
+            "text": PROMPT,
+            "sampling_params": {**GREEDY, "max_new_tokens": 5},
+            "return_logprob": True,
+            "logprob_start_len": 0,
+            "top_logprobs_num": 3,
+            "return_text_in_logprobs": True,
+        },
+    )
     meta = out["meta_info"]
-    entries = meta["input_token_logprobs"] + meta["output_token_logprobs"] + [
-        e for top in meta["input_top_logprobs"] + meta["output_top_logprobs"] if top
-        for e in top]
+    entries = (
+        meta["input_token_logprobs"]
+        + meta["output_token_logprobs"]
+        + [
+            e
+            for top in meta["input_top_logprobs"] + meta["output_top_logprobs"]
+            if top
+            for e in top
+        ]
+    )
     assert len(entries) > 2 * meta["prompt_tokens"]
     for _, token_id, text in entries:
         assert text == tokenizer.decode([token_id])
     assert meta["output_token_logprobs_length"] == meta["completion_tokens"] == 5
-    plain = post(server, {"text": PROMPT, "sampling_params": {"max_new_tokens": 3},
-                          "return_logprob": True})["meta_info"]
+    plain = post(
+        server, {"text": PROMPT, "sampling_params": {"max_new_tokens": 3}, "return_logprob": True}
+    )["meta_info"]
     assert {e[2] for e in plain["output_token_logprobs"]} == {None}
     assert plain["output_token_logprobs_length"] == 3
 
 
 def test_token_ids_logprob_and_per_prompt_logprob_fields(server):
     ids = [11, 1000]
-    out = post(server, {"text": ["Hello there", PROMPT], "return_logprob": [True, False],
-                        "top_logprobs_num": [1, 0], "token_ids_logprob": ids,
-                        "sampling_params": {"max_new_tokens": 3}, "rid": "batch",
-                        "return_prompt_token_ids": True})
+    out = post(
+        server,
+        {
+            "text": ["Hello there", PROMPT],
+            "return_logprob": [True, False],
+            "top_logprobs_num": [1, 0],
+            "token_ids_logprob": ids,
+            "sampling_params": {"max_new_tokens": 3},
+            "rid": "batch",
+            "return_prompt_token_ids": True,
+        },
+    )
     first, second = out
     assert first["meta_info"]["id"] == "batch_0" and second["meta_info"]["id"] == "batch_1"
     per_position = first["meta_info"]["output_token_ids_logprobs"]
@@ -172,8 +293,12 @@ def test_token_ids_logprob_and_per_prompt_logprob_fields(server):
 
 
 def test_incremental_stream_chunks_carry_only_the_new_part(server, full):
-    body = {"text": PROMPT, "sampling_params": GREEDY, "return_logprob": True,
-            "top_logprobs_num": 2}
+    body = {
+        "text": PROMPT,
+        "sampling_params": GREEDY,
+        "return_logprob": True,
+        "top_logprobs_num": 2,
+    }
     whole = post(server, body)
     chunks = stream(server, body)
     assert len(chunks) > 2
@@ -190,8 +315,12 @@ def test_incremental_stream_chunks_carry_only_the_new_part(server, full):
 
 def _requests_counted(server) -> float:
     text = httpx.get(server.url + "/metrics", timeout=30).text
-    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
-               if s.name == "radixrt:num_requests_total")
+    return sum(
+        s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name == "radixrt:num_requests_total"
+    )
 
 
 def test_log_metrics_false_is_not_counted(server):
@@ -207,17 +336,24 @@ def test_the_zeromq_frontend_takes_the_same_fields(server, full, tokenizer):
     pattern, m = _word_regex(full["text"])
     params = {**GREEDY, "stop_regex": pattern}
     with ZmqClient(address) as client:
-        out = client.generate(text=PROMPT, sampling_params=params, return_logprob=True,
-                              logprob_start_len=0, top_logprobs_num=2,
-                              return_text_in_logprobs=True, token_ids_logprob=[11])
-        assert out["text"] == full["text"][:m.start()]
+        out = client.generate(
+            text=PROMPT,
+            sampling_params=params,
+            return_logprob=True,
+            logprob_start_len=0,
+            top_logprobs_num=2,
+            return_text_in_logprobs=True,
+            token_ids_logprob=[11],
+        )
+        assert out["text"] == full["text"][: m.start()]
         meta = out["meta_info"]
         assert meta["finish_reason"] == {"type": "stop", "matched": pattern}
         assert all(t == tokenizer.decode([i]) for _, i, t in meta["output_token_logprobs"])
         assert meta["output_token_logprobs_length"] == meta["completion_tokens"]
         assert len(meta["output_token_ids_logprobs"]) == meta["completion_tokens"]
-        chunks = list(client.generate_stream(text=PROMPT, sampling_params=params,
-                                             return_logprob=True))
+        chunks = list(
+            client.generate_stream(text=PROMPT, sampling_params=params, return_logprob=True)
+        )
         assert "".join(c["text"] for c in chunks) == out["text"]
         with pytest.raises(FrontendError, match="lora_path is not supported") as e:
             client.generate(text="Hi", lora_path="/adapters/a")
@@ -246,8 +382,11 @@ def test_undecodable_zeromq_messages_are_dropped_and_the_frontend_keeps_serving(
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(address)
     try:
-        for junk in (b"\xc1 not msgpack", msgspec.msgpack.encode([1, 2]),
-                     msgspec.msgpack.encode({"type": "client_generate", "api_key": 5})):
+        for junk in (
+            b"\xc1 not msgpack",
+            msgspec.msgpack.encode([1, 2]),
+            msgspec.msgpack.encode({"type": "client_generate", "api_key": 5}),
+        ):
             sock.send(junk)
         assert sock.poll(1000) == 0  # nothing to answer: no request_id to answer to
     finally:

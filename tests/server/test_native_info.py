@@ -52,8 +52,9 @@ def test_the_reported_model_path_loads_the_servers_tokenizer(server):
     from transformers import AutoTokenizer
 
     path = get(server, "/model_info").json()["model_path"]
-    tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(path),
-                                              gguf_file=os.path.basename(path))
+    tokenizer = AutoTokenizer.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path)
+    )
     text = "The capital of France is Paris."
     served = post(server, "/tokenize", {"prompt": text}).json()
     assert served["tokens"] == tokenizer.encode(text)
@@ -69,8 +70,7 @@ def test_tokenize_and_detokenize_round_trip(server):
     assert one["count"] == len(one["tokens"]) > 0
     assert one["max_model_len"] == get(server, "/model_info").json()["context_length"]
     many = post(server, "/v1/tokenize", {"prompt": ["Hello world", "a b c"]}).json()
-    assert many["tokens"][0] == one["tokens"] and many["count"] == [len(t) for t in
-                                                                    many["tokens"]]
+    assert many["tokens"][0] == one["tokens"] and many["count"] == [len(t) for t in many["tokens"]]
     back = post(server, "/detokenize", {"tokens": one["tokens"]}).json()
     assert back["text"] == "Hello world"
     both = post(server, "/v1/detokenize", {"tokens": many["tokens"]}).json()
@@ -85,14 +85,17 @@ def test_tokenize_messages_renders_the_chat_template(server):
     assert text["text"].endswith("<|im_start|>assistant\n")
 
 
-@pytest.mark.parametrize("path, body, field", [
-    ("/tokenize", {}, "prompt"),
-    ("/tokenize", {"prompt": "a", "messages": []}, "prompt"),
-    ("/tokenize", {"prompt": 5}, "prompt"),
-    ("/tokenize", {"prompt": "a", "add_special_tokens": "yes"}, "add_special_tokens"),
-    ("/detokenize", {"tokens": [1, 10**9]}, "tokens"),
-    ("/detokenize", {"tokens": "abc"}, "tokens"),
-])
+@pytest.mark.parametrize(
+    "path, body, field",
+    [
+        ("/tokenize", {}, "prompt"),
+        ("/tokenize", {"prompt": "a", "messages": []}, "prompt"),
+        ("/tokenize", {"prompt": 5}, "prompt"),
+        ("/tokenize", {"prompt": "a", "add_special_tokens": "yes"}, "add_special_tokens"),
+        ("/detokenize", {"tokens": [1, 10**9]}, "tokens"),
+        ("/detokenize", {"tokens": "abc"}, "tokens"),
+    ],
+)
 def test_bad_tokenize_input_is_a_400_naming_the_field(server, path, body, field):
     r = post(server, path, body)
     assert r.status_code == 400, r.text

@@ -19,8 +19,10 @@ from radixrt import Engine
 from radixrt.server.openai_api import add_openai_routes
 
 MODEL = "tiny"
-MESSAGES = [{"role": "system", "content": "Be brief."},
-            {"role": "user", "content": "Name three colors."}]
+MESSAGES = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Name three colors."},
+]
 GREEDY = {"temperature": 0, "max_tokens": 12}
 
 
@@ -50,8 +52,13 @@ def serve(engine: Engine) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    engine = Engine(tiny_model_dir("llama"), in_process=True, dtype="float32",
-                    max_total_tokens=4096, log_level="warning")
+    engine = Engine(
+        tiny_model_dir("llama"),
+        in_process=True,
+        dtype="float32",
+        max_total_tokens=4096,
+        log_level="warning",
+    )
     with serve(engine) as url:
         yield engine, url
 
@@ -62,8 +69,9 @@ def client(server):
 
 
 def template_ids(engine, messages) -> list[int]:
-    text = engine.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                add_generation_prompt=True)
+    text = engine.tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )
     return engine.tokenizer.encode(text, add_special_tokens=False)
 
 
@@ -77,11 +85,11 @@ def test_greedy_chat_matches_the_engine(client, server):
     resp = client.chat.completions.create(model=MODEL, messages=MESSAGES, **GREEDY)
     ids = template_ids(engine, MESSAGES)
     assert engine.tokenizer.decode(ids[:1]) == "<|im_start|>"  # no BOS before the template
-    want = engine.generate(input_ids=ids, sampling_params={"temperature": 0,
-                                                           "max_new_tokens": 12})
+    want = engine.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 12})
     choice = resp.choices[0]
-    assert resp.id.startswith("chatcmpl-") and resp.model == MODEL and resp.object == \
-        "chat.completion"
+    assert (
+        resp.id.startswith("chatcmpl-") and resp.model == MODEL and resp.object == "chat.completion"
+    )
     assert choice.message.role == "assistant" and choice.message.content == want["text"]
     assert choice.finish_reason == want["meta_info"]["finish_reason"]["type"]
     assert resp.usage.prompt_tokens == len(ids)
@@ -104,8 +112,13 @@ def test_content_parts_equal_plain_content(client):
 
 def test_streaming_chat_with_usage(client):
     full = client.chat.completions.create(model=MODEL, messages=MESSAGES, **GREEDY)
-    stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, stream=True,
-                                            stream_options={"include_usage": True}, **GREEDY)
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        stream=True,
+        stream_options={"include_usage": True},
+        **GREEDY,
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -118,17 +131,24 @@ def test_streaming_chat_with_usage(client):
 
 
 def test_n_and_seed(client):
-    resp = client.chat.completions.create(model=MODEL, messages=MESSAGES, n=2, seed=7,
-                                          temperature=1.0, max_completion_tokens=8)
+    resp = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, n=2, seed=7, temperature=1.0, max_completion_tokens=8
+    )
     assert [c.index for c in resp.choices] == [0, 1]
     assert resp.usage.completion_tokens <= 16
-    again = client.chat.completions.create(model=MODEL, messages=MESSAGES, n=2, seed=7,
-                                           temperature=1.0, max_completion_tokens=8)
-    assert [c.message.content for c in again.choices] == [c.message.content
-                                                          for c in resp.choices]
-    stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, n=2, seed=7,
-                                            temperature=1.0, max_completion_tokens=8,
-                                            stream=True)
+    again = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, n=2, seed=7, temperature=1.0, max_completion_tokens=8
+    )
+    assert [c.message.content for c in again.choices] == [c.message.content for c in resp.choices]
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        n=2,
+        seed=7,
+        temperature=1.0,
+        max_completion_tokens=8,
+        stream=True,
+    )
     texts = ["", ""]
     for chunk in stream:
         for choice in chunk.choices:
@@ -141,9 +161,16 @@ def test_stop_string(client):
     full = client.completions.create(model=MODEL, prompt="Hello there", **params)
     text = full.choices[0].text
     # The tiny model says random bytes: stop at the first plain-ASCII pair after the start.
-    stop = next((text[k:k + 2] for k in range(1, len(text) - 1)
-                 if text[k:k + 2].isascii() and text[k:k + 2].isprintable()
-                 and text.index(text[k:k + 2]) == k), None)
+    stop = next(
+        (
+            text[k : k + 2]
+            for k in range(1, len(text) - 1)
+            if text[k : k + 2].isascii()
+            and text[k : k + 2].isprintable()
+            and text.index(text[k : k + 2]) == k
+        ),
+        None,
+    )
     assert stop, f"no ASCII stop string to pick in {text!r}"
     cut = client.completions.create(model=MODEL, prompt="Hello there", stop=[stop], **params)
     assert cut.choices[0].text == text[: text.index(stop)]
@@ -152,8 +179,9 @@ def test_stop_string(client):
 
 
 def test_chat_logprobs(client):
-    resp = client.chat.completions.create(model=MODEL, messages=MESSAGES, logprobs=True,
-                                          top_logprobs=3, **GREEDY)
+    resp = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, logprobs=True, top_logprobs=3, **GREEDY
+    )
     content = resp.choices[0].logprobs.content
     assert len(content) == resp.usage.completion_tokens
     for entry in content:
@@ -178,8 +206,9 @@ def test_token_bytes_are_exact(server):
 def test_completion_logprobs_and_echo(client, server):
     engine = server[0]
     prompt = "The sky is"
-    resp = client.completions.create(model=MODEL, prompt=prompt, echo=True, logprobs=2,
-                                      temperature=0, max_tokens=5)
+    resp = client.completions.create(
+        model=MODEL, prompt=prompt, echo=True, logprobs=2, temperature=0, max_tokens=5
+    )
     choice = resp.choices[0]
     assert resp.id.startswith("cmpl-") and choice.text.startswith(prompt)
     n_prompt = len(engine.tokenizer.encode(prompt))
@@ -196,8 +225,7 @@ def test_completion_prompt_shapes(client, server):
     tok = server[0].tokenizer
     a, b = "One two", "Three four five"
     by_text = client.completions.create(model=MODEL, prompt=[a, b], **GREEDY)
-    by_ids = client.completions.create(model=MODEL, prompt=[tok.encode(a), tok.encode(b)],
-                                       **GREEDY)
+    by_ids = client.completions.create(model=MODEL, prompt=[tok.encode(a), tok.encode(b)], **GREEDY)
     single = client.completions.create(model=MODEL, prompt=tok.encode(b), **GREEDY)
     texts = [c.text for c in by_text.choices]
     assert texts == [c.text for c in by_ids.choices] and texts[1] == single.choices[0].text
@@ -211,10 +239,18 @@ def test_completion_prompt_shapes(client, server):
 
 
 def test_default_max_tokens_and_extra_fields(client):
-    resp = client.completions.create(model=MODEL, prompt="Hi", temperature=0,
-                                     extra_body={"ignore_eos": True, "top_k": 5,
-                                                 "some_future_field": 1})
+    resp = client.completions.create(
+        model=MODEL,
+        prompt="Hi",
+        temperature=0,
+        extra_body={"ignore_eos": True, "top_k": 5, "some_future_field": 1},
+    )
     assert resp.usage.completion_tokens == 16  # the OpenAI default for completions
-    resp = client.completions.create(model=MODEL, prompt="Hi", temperature=0, max_tokens=6,
-                                     extra_body={"ignore_eos": True, "min_tokens": 6})
+    resp = client.completions.create(
+        model=MODEL,
+        prompt="Hi",
+        temperature=0,
+        max_tokens=6,
+        extra_body={"ignore_eos": True, "min_tokens": 6},
+    )
     assert resp.usage.completion_tokens == 6

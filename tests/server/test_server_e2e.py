@@ -29,8 +29,7 @@ def stats(server) -> dict:
 
 def metrics(server) -> dict[str, float]:
     text = httpx.get(server.url + "/metrics", timeout=30).text
-    return {s.name: s.value for fam in text_string_to_metric_families(text)
-            for s in fam.samples}
+    return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
 def wait_idle(server, timeout: float = 30) -> dict:
@@ -44,30 +43,50 @@ def wait_idle(server, timeout: float = 30) -> dict:
 
 
 def test_openai_client_completion_chat_stream_n_stop_logprobs(oai):
-    comp = oai.completions.create(model=MODEL, prompt="The capital of France is",
-                                  max_tokens=8, temperature=0)
+    comp = oai.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0
+    )
     assert comp.choices[0].text and comp.usage.completion_tokens == 8
-    chat = oai.chat.completions.create(model=MODEL, messages=[
-        {"role": "user", "content": "What is 2+2?"}], max_tokens=16, temperature=0)
+    chat = oai.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "What is 2+2?"}],
+        max_tokens=16,
+        temperature=0,
+    )
     assert chat.choices[0].message.content
     pieces, usage = [], None
     for chunk in oai.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "What is 2+2?"}],
-            max_tokens=16, temperature=0, stream=True,
-            stream_options={"include_usage": True}):
+        model=MODEL,
+        messages=[{"role": "user", "content": "What is 2+2?"}],
+        max_tokens=16,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    ):
         pieces += [c.delta.content or "" for c in chunk.choices]
         usage = chunk.usage or usage
     assert "".join(pieces) == chat.choices[0].message.content
     assert usage.completion_tokens == chat.usage.completion_tokens
-    two = oai.chat.completions.create(model=MODEL, messages=[
-        {"role": "user", "content": "Tell me a word."}], max_tokens=6, n=2, seed=3)
+    two = oai.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Tell me a word."}],
+        max_tokens=6,
+        n=2,
+        seed=3,
+    )
     assert sorted(c.index for c in two.choices) == [0, 1]
-    stopped = oai.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=20,
-                                     temperature=0, stop=[" 6"])
+    stopped = oai.completions.create(
+        model=MODEL, prompt="1, 2, 3, 4,", max_tokens=20, temperature=0, stop=[" 6"]
+    )
     assert " 6" not in stopped.choices[0].text and stopped.choices[0].finish_reason == "stop"
-    lp = oai.chat.completions.create(model=MODEL, messages=[
-        {"role": "user", "content": "Hi"}], max_tokens=4, temperature=0, logprobs=True,
-        top_logprobs=3)
+    lp = oai.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+    )
     content = lp.choices[0].logprobs.content
     assert len(content) == lp.usage.completion_tokens
     assert all(len(t.top_logprobs) == 3 and t.logprob <= 0 for t in content)
@@ -76,24 +95,40 @@ def test_openai_client_completion_chat_stream_n_stop_logprobs(oai):
 def test_native_generate_text_batch_stream_and_logprobs(server):
     url = server.url + "/generate"
     greedy = {"temperature": 0, "max_new_tokens": 10}
-    one = httpx.post(url, json={"text": "Once upon a time", "sampling_params": greedy},
-                     timeout=60).json()
+    one = httpx.post(
+        url, json={"text": "Once upon a time", "sampling_params": greedy}, timeout=60
+    ).json()
     assert one["meta_info"]["completion_tokens"] == 10 and one["text"]
-    batch = httpx.post(url, json={"input_ids": [one["output_ids"][:3], [1, 2, 3]],
-                                  "sampling_params": greedy}, timeout=60).json()
+    batch = httpx.post(
+        url,
+        json={"input_ids": [one["output_ids"][:3], [1, 2, 3]], "sampling_params": greedy},
+        timeout=60,
+    ).json()
     assert isinstance(batch, list) and len(batch) == 2
     events = []
-    with httpx.stream("POST", url, json={"text": "Once upon a time", "stream": True,
-                                         "sampling_params": greedy}, timeout=60) as r:
+    with httpx.stream(
+        "POST",
+        url,
+        json={"text": "Once upon a time", "stream": True, "sampling_params": greedy},
+        timeout=60,
+    ) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
         events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert chunks[-1]["text"] == one["text"]  # SGLang's native streams carry the text so far
     assert all(b["text"].startswith(a["text"]) for a, b in pairwise(chunks))
-    lp = httpx.post(url, json={"text": "Hello there", "sampling_params": greedy,
-                               "return_logprob": True, "logprob_start_len": 0,
-                               "top_logprobs_num": 2}, timeout=60).json()
+    lp = httpx.post(
+        url,
+        json={
+            "text": "Hello there",
+            "sampling_params": greedy,
+            "return_logprob": True,
+            "logprob_start_len": 0,
+            "top_logprobs_num": 2,
+        },
+        timeout=60,
+    ).json()
     meta = lp["meta_info"]
     assert len(meta["output_token_logprobs"]) == 10
     assert len(meta["input_token_logprobs"]) == meta["prompt_tokens"]
@@ -104,51 +139,82 @@ CONTEXT = 8192
 BAD_INPUTS = [
     ("/v1/chat/completions", b"{not json", "JSON"),
     ("/v1/chat/completions", {"model": MODEL, "messages": "hi"}, "messages"),
-    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
-                              "max_tokens": "ten"}, "max_tokens"),
+    (
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"},
+        "max_tokens",
+    ),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": -1}, "max_tokens"),
-    ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 10 ** 6}, "max_tokens"),
-    ("/v1/completions", {"model": MODEL, "prompt": [5] * (CONTEXT + 10), "max_tokens": 1},
-     "context"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 10**6}, "max_tokens"),
+    (
+        "/v1/completions",
+        {"model": MODEL, "prompt": [5] * (CONTEXT + 10), "max_tokens": 1},
+        "context",
+    ),
     ("/generate", b"[1, 2", "JSON"),
     ("/generate", {"text": "x", "sampling_params": {"temperature": -1}}, "temperature"),
     ("/generate", {"text": 5}, "prompt"),
     ("/generate", {"text": "x", "stream": "yes"}, "stream"),
-    ("/generate", {"input_ids": [10 ** 9]}, "input_ids"),
+    ("/generate", {"input_ids": [10**9]}, "input_ids"),
     ("/generate", {"text": "x", "sampling_params": {"regex": "(["}}, "regex"),
     ("/generate", {"text": "x", "sampling_params": {"json_schema": "{oops"}}, "json_schema"),
-    ("/generate", {"text": "x", "sampling_params": {"regex": "a", "ebnf": "root ::= \"a\""}},
-     "at most one"),
+    (
+        "/generate",
+        {"text": "x", "sampling_params": {"regex": "a", "ebnf": 'root ::= "a"'}},
+        "at most one",
+    ),
 ]
 
 
 @pytest.mark.parametrize("path,body,needle", BAD_INPUTS)
 def test_bad_input_gets_400_naming_the_field_and_the_server_keeps_serving(
-        server, path, body, needle):
+    server, path, body, needle
+):
     kw = {"content": body} if isinstance(body, bytes) else {"json": body}
     r = httpx.post(server.url + path, timeout=60, **kw)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert needle.lower() in (err["message"] + str(err.get("param"))).lower(), err
-    ok = httpx.post(server.url + "/generate", json={"text": "ok", "sampling_params": {
-        "max_new_tokens": 1}}, timeout=60)
+    ok = httpx.post(
+        server.url + "/generate",
+        json={"text": "ok", "sampling_params": {"max_new_tokens": 1}},
+        timeout=60,
+    )
     assert ok.status_code == 200
 
 
 def test_constrained_generation_through_the_native_api(server):
-    schema = {"type": "object", "properties": {
-        "name": {"type": "string", "maxLength": 20},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120}},
-        "required": ["name", "age"]}
-    outs = httpx.post(server.url + "/generate", timeout=120, json={
-        "text": ["A person as JSON:", "Bob, 41, as JSON:"],
-        "sampling_params": {"json_schema": schema, "temperature": 1.0, "max_new_tokens": 48,
-                            "seed": 1}}).json()
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 20},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        },
+        "required": ["name", "age"],
+    }
+    outs = httpx.post(
+        server.url + "/generate",
+        timeout=120,
+        json={
+            "text": ["A person as JSON:", "Bob, 41, as JSON:"],
+            "sampling_params": {
+                "json_schema": schema,
+                "temperature": 1.0,
+                "max_new_tokens": 48,
+                "seed": 1,
+            },
+        },
+    ).json()
     for out in outs:
         jsonschema.validate(json.loads(out["text"]), schema)
-    phone = httpx.post(server.url + "/generate", timeout=60, json={
-        "text": "Call me at", "sampling_params": {"regex": r" \(\d{3}\) \d{3}-\d{4}",
-                                                   "max_new_tokens": 20}}).json()
+    phone = httpx.post(
+        server.url + "/generate",
+        timeout=60,
+        json={
+            "text": "Call me at",
+            "sampling_params": {"regex": r" \(\d{3}\) \d{3}-\d{4}", "max_new_tokens": 20},
+        },
+    ).json()
     assert re.fullmatch(r" \(\d{3}\) \d{3}-\d{4}", phone["text"]), phone["text"]
 
 
@@ -156,25 +222,32 @@ def test_32_concurrent_streams_equal_one_at_a_time(server, oai):
     prompts = [f"Write a fact about the number {i}." for i in range(32)]
 
     def one(p):
-        r = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": p}],
-                                        max_tokens=12, temperature=0)
+        r = oai.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": p}], max_tokens=12, temperature=0
+        )
         return r.choices[0].message.content
 
     sequential = [one(p) for p in prompts]
 
     async def stream(client, p):
-        aclient = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="x",
-                                     http_client=client, max_retries=0)
+        aclient = openai.AsyncOpenAI(
+            base_url=server.url + "/v1", api_key="x", http_client=client, max_retries=0
+        )
         out = []
         async for chunk in await aclient.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": p}], max_tokens=12,
-                temperature=0, stream=True):
+            model=MODEL,
+            messages=[{"role": "user", "content": p}],
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+        ):
             out += [c.delta.content or "" for c in chunk.choices]
         return "".join(out)
 
     async def all_at_once():
-        async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(
-                max_connections=64)) as client:
+        async with httpx.AsyncClient(
+            timeout=120, limits=httpx.Limits(max_connections=64)
+        ) as client:
             return await asyncio.gather(*(stream(client, p) for p in prompts))
 
     assert asyncio.run(all_at_once()) == sequential
@@ -182,8 +255,11 @@ def test_32_concurrent_streams_equal_one_at_a_time(server, oai):
 
 def test_client_disconnect_mid_stream_aborts_and_frees_kv(server):
     aborted_before = metrics(server).get("radixrt:num_aborted_requests_total", 0)
-    body = {"text": "Count forever:", "stream": True,
-            "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True}}
+    body = {
+        "text": "Count forever:",
+        "stream": True,
+        "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True},
+    }
     with httpx.stream("POST", server.url + "/generate", json=body, timeout=60) as r:
         lines = r.iter_lines()
         got = [next(lines) for _ in range(6)]
@@ -196,8 +272,10 @@ def test_client_disconnect_mid_stream_aborts_and_frees_kv(server):
 
 
 def test_client_gone_while_waiting_for_a_whole_answer_aborts_it(server):
-    body = {"text": "Count forever:", "sampling_params": {"max_new_tokens": 4000,
-                                                          "ignore_eos": True}}
+    body = {
+        "text": "Count forever:",
+        "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True},
+    }
     with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
         httpx.post(server.url + "/generate", json=body, timeout=2)
     info = wait_idle(server)
@@ -206,15 +284,20 @@ def test_client_gone_while_waiting_for_a_whole_answer_aborts_it(server):
 
 def test_flush_cache_refused_while_running_and_abort_request(server):
     url = server.url
-    body = {"text": "Count:", "rid": "long-one", "stream": True,
-            "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True}}
+    body = {
+        "text": "Count:",
+        "rid": "long-one",
+        "stream": True,
+        "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True},
+    }
     with httpx.stream("POST", url + "/generate", json=body, timeout=60) as r:
         lines = r.iter_lines()
         next(lines)
         refused = httpx.post(url + "/flush_cache", timeout=30)
         assert refused.status_code == 400 and not refused.json()["success"]
-        assert httpx.post(url + "/abort_request", json={"rid": "long-one"},
-                          timeout=30).json()["success"]
+        assert httpx.post(url + "/abort_request", json={"rid": "long-one"}, timeout=30).json()[
+            "success"
+        ]
         last = [json.loads(x[6:]) for x in lines if x.startswith("data: {")][-1]
     assert last["meta_info"]["finish_reason"]["type"] == "abort"
     wait_idle(server)
@@ -233,26 +316,36 @@ def test_info_endpoints(server, oai):
 
 def test_metrics_parse_and_move(server):
     before = metrics(server)
-    httpx.post(server.url + "/generate", json={"text": "Hello", "sampling_params": {
-        "max_new_tokens": 5, "ignore_eos": True}}, timeout=60)
+    httpx.post(
+        server.url + "/generate",
+        json={"text": "Hello", "sampling_params": {"max_new_tokens": 5, "ignore_eos": True}},
+        timeout=60,
+    )
     after = metrics(server)
-    for name, delta in [("radixrt:num_requests_total", 1),
-                        ("radixrt:generation_tokens_total", 5),
-                        ("radixrt:time_to_first_token_seconds_count", 1),
-                        ("radixrt:e2e_request_latency_seconds_count", 1)]:
+    for name, delta in [
+        ("radixrt:num_requests_total", 1),
+        ("radixrt:generation_tokens_total", 5),
+        ("radixrt:time_to_first_token_seconds_count", 1),
+        ("radixrt:e2e_request_latency_seconds_count", 1),
+    ]:
         assert after[name] == before.get(name, 0) + delta, name
     assert after["radixrt:prompt_tokens_total"] > before["radixrt:prompt_tokens_total"]
-    for gauge in ("radixrt:num_running_reqs", "radixrt:num_queue_reqs", "radixrt:token_usage",
-                  "radixrt:cache_hit_rate", "radixrt:num_preemptions_total"):
+    for gauge in (
+        "radixrt:num_running_reqs",
+        "radixrt:num_queue_reqs",
+        "radixrt:token_usage",
+        "radixrt:cache_hit_rate",
+        "radixrt:num_preemptions_total",
+    ):
         assert gauge in after
 
 
 def test_zmq_frontend_serves_the_same_engine(server):
     address = stats(server)["zmq_frontend_address"]
     greedy = {"temperature": 0, "max_new_tokens": 8}
-    http_out = httpx.post(server.url + "/generate", json={"text": "The sky is",
-                                                          "sampling_params": greedy},
-                          timeout=60).json()
+    http_out = httpx.post(
+        server.url + "/generate", json={"text": "The sky is", "sampling_params": greedy}, timeout=60
+    ).json()
     with ZmqClient(address) as client:
         out = client.generate("The sky is", greedy)
         assert out["output_ids"] == http_out["output_ids"] and out["text"] == http_out["text"]

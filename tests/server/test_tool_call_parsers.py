@@ -21,9 +21,11 @@ def _calls(parsed) -> list[tuple[str, dict]]:
 
 
 def test_hermes_calls_and_text_around_them():
-    text = ('Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}'
-            '\n</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n'
-            "</tool_call>\nDone.")
+    text = (
+        'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+        '\n</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n'
+        "</tool_call>\nDone."
+    )
     parsed = parse_tool_calls(text)
     assert _calls(parsed) == [("get_weather", {"city": "Oslo"}), ("get_time", {"zone": "CET"})]
     assert parsed.content == "Let me look.\n\n\nDone."
@@ -42,21 +44,31 @@ def test_llama_json_format():
     names = ("get_weather", "get_time")
     parsed = parse_tool_calls('{"name": "get_weather", "parameters": {"city": "Lima"}}', names)
     assert _calls(parsed) == [("get_weather", {"city": "Lima"})] and parsed.content is None
-    tagged = '<|python_tag|>{"name": "get_time", "parameters": {}}; {"name": "get_weather", ' \
-             '"parameters": {"days": 2}}'
-    assert _calls(parse_tool_calls(tagged, names)) == [("get_time", {}),
-                                                       ("get_weather", {"days": 2})]
+    tagged = (
+        '<|python_tag|>{"name": "get_time", "parameters": {}}; {"name": "get_weather", '
+        '"parameters": {"days": 2}}'
+    )
+    assert _calls(parse_tool_calls(tagged, names)) == [
+        ("get_time", {}),
+        ("get_weather", {"days": 2}),
+    ]
     # A JSON answer that is not a call of a known tool, broken JSON, or prose: all content.
-    for text in ('{"name": "Bob", "parameters": {}}', '{"answer": 42}',
-                 '{"name": "get_time", "parameters": {', 'It is sunny.',
-                 '{"name": "get_time", "parameters": {}} and more text'):
+    for text in (
+        '{"name": "Bob", "parameters": {}}',
+        '{"answer": 42}',
+        '{"name": "get_time", "parameters": {',
+        "It is sunny.",
+        '{"name": "get_time", "parameters": {}} and more text',
+    ):
         parsed = parse_tool_calls(text, names)
         assert parsed.calls == [] and parsed.content == text, text
 
 
 def test_mistral_format_and_string_arguments():
-    text = 'Sure. [TOOL_CALLS] [{"name": "a", "arguments": {"q": "x"}}, ' \
-           '{"name": "b", "arguments": "{\\"n\\": 3}"}]'
+    text = (
+        'Sure. [TOOL_CALLS] [{"name": "a", "arguments": {"q": "x"}}, '
+        '{"name": "b", "arguments": "{\\"n\\": 3}"}]'
+    )
     parsed = parse_tool_calls(text)
     assert _calls(parsed) == [("a", {"q": "x"}), ("b", {"n": 3})] and parsed.content == "Sure."
     broken = 'Sure. [TOOL_CALLS] [{"name": "a", "arguments": {"q": '
@@ -66,8 +78,10 @@ def test_mistral_format_and_string_arguments():
 
 
 def test_forced_scanner_streams_what_it_reads_whole():
-    text = ('[{"name": "get_time", "arguments": {"zone": "a}\\"]{", "utc": true}},\n'
-            ' {"name":"get_weather","arguments":{"city":"Oslo","days":[1,{"x":2}]}}]')
+    text = (
+        '[{"name": "get_time", "arguments": {"zone": "a}\\"]{", "utc": true}},\n'
+        ' {"name":"get_weather","arguments":{"city":"Oslo","days":[1,{"x":2}]}}]'
+    )
     whole = ForcedCallScanner()
     whole.feed(text)
     pieces, starts, args = ForcedCallScanner(), [], ["", ""]
@@ -85,7 +99,7 @@ def test_forced_scanner_streams_what_it_reads_whole():
 
 def _stream_auto(text: str, step: int = 1):
     stream = AutoToolStream(("f",))
-    sent = "".join(stream.feed(text[i:i + step]) for i in range(0, len(text), step))
+    sent = "".join(stream.feed(text[i : i + step]) for i in range(0, len(text), step))
     return sent, stream.finish()
 
 
@@ -102,9 +116,19 @@ def test_auto_stream_holds_calls_back_and_passes_text():
 
 
 def test_assistant_tool_call_arguments_reach_the_template_as_objects():
-    msg = ChatMessage.model_validate({"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function",
-         "function": {"name": "f", "arguments": '{"x": [1, 2]}'}}]})
+    msg = ChatMessage.model_validate(
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "f", "arguments": '{"x": [1, 2]}'},
+                }
+            ],
+        }
+    )
     out = _template_message(msg, 0)
     assert out["tool_calls"][0]["function"]["arguments"] == {"x": [1, 2]}
     assert out["content"] == ""

@@ -22,9 +22,11 @@ from radixrt.messages import (
 )
 from radixrt.transport import queue_pipeline
 
-TEXTS = ["Hello world, this is a test of streaming.",
-         "Emoji 🙂🚀 and accents: déjà vu, naïve café; 中文字符 와 한국어.",
-         "  leading spaces\nnew lines\n\n\ttabs and  double  spaces  "]
+TEXTS = [
+    "Hello world, this is a test of streaming.",
+    "Emoji 🙂🚀 and accents: déjà vu, naïve café; 中文字符 와 한국어.",
+    "  leading spaces\nnew lines\n\n\ttabs and  double  spaces  ",
+]
 
 
 @pytest.fixture(scope="module")
@@ -33,15 +35,16 @@ def tokenizer(tiny_model_dir):
     return AutoTokenizer.from_pretrained(tiny_model_dir("llama"))
 
 
-def stream(detok: IncrementalDetokenizer, ids: list[int], rng: random.Random,
-           finish_reason=None) -> list[str]:
+def stream(
+    detok: IncrementalDetokenizer, ids: list[int], rng: random.Random, finish_reason=None
+) -> list[str]:
     out, i = [], 0
     while True:
         n = rng.randint(1, 3)
         if i + n >= len(ids):
             out.append(detok.finish(ids[i:], finish_reason))
             return out
-        out.append(detok.add(ids[i:i + n]))
+        out.append(detok.add(ids[i : i + n]))
         i += n
 
 
@@ -76,8 +79,7 @@ def test_no_stop_trim_keeps_the_stop_string(tokenizer):
 def test_a_matched_stop_token_is_trimmed(tokenizer):
     ids = tokenizer.encode("abc;", add_special_tokens=False)
     detok = IncrementalDetokenizer(tokenizer)
-    shown = "".join(stream(detok, ids, random.Random(0),
-                           {"type": "stop", "matched": ids[-1]}))
+    shown = "".join(stream(detok, ids, random.Random(0), {"type": "stop", "matched": ids[-1]}))
     assert shown == "abc"
 
 
@@ -96,9 +98,25 @@ def test_a_stop_regex_that_backtracks_forever_is_given_up_not_searched_for_ever(
 # -- the detokenizer between the scheduler and the frontend (a process, or a thread) ----------
 def _outputs(rid: str, chunks: list[list[int]]) -> list[bytes]:
     last = len(chunks) - 1
-    return [encode(BatchOutput([ReqOutput(
-        rid, ids, i == last, {"type": "length"} if i == last else None, 1, 1, 0,
-        detok=DetokParams(stop=["STOP"]) if i == 0 else None)])) for i, ids in enumerate(chunks)]
+    return [
+        encode(
+            BatchOutput(
+                [
+                    ReqOutput(
+                        rid,
+                        ids,
+                        i == last,
+                        {"type": "length"} if i == last else None,
+                        1,
+                        1,
+                        0,
+                        detok=DetokParams(stop=["STOP"]) if i == 0 else None,
+                    )
+                ]
+            )
+        )
+        for i, ids in enumerate(chunks)
+    ]
 
 
 def _serve_in_thread(detok: Detokenizer):
@@ -139,15 +157,22 @@ def test_in_process_engine_gets_its_text_from_the_detokenizer_thread(tiny_model_
     import radixrt
     from radixrt.request_state import SchedulerDied
 
-    with radixrt.Engine(tiny_model_dir("llama"), in_process=True, dtype="float32",
-                        max_total_tokens=512, log_level="warning") as engine:
+    with radixrt.Engine(
+        tiny_model_dir("llama"),
+        in_process=True,
+        dtype="float32",
+        max_total_tokens=512,
+        log_level="warning",
+    ) as engine:
         names = {t.name for t in threading.enumerate()}
         assert {"radixrt-scheduler", "radixrt-detokenizer"} <= names
         params = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
         out = engine.generate(input_ids=[5, 6, 7], sampling_params=params)
         assert out["text"] == engine.tokenizer.decode(out["output_ids"])
-        streamed = "".join(c["text"] for c in engine.generate(
-            input_ids=[5, 6, 7], sampling_params=params, stream=True))
+        streamed = "".join(
+            c["text"]
+            for c in engine.generate(input_ids=[5, 6, 7], sampling_params=params, stream=True)
+        )
         assert streamed == out["text"]
 
         def broken(*args, **kwargs):

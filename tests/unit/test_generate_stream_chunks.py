@@ -11,10 +11,18 @@ from radixrt.server.http_server import _stream_chunks
 
 def engine_chunks() -> list[dict]:
     lps = [(-0.1, 5, None), (-0.2, 6, None), (-0.3, 7, None)]
-    return [{"text": "a", "output_ids": [5], "meta_info": {"output_token_logprobs": lps[:1],
-                                                          "input_token_logprobs": [1]}},
-            {"text": "bc", "output_ids": [6, 7], "meta_info": {"output_token_logprobs": lps,
-                                                              "input_token_logprobs": [1]}}]
+    return [
+        {
+            "text": "a",
+            "output_ids": [5],
+            "meta_info": {"output_token_logprobs": lps[:1], "input_token_logprobs": [1]},
+        },
+        {
+            "text": "bc",
+            "output_ids": [6, 7],
+            "meta_info": {"output_token_logprobs": lps, "input_token_logprobs": [1]},
+        },
+    ]
 
 
 def run(incremental: bool) -> list[dict]:
@@ -22,7 +30,9 @@ def run(incremental: bool) -> list[dict]:
         async def source():
             for chunk in engine_chunks():
                 yield chunk
+
         return [c async for c in _stream_chunks(source(), incremental)]
+
     return asyncio.run(collect())
 
 

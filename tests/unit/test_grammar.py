@@ -140,8 +140,10 @@ def test_the_scheduler_masks_exactly_the_forbidden_tokens_of_constrained_rows(to
 
     structured.mask(reqs, logits, guard)
     assert torch.equal(logits[1], original[1])  # an unconstrained row is untouched
-    for row, ok in ((0, lambda s: len(s) == 1 and s.isdigit()),
-                    (2, lambda s: s and ("Yes".startswith(s) or "No".startswith(s)))):
+    for row, ok in (
+        (0, lambda s: len(s) == 1 and s.isdigit()),
+        (2, lambda s: s and ("Yes".startswith(s) or "No".startswith(s))),
+    ):
         kept = torch.isfinite(logits[row])
         assert torch.equal(logits[row][kept], original[row][kept])
         assert torch.all(logits[row][~kept] == float("-inf"))

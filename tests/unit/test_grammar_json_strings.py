@@ -7,8 +7,10 @@ import pytest
 
 from radixrt.grammar.backend import GrammarBackend
 
-SCHEMA = ('{"type": "object", "properties": {"a": {"type": "string", "maxLength": 5}, '
-          '"b": {"type": "string"}}, "required": ["a", "b"]}')
+SCHEMA = (
+    '{"type": "object", "properties": {"a": {"type": "string", "maxLength": 5}, '
+    '"b": {"type": "string"}}, "required": ["a", "b"]}'
+)
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +37,7 @@ def test_no_raw_control_character_inside_a_string(backend, prefix, bad):
 
 def test_json_dumps_spacing_unless_any_whitespace(backend, tokenizer):
     compact = backend.matcher(backend.compile("json_schema", SCHEMA).result())
-    assert not compact.accept_string('{\n')
+    assert not compact.accept_string("{\n")
     assert compact.accept_string('{"a": "x", "b": "y"}') and compact.is_completed()
     loose = GrammarBackend(tokenizer, len(tokenizer), json_any_whitespace=True)
     matcher = loose.matcher(loose.compile("json_schema", SCHEMA).result())

@@ -31,11 +31,11 @@ def test_truncate_frees_whole_pages_past_the_cut(page_size, cut):
 
     slots = slots_of(req)
     kv.truncate(req, 40 - cut)
-    assert req.kv_len == 40 - cut and slots_of(req) == slots[:40 - cut]
+    assert req.kv_len == 40 - cut and slots_of(req) == slots[: 40 - cut]
     held = req.private_pages(page_size)
     assert held == -(-(40 - cut) // page_size)
     check_kv_accounting(allocator, cache, held)
     assert kv.alloc(req, cut + 5)  # growing again continues in the kept page
-    assert slots_of(req)[:40 - cut] == slots[:40 - cut]
+    assert slots_of(req)[: 40 - cut] == slots[: 40 - cut]
     assert len(set(slots_of(req))) == req.num_slots == 45
     check_kv_accounting(allocator, cache, req.private_pages(page_size))

@@ -28,8 +28,12 @@ class ScriptedBackend(Backend):
         with self._lock:
             self.calls.append({"text": text, "params": sampling_params, **options})
             n = len(self.calls)
-        meta = {"prompt_tokens": len(text or ""), "completion_tokens": 1, "cached_tokens": 0,
-                "finish_reason": {"type": "length"}}
+        meta = {
+            "prompt_tokens": len(text or ""),
+            "completion_tokens": 1,
+            "cached_tokens": 0,
+            "finish_reason": {"type": "length"},
+        }
         return {"text": f"<{n}>", "meta_info": meta}
 
     def _generate_stream(self, text=None, sampling_params=None, **options):
@@ -143,8 +147,7 @@ def test_run_batch_keeps_each_programs_error(backend):
     def prog(s, text):
         s += text + rt.gen("a")
 
-    states = prog.run_batch([{"text": "ok"}, {"text": "FAIL"}, {"text": "fine"}],
-                            backend=backend)
+    states = prog.run_batch([{"text": "ok"}, {"text": "FAIL"}, {"text": "fine"}], backend=backend)
     assert states[0]["a"].startswith("<") and states[2]["a"].startswith("<")
     assert isinstance(states[1].error(), ValueError)
     with pytest.raises(ValueError):

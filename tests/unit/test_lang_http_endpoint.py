@@ -31,8 +31,14 @@ class FakeSGLang(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path == "/get_server_info":
-            self._json(200, {"version": "0.5.23", "port": 30000,
-                             "incremental_streaming_output": FakeSGLang.incremental})
+            self._json(
+                200,
+                {
+                    "version": "0.5.23",
+                    "port": 30000,
+                    "incremental_streaming_output": FakeSGLang.incremental,
+                },
+            )
         elif self.path == "/get_model_info":
             self._json(200, {"model_path": "Qwen/Qwen2-7B-Instruct", "is_generation": True})
         else:
@@ -91,15 +97,15 @@ def test_a_server_without_zeromq_is_driven_over_http(sglang_url):
         assert "<|im_end|>" in sent["sampling_params"]["stop"]  # the qwen template's stop
         assert backend.flush_cache() is True
         with pytest.raises(ValueError, match="max_new_tokens must be >= 0"):
-            rt.function(lambda s: s.__iadd__("x" + rt.gen("b"))).run(backend=backend,
-                                                                      max_new_tokens=-1)
+            rt.function(lambda s: s.__iadd__("x" + rt.gen("b"))).run(
+                backend=backend, max_new_tokens=-1
+            )
     finally:
         backend.shutdown()
 
 
 @pytest.mark.parametrize("incremental", [False, True])
-def test_sse_streams_give_new_text_and_per_chunk_logprobs(sglang_url, incremental,
-                                                          monkeypatch):
+def test_sse_streams_give_new_text_and_per_chunk_logprobs(sglang_url, incremental, monkeypatch):
     monkeypatch.setattr(FakeSGLang, "incremental", incremental)
     backend = rt.RuntimeEndpoint(sglang_url, transport="http")
 

@@ -12,12 +12,16 @@ from radixrt.lang import ir
 from radixrt.lang.chat_template import ChatTemplate
 from radixrt.lang.choices import METHODS, decide, greedy_winner
 
-CHATML = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-          "<|im_start|>system\nDefault prompt<|im_end|>\n{% endif %}"
-          "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-LLAMA3 = ("{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}"
-          "<|end_header_id|>\n\n{{ m['content'] | trim }}<|eot_id|>{% endfor %}")
+CHATML = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "<|im_start|>system\nDefault prompt<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+LLAMA3 = (
+    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}"
+    "<|end_header_id|>\n\n{{ m['content'] | trim }}<|eot_id|>{% endfor %}"
+)
 
 
 def test_gen_keeps_only_what_the_caller_set():
@@ -68,9 +72,14 @@ CONDITIONAL = [[-0.1, -5.0, -5.0], [-1.0, -0.5], [-2.0, -1.5]]
 UNCONDITIONAL = [[None, -4.0, -4.0], [None, -0.2], [None, -9.0]]
 
 
-@pytest.mark.parametrize("method, expected", [("token_length_normalized", 1),
-                                              ("greedy_token_selection", 0),
-                                              ("unconditional_likelihood_normalized", 2)])
+@pytest.mark.parametrize(
+    "method, expected",
+    [
+        ("token_length_normalized", 1),
+        ("greedy_token_selection", 0),
+        ("unconditional_likelihood_normalized", 2),
+    ],
+)
 def test_each_method_picks_its_best_choice(method, expected):
     scores = METHODS[method].scores(CONDITIONAL, UNCONDITIONAL)
     assert decide(scores, temperature=0) == expected

@@ -24,8 +24,13 @@ class Recorder(Backend):
     meta_info repeats every logprob so far (cumulative=True, as radixrt) or only the new ones
     (as SGLang's server), with one empty-text chunk between."""
 
-    def __init__(self, reply=lambda text: "<ok>", cumulative: bool = True,
-                 template: ChatTemplate | None = None, delay=lambda text: 0.0) -> None:
+    def __init__(
+        self,
+        reply=lambda text: "<ok>",
+        cumulative: bool = True,
+        template: ChatTemplate | None = None,
+        delay=lambda text: 0.0,
+    ) -> None:
         self.reply, self.cumulative, self.delay = reply, cumulative, delay
         self.template = template or ChatTemplate.plain()
         self.calls: list[dict] = []
@@ -35,8 +40,12 @@ class Recorder(Backend):
         time.sleep(self.delay(text))
         with self._lock:
             self.calls.append({"text": text, "params": dict(sampling_params or {}), **options})
-        meta = {"prompt_tokens": 3, "completion_tokens": 1, "cached_tokens": 0,
-                "finish_reason": {"type": "stop"}}
+        meta = {
+            "prompt_tokens": 3,
+            "completion_tokens": 1,
+            "cached_tokens": 0,
+            "finish_reason": {"type": "stop"},
+        }
         return {"text": self.reply(text), "meta_info": meta}
 
     def _generate_stream(self, text=None, sampling_params=None, **options):
@@ -45,10 +54,16 @@ class Recorder(Backend):
         for i, piece in enumerate(pieces):
             new = [(-0.1 * (i + 1), i, None)]
             sent += new
-            yield {"text": piece, "meta_info": {
-                "completion_tokens": i + 1, "prompt_tokens": 3, "cached_tokens": 0,
-                "finish_reason": None if i < 3 else {"type": "length"},
-                "output_token_logprobs": list(sent) if self.cumulative else new}}
+            yield {
+                "text": piece,
+                "meta_info": {
+                    "completion_tokens": i + 1,
+                    "prompt_tokens": 3,
+                    "cached_tokens": 0,
+                    "finish_reason": None if i < 3 else {"type": "length"},
+                    "output_token_logprobs": list(sent) if self.cumulative else new,
+                },
+            }
 
     def get_chat_template(self) -> ChatTemplate:
         return self.template
@@ -115,8 +130,13 @@ def test_dtype_gens_send_sglangs_regexes_and_stops():
 
     prog.run(backend=backend, stop=["END"])
     params = [c["params"] for c in backend.calls]
-    assert [p["regex"] for p in params] == [ir.REGEX_INT, ir.REGEX_FLOAT, ir.REGEX_BOOL,
-                                            ir.REGEX_STR, ir.REGEX_INT]
+    assert [p["regex"] for p in params] == [
+        ir.REGEX_INT,
+        ir.REGEX_FLOAT,
+        ir.REGEX_BOOL,
+        ir.REGEX_STR,
+        ir.REGEX_INT,
+    ]
     assert params[0]["stop"] == ["x", " ", "\n"]  # the gen's own stop, then the dtype's
     assert params[1]["stop"] == ["END", " ", "\n"]  # run's default stop, then the dtype's
     assert params[2]["stop"] == ["END"] and params[4]["stop"] == ["END", " ", "\n"]
@@ -129,8 +149,7 @@ def test_gen_and_run_pass_stop_regex_return_text_in_logprobs_and_n():
 
     @rt.function
     def prog(s):
-        s += "a" + rt.gen("x", stop_regex=r"\d+", return_text_in_logprobs=True,
-                          return_logprob=True)
+        s += "a" + rt.gen("x", stop_regex=r"\d+", return_text_in_logprobs=True, return_logprob=True)
         s += rt.gen_int("y", stop_regex=["z"]) + rt.gen("w")
 
     prog.run(backend=backend, n=1, stop_regex="q", return_text_in_logprobs=False)
@@ -142,31 +161,43 @@ def test_gen_and_run_pass_stop_regex_return_text_in_logprobs_and_n():
     assert first["params"]["spaces_between_special_tokens"] is True
     # Positional arguments in SGLang's order: name, max_tokens, min_tokens, n, stop, ...
     g = rt.gen("t", 8, 2, 1, ".", None, "re")
-    assert g.params == {"max_new_tokens": 8, "min_new_tokens": 2, "n": 1, "stop": ".",
-                        "stop_regex": "re"}
+    assert g.params == {
+        "max_new_tokens": 8,
+        "min_new_tokens": 2,
+        "n": 1,
+        "stop": ".",
+        "stop_regex": "re",
+    }
     assert rt.gen_int("t", 5, 1, "x").params["stop"] == "x"
 
 
 def test_run_batch_forms_generator_style_and_precache_switch():
     backend = Recorder(delay=lambda text: 0.3 if "slow" in text else 0.0)
-    states = answer.run_batch([["slow"], ("fast", "!"), {"question": "q"}], backend=backend,
-                              num_threads=3, temperature=0, stop_regex="x")
+    states = answer.run_batch(
+        [["slow"], ("fast", "!"), {"question": "q"}],
+        backend=backend,
+        num_threads=3,
+        temperature=0,
+        stop_regex="x",
+    )
     assert [s["a"] for s in states] == ["<ok>"] * 3
     assert states[1].text() == "Q: fast! A:<ok>"
     assert answer.run_batch([], backend=backend) == []
     with pytest.raises(TypeError, match="item 0 must be a dict"):
         answer.run_batch([[]], backend=backend)
-    gen = answer.run_batch([{"question": "slow"}, {"question": "fast"}], backend=backend,
-                           generator_style=True)
+    gen = answer.run_batch(
+        [{"question": "slow"}, {"question": "fast"}], backend=backend, generator_style=True
+    )
     assert not isinstance(gen, list)
     assert [s.text() for s in gen] == ["Q: slow? A:<ok>", "Q: fast? A:<ok>"]  # input order
 
     backend.calls.clear()
     rt.global_config.enable_precache_with_tracing = False
     try:
-        answer.run_batch([{"question": "a long question one"}, {"question": "a long question"
-                                                                             " two"}],
-                         backend=backend)
+        answer.run_batch(
+            [{"question": "a long question one"}, {"question": "a long question two"}],
+            backend=backend,
+        )
     finally:
         rt.global_config.enable_precache_with_tracing = True
     assert all(c["params"].get("max_new_tokens") != 0 for c in backend.calls)
@@ -250,8 +281,12 @@ def test_stream_meta_folds_both_shapes():
     whole, delta = StreamMeta(), StreamMeta()
     for n in range(1, 4):
         lps = [(0.0, i, None) for i in range(n)]
-        assert whole.add({"completion_tokens": n, "output_token_logprobs": lps})[
-            "output_token_logprobs"] == lps[-1:]
+        assert (
+            whole.add({"completion_tokens": n, "output_token_logprobs": lps})[
+                "output_token_logprobs"
+            ]
+            == lps[-1:]
+        )
         delta.add({"completion_tokens": n, "output_token_logprobs": lps[-1:]})
     assert whole.total["output_token_logprobs"] == delta.total["output_token_logprobs"]
 

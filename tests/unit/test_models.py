@@ -114,8 +114,11 @@ def check_ragged_batches(
             "llama",
             {
                 "rope_scaling": {
-                    "rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
-                    "high_freq_factor": 4.0, "original_max_position_embeddings": 16,
+                    "rope_type": "llama3",
+                    "factor": 4.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 16,
                 },
                 "rope_theta": 10000.0,
             },
@@ -171,7 +174,11 @@ def test_model_config_fields(tiny_model_dir, tmp_path):
     model, cfg = load_model(str(model_dir), "bfloat16", "cpu")
     assert isinstance(cfg, ModelConfig)
     assert (cfg.architecture, cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads) == (
-        "LlamaForCausalLM", 2, 4, 2)
+        "LlamaForCausalLM",
+        2,
+        4,
+        2,
+    )
     assert (cfg.head_dim, cfg.hidden_size, cfg.vocab_size, cfg.context_length) == (32, 64, 320, 512)
     assert cfg.eos_token_ids == [258, 7]
     assert cfg.dtype == torch.bfloat16
@@ -252,8 +259,9 @@ def test_tiny_tokenizer(tiny_model_dir):
     assert tok.eos_token_id == 258 and len(tok) == 320
     ids = tok.encode("héllo", add_special_tokens=False)
     assert len(ids) == 6 and tok.decode(ids) == "héllo"  # one token per byte
-    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
-                                   add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     with pytest.raises(FileNotFoundError):
         load_tokenizer("/nonexistent/model")

@@ -24,13 +24,15 @@ def test_package_list_matches_folders():
         dotted = ".".join(rel.parts)
         for pkg, folder in mapping.items():
             if dotted == folder or dotted.startswith(folder + "."):
-                dotted = pkg + dotted[len(folder):]
+                dotted = pkg + dotted[len(folder) :]
         found.add(dotted)
     assert declared == found
 
 
 def test_import_radixrt_does_not_load_torch():
-    code = ("import sys, radixrt, radixrt.lang; "
-            "heavy = [m for m in ('torch', 'transformers', 'triton') if m in sys.modules]; "
-            "assert not heavy, heavy; assert radixrt.Engine is not None")
+    code = (
+        "import sys, radixrt, radixrt.lang; "
+        "heavy = [m for m in ('torch', 'transformers', 'triton') if m in sys.modules]; "
+        "assert not heavy, heavy; assert radixrt.Engine is not None"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

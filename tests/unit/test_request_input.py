@@ -27,27 +27,59 @@ image_max_dynamic_patch video_max_dynamic_patch images_config mm_processor_kwarg
 multi_item_delimiter_indices token_indices_to_pool cache_salt kv_hints""".split()
 
 # A value that asks for something, per unsupported field.
-ASKING = {"input_embeds": [[0.1, 0.2]], "image_data": "http://x/cat.png",
-          "video_data": "v.mp4", "audio_data": "a.wav", "mm_hashes": ["ab"],
-          "mm_content_hashes": ["sha256:00"], "use_audio_in_video": True,
-          "video_config": {"fps": 2}, "modalities": ["image"], "watermark": {"key": 1},
-          "return_sampling_mask": True, "sampling_logprobs_mode": "support",
-          "return_flat_raw_top_logprobs": True, "return_flat_raw_output_top_logprobs": True,
-          "return_flat_raw_top_logprobs_b64": True, "return_hidden_states": True,
-          "return_routed_experts": True, "routed_experts_start_len": 3,
-          "return_indexer_topk": True, "session_params": {"id": "s1"},
-          "lora_path": "/adapters/a", "lora_id": "a", "custom_logit_processor": "{}",
-          "positional_embed_overrides": [1], "bootstrap_host": "10.0.0.1",
-          "bootstrap_port": 8998, "bootstrap_room": 7, "bootstrap_pair_key": "k",
-          "decode_tp_size": 2, "disagg_prefill_dp_rank": 1, "background": True,
-          "require_reasoning": True, "max_thinking_tokens": 10, "priority": 5,
-          "extra_key": "tenant", "custom_labels": {"team": "a"}, "return_bytes": True,
-          "return_entropy": True, "need_wait_for_mm_inputs": True,
-          "num_items_assigned": {"image": [1]}, "encoder_urls": ["http://e"],
-          "max_dynamic_patch": 4, "min_dynamic_patch": 1, "image_max_dynamic_patch": 4,
-          "video_max_dynamic_patch": 4, "images_config": {"a": 1},
-          "mm_processor_kwargs": {"a": 1}, "multi_item_delimiter_indices": [3],
-          "token_indices_to_pool": [2], "cache_salt": "salt", "kv_hints": {"v": 1}}
+ASKING = {
+    "input_embeds": [[0.1, 0.2]],
+    "image_data": "http://x/cat.png",
+    "video_data": "v.mp4",
+    "audio_data": "a.wav",
+    "mm_hashes": ["ab"],
+    "mm_content_hashes": ["sha256:00"],
+    "use_audio_in_video": True,
+    "video_config": {"fps": 2},
+    "modalities": ["image"],
+    "watermark": {"key": 1},
+    "return_sampling_mask": True,
+    "sampling_logprobs_mode": "support",
+    "return_flat_raw_top_logprobs": True,
+    "return_flat_raw_output_top_logprobs": True,
+    "return_flat_raw_top_logprobs_b64": True,
+    "return_hidden_states": True,
+    "return_routed_experts": True,
+    "routed_experts_start_len": 3,
+    "return_indexer_topk": True,
+    "session_params": {"id": "s1"},
+    "lora_path": "/adapters/a",
+    "lora_id": "a",
+    "custom_logit_processor": "{}",
+    "positional_embed_overrides": [1],
+    "bootstrap_host": "10.0.0.1",
+    "bootstrap_port": 8998,
+    "bootstrap_room": 7,
+    "bootstrap_pair_key": "k",
+    "decode_tp_size": 2,
+    "disagg_prefill_dp_rank": 1,
+    "background": True,
+    "require_reasoning": True,
+    "max_thinking_tokens": 10,
+    "priority": 5,
+    "extra_key": "tenant",
+    "custom_labels": {"team": "a"},
+    "return_bytes": True,
+    "return_entropy": True,
+    "need_wait_for_mm_inputs": True,
+    "num_items_assigned": {"image": [1]},
+    "encoder_urls": ["http://e"],
+    "max_dynamic_patch": 4,
+    "min_dynamic_patch": 1,
+    "image_max_dynamic_patch": 4,
+    "video_max_dynamic_patch": 4,
+    "images_config": {"a": 1},
+    "mm_processor_kwargs": {"a": 1},
+    "multi_item_delimiter_indices": [3],
+    "token_indices_to_pool": [2],
+    "cache_salt": "salt",
+    "kv_hints": {"v": 1},
+}
 
 
 def test_the_struct_has_exactly_sglangs_fields():
@@ -73,14 +105,22 @@ def test_an_unsupported_field_that_asks_for_something_names_itself(name):
 
 
 def test_empty_zero_and_all_null_batch_values_count_as_unset():
-    ri.check_supported(ri.from_dict({"text": ["a", "b"], "lora_path": [None, None],
-                                     "extra_key": "", "modalities": [], "image_data": [],
-                                     "priority": 0}))
+    ri.check_supported(
+        ri.from_dict(
+            {
+                "text": ["a", "b"],
+                "lora_path": [None, None],
+                "extra_key": "",
+                "modalities": [],
+                "image_data": [],
+                "priority": 0,
+            }
+        )
+    )
 
 
 def test_dp_rank_zero_is_the_one_rank_and_others_are_refused():
-    ri.check_supported(ri.from_dict({"text": "x", "data_parallel_rank": 0,
-                                     "routed_dp_rank": 0}))
+    ri.check_supported(ri.from_dict({"text": "x", "data_parallel_rank": 0, "routed_dp_rank": 0}))
     with pytest.raises(ParamError, match="data_parallel_rank must be 0"):
         ri.check_supported(ri.from_dict({"text": "x", "data_parallel_rank": 1}))
 
@@ -99,19 +139,32 @@ def test_unknown_names_and_wrong_types_name_the_field():
 
 
 def test_per_prompt_lists_of_logprob_fields_are_accepted():
-    req = ri.from_dict({"text": ["a", "b"], "return_logprob": [True, False],
-                        "logprob_start_len": [0, -1], "top_logprobs_num": [2, 0],
-                        "token_ids_logprob": [[1, 2], None]})
+    req = ri.from_dict(
+        {
+            "text": ["a", "b"],
+            "return_logprob": [True, False],
+            "logprob_start_len": [0, -1],
+            "top_logprobs_num": [2, 0],
+            "token_ids_logprob": [[1, 2], None],
+        }
+    )
     assert req.return_logprob == [True, False] and req.token_ids_logprob == [[1, 2], None]
 
 
 def test_the_struct_crosses_the_zeromq_socket_whole():
-    req = ri.make_request(text="hi", sampling_params={"stop_regex": ["a+b"]},
-                          return_logprob=True, return_text_in_logprobs=True,
-                          token_ids_logprob=[3], rid="r1", stream=True)
+    req = ri.make_request(
+        text="hi",
+        sampling_params={"stop_regex": ["a+b"]},
+        return_logprob=True,
+        return_text_in_logprobs=True,
+        token_ids_logprob=[3],
+        rid="r1",
+        stream=True,
+    )
     got = decode_from_client(encode(ClientGenerate("id", req)))
     assert isinstance(got, ClientGenerate) and got.request == req
-    bad = msgspec.msgpack.encode({"type": "client_generate", "request_id": "id",
-                                  "request": {"stream": "yes"}})
+    bad = msgspec.msgpack.encode(
+        {"type": "client_generate", "request_id": "id", "request": {"stream": "yes"}}
+    )
     with pytest.raises(msgspec.ValidationError, match="stream"):
         decode_from_client(bad)

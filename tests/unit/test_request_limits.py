@@ -25,16 +25,26 @@ VOCAB = 49152
 
 
 def limits(**kw):
-    base = dict(top_logprobs_num=0, token_ids_logprob=None, logprob_start_len=-1,
-                return_logprob=True, prompt_len=64, max_new_tokens=100, max_logprobs=20,
-                max_entries=1_000_000)
+    base = dict(
+        top_logprobs_num=0,
+        token_ids_logprob=None,
+        logprob_start_len=-1,
+        return_logprob=True,
+        prompt_len=64,
+        max_new_tokens=100,
+        max_logprobs=20,
+        max_entries=1_000_000,
+    )
     return {**base, **kw}
 
 
 def test_top_logprobs_num_is_capped_by_max_logprobs():
     validate_logprobs(**limits(top_logprobs_num=20))
-    with pytest.raises(ParamError, match=r"top_logprobs_num must be an int in \[0, 20\] "
-                       r"\(the server's --max-logprobs\), got 49152") as err:
+    with pytest.raises(
+        ParamError,
+        match=r"top_logprobs_num must be an int in \[0, 20\] "
+        r"\(the server's --max-logprobs\), got 49152",
+    ) as err:
         validate_logprobs(**limits(top_logprobs_num=49152))
     assert err.value.param == "top_logprobs_num"
     with pytest.raises(ParamError, match="got True"):
@@ -66,16 +76,22 @@ def fake_engine(**args) -> SimpleNamespace:
     return SimpleNamespace(tokenizer=NoTokenizer(), info=info, server_args=ServerArgs(**args))
 
 
-@pytest.mark.parametrize("fields,param,words", [
-    (dict(text="a" * 101), "text", "text has 101 characters; the server's --max-prompt-chars "
-                                   "is 100"),
-    (dict(text=["ok", "a" * 101]), "text", "text[1] has 101 characters"),
-    (dict(text=["a"] * 9), "text", "text holds 9 prompts; one request may make at most 8"),
-    (dict(input_ids=[[1]] * 9), "input_ids", "input_ids holds 9 prompts"),
-    (dict(text=["a"] * 3, sampling_params={"n": 3}), "n", "3 prompt(s) x n make 9 requests"),
-    (dict(text=["a", "b"], sampling_params=[{"n": 4}, {"n": 5}]), "n", "make 9 requests"),
-    (dict(input_ids=[[1], 2]), "input_ids", "not a mix"),
-])
+@pytest.mark.parametrize(
+    "fields,param,words",
+    [
+        (
+            dict(text="a" * 101),
+            "text",
+            "text has 101 characters; the server's --max-prompt-chars is 100",
+        ),
+        (dict(text=["ok", "a" * 101]), "text", "text[1] has 101 characters"),
+        (dict(text=["a"] * 9), "text", "text holds 9 prompts; one request may make at most 8"),
+        (dict(input_ids=[[1]] * 9), "input_ids", "input_ids holds 9 prompts"),
+        (dict(text=["a"] * 3, sampling_params={"n": 3}), "n", "3 prompt(s) x n make 9 requests"),
+        (dict(text=["a", "b"], sampling_params=[{"n": 4}, {"n": 5}]), "n", "make 9 requests"),
+        (dict(input_ids=[[1], 2]), "input_ids", "not a mix"),
+    ],
+)
 def test_prompts_and_batches_are_bounded_before_tokenizing(fields, param, words):
     engine = fake_engine(max_prompt_chars=100, max_request_batch_size=8)
     with pytest.raises(ParamError) as err:
@@ -92,8 +108,9 @@ def test_build_requests_checks_logprob_limits_and_token_ids():
     with pytest.raises(ParamError, match="got 49152") as err:
         build_requests(engine, make_request(input_ids=[1], token_ids_logprob=[3, VOCAB]))
     assert err.value.param == "token_ids_logprob"
-    planned, _ = build_requests(engine, make_request(input_ids=[1, 2], top_logprobs_num=5,
-                                                     return_logprob=True))
+    planned, _ = build_requests(
+        engine, make_request(input_ids=[1, 2], top_logprobs_num=5, return_logprob=True)
+    )
     assert planned[0].msg.top_logprobs_num == 5
 
 
@@ -146,15 +163,15 @@ def test_a_row_with_nothing_left_to_draw_samples_no_token():
     logits[1] = float("-inf")
     logits[2, :] = float("-inf")
     logits[2, 7] = 0.0  # only the end of sequence (7) is allowed, and min_new_tokens bans it
-    params = [SamplingParams(), SamplingParams(temperature=0.0),
-              SamplingParams(min_new_tokens=3)]
+    params = [SamplingParams(), SamplingParams(temperature=0.0), SamplingParams(min_new_tokens=3)]
     for p in params:
         p.verify(10)
     for temperature in (0.0, 1.0):
         for p in (params[0], params[2]):
             p.temperature = temperature
-        batch = SamplingBatch.build(params, [None] * 3, [[], [], [1]], [[1]] * 3, 10, "cpu",
-                                    eos_token_ids=[7])
+        batch = SamplingBatch.build(
+            params, [None] * 3, [[], [], [1]], [[1]] * 3, 10, "cpu", eos_token_ids=[7]
+        )
         ids = sample(logits, batch).tolist()
         assert ids[0] != NO_TOKEN and ids[1:] == [NO_TOKEN, NO_TOKEN], ids
 
@@ -212,7 +229,8 @@ def test_openai_layer_takes_param_from_the_error_not_its_text():
 
     names = {"max_new_tokens": "max_tokens", "input_ids": "prompt"}
     # The message names other fields first: only the exception's own param counts.
-    api = rename_engine_error(ParamError("max_new_tokens", "'temperature' and max_new_tokens"),
-                              names)
+    api = rename_engine_error(
+        ParamError("max_new_tokens", "'temperature' and max_new_tokens"), names
+    )
     assert api.param == "max_tokens" and api.message == "'temperature' and max_tokens"
     assert rename_engine_error(ValueError("bad 'temperature'"), names).param is None

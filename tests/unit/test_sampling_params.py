@@ -107,13 +107,16 @@ def test_max_new_tokens_bounded_by_context() -> None:
         p.verify(VOCAB, max_context=256)
 
 
-@pytest.mark.parametrize("field,bad,why", [
-    ("regex", "([a-", "not a valid regular expression"),
-    ("json_schema", "{bad", "not valid JSON"),
-    ("json_schema", "[1, 2]", "must be a JSON object"),
-    ("json_schema", '{"type": "no-such-type"}', "not a valid JSON schema"),
-    ("ebnf", "root ::= ", "not a valid EBNF"),
-])
+@pytest.mark.parametrize(
+    "field,bad,why",
+    [
+        ("regex", "([a-", "not a valid regular expression"),
+        ("json_schema", "{bad", "not valid JSON"),
+        ("json_schema", "[1, 2]", "must be a JSON object"),
+        ("json_schema", '{"type": "no-such-type"}', "not a valid JSON schema"),
+        ("ebnf", "root ::= ", "not a valid EBNF"),
+    ],
+)
 def test_a_bad_constraint_names_its_field(field: str, bad: str, why: str) -> None:
     from radixrt.grammar.constraint import check_constraint
 

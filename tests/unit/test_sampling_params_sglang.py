@@ -41,9 +41,13 @@ def test_sglang_internal_fields_only_at_their_defaults():
 
 def test_stop_regex_is_a_list_and_bad_ones_name_stop_regex():
     assert checked({"stop_regex": r"\d+\."}).stop_regex == [r"\d+\."]
-    for bad, why in [("([", "does not compile"), ("x*", "empty string"),
-                     (["a"] * 33, "at most 32"), ("a" * 300, "at most 256 bytes"),
-                     (5, "a str")]:
+    for bad, why in [
+        ("([", "does not compile"),
+        ("x*", "empty string"),
+        (["a"] * 33, "at most 32"),
+        ("a" * 300, "at most 256 bytes"),
+        (5, "a str"),
+    ]:
         with pytest.raises(ValueError, match="stop_regex") as e:
             checked({"stop_regex": bad})
         assert why in str(e.value)
@@ -57,18 +61,32 @@ def test_sampling_seed_is_the_seed():
         checked({"sampling_seed": 7, "seed": 8})
 
 
-@pytest.mark.parametrize("params,needle", [
-    ({"beam_width": 2}, "beam_width"), ({"beam_width": 0}, "beam_width"),
-    ({"structural_tag": '{"type": "x"}'}, "structural_tag"),
-    ({"watermark": {"key": 1}}, "watermark"), ({"stream_interval": 0}, "stream_interval")])
+@pytest.mark.parametrize(
+    "params,needle",
+    [
+        ({"beam_width": 2}, "beam_width"),
+        ({"beam_width": 0}, "beam_width"),
+        ({"structural_tag": '{"type": "x"}'}, "structural_tag"),
+        ({"watermark": {"key": 1}}, "watermark"),
+        ({"stream_interval": 0}, "stream_interval"),
+    ],
+)
 def test_unimplemented_parameters_are_refused_by_name(params, needle):
     with pytest.raises(ValueError, match=needle):
         checked(params)
 
 
 def test_accepted_at_their_neutral_values():
-    p = checked({"beam_width": 1, "structural_tag": "", "custom_params": {"a": 1},
-                 "stream_interval": 4, "regex": "", "watermark": None})
+    p = checked(
+        {
+            "beam_width": 1,
+            "structural_tag": "",
+            "custom_params": {"a": 1},
+            "stream_interval": 4,
+            "regex": "",
+            "watermark": None,
+        }
+    )
     assert p.regex is None and p.stream_interval == 4
 
 
@@ -91,7 +109,7 @@ def test_a_stop_regex_match_is_never_shown_even_in_part(tokenizer, seed, trim):
         if i + n >= len(ids):
             shown += detok.finish(ids[i:], {"type": "stop", "matched": pattern})
         else:
-            shown += detok.add(ids[i:i + n])
+            shown += detok.add(ids[i : i + n])
             assert "then 3" not in shown, shown
         i += n
     assert shown == ("order 12 items, then " if trim else "order 12 items, then 345 m")

@@ -24,9 +24,15 @@ def scheduler_and_outbox(tiny_model_dir):
     from radixrt.transport import queue_pair
 
     path = tiny_model_dir("llama")
-    args = ServerArgs(model_path=path, dtype="float32", max_total_tokens=512,
-                      enable_kv_checks=True, grammar_compile_timeout=5.0, max_logprobs=5,
-                      max_logprob_entries=1000)
+    args = ServerArgs(
+        model_path=path,
+        dtype="float32",
+        max_total_tokens=512,
+        enable_kv_checks=True,
+        grammar_compile_timeout=5.0,
+        max_logprobs=5,
+        max_logprob_entries=1000,
+    )
     front, back = queue_pair()
     return Scheduler(args, build_components(args, load_tokenizer(path)), back), front
 
@@ -60,9 +66,13 @@ def test_a_request_that_cannot_go_on_ends_alone(scheduler_and_outbox):
     scheduler, front = scheduler_and_outbox
     alone = run(scheduler, front, req("alone", [72, 105, 33]))["alone"]
     a = scheduler.parts.tokenizer.encode("a", add_special_tokens=False)[0]
-    outs = run(scheduler, front, req("beside", [72, 105, 33]),
-               req("banned", [83, 97, 121], regex="a", min_new_tokens=5),
-               req("streamed", [83, 97, 121, 58], regex="a", min_new_tokens=5))
+    outs = run(
+        scheduler,
+        front,
+        req("beside", [72, 105, 33]),
+        req("banned", [83, 97, 121], regex="a", min_new_tokens=5),
+        req("streamed", [83, 97, 121, 58], regex="a", min_new_tokens=5),
+    )
     assert outs["beside"] == alone
     for rid in ("banned", "streamed"):
         assert outs[rid]["ids"] == [a]
@@ -73,18 +83,23 @@ def test_a_request_that_cannot_go_on_ends_alone(scheduler_and_outbox):
     assert not scheduler.running
 
 
-@pytest.mark.parametrize("msg,words", [
-    (GenerateReq("r", [1, 10**6], {}), "input_ids[1] = 1000000 is not a token id"),
-    (GenerateReq("r", [], {}), "the prompt is empty"),
-    (GenerateReq("r", [1, 2], {}, True, 0, 6), "top_logprobs_num must be an int in [0, 5]"),
-    (GenerateReq("r", [1, 2], {}, True, 0, 0, False, [10**6]), "token_ids_logprob[0]"),
-    (GenerateReq("r", [1, 2], {"max_new_tokens": 100}, True, 0, 0, False, list(range(20))),
-     "--max-logprob-entries is 1000"),
-    (GenerateReq("r", [1, 2], {}, True, 7), "logprob_start_len must be -1 or in [0, 1]"),
-    (GenerateReq("r", [1], {"json_schema": "[" * 5000 + "]" * 5000}), "levels deep"),
-    (GenerateReq("r", [1], {"regex": "(ab"}), "not a valid regular expression"),
-    (GenerateReq("r", [1], {"temperature": "hot"}), "'temperature' must be"),
-])
+@pytest.mark.parametrize(
+    "msg,words",
+    [
+        (GenerateReq("r", [1, 10**6], {}), "input_ids[1] = 1000000 is not a token id"),
+        (GenerateReq("r", [], {}), "the prompt is empty"),
+        (GenerateReq("r", [1, 2], {}, True, 0, 6), "top_logprobs_num must be an int in [0, 5]"),
+        (GenerateReq("r", [1, 2], {}, True, 0, 0, False, [10**6]), "token_ids_logprob[0]"),
+        (
+            GenerateReq("r", [1, 2], {"max_new_tokens": 100}, True, 0, 0, False, list(range(20))),
+            "--max-logprob-entries is 1000",
+        ),
+        (GenerateReq("r", [1, 2], {}, True, 7), "logprob_start_len must be -1 or in [0, 1]"),
+        (GenerateReq("r", [1], {"json_schema": "[" * 5000 + "]" * 5000}), "levels deep"),
+        (GenerateReq("r", [1], {"regex": "(ab"}), "not a valid regular expression"),
+        (GenerateReq("r", [1], {"temperature": "hot"}), "'temperature' must be"),
+    ],
+)
 def test_raw_messages_are_refused_with_an_abort_message(scheduler_and_outbox, msg, words):
     scheduler, front = scheduler_and_outbox
     out = run(scheduler, front, msg)["r"]

@@ -42,8 +42,9 @@ class FakeRunner:
     def forward(self, batch: ScheduleBatch) -> torch.Tensor:
         self.batches.append(batch)
         new_slots = []
-        for req, prefix, n, row in zip(batch.reqs, batch.prefix_lens, batch.extend_lens,
-                                       batch.table_rows, strict=True):
+        for req, prefix, n, row in zip(
+            batch.reqs, batch.prefix_lens, batch.extend_lens, batch.table_rows, strict=True
+        ):
             assert req.kv_len == prefix, "kv_len is committed after the forward, not before"
             assert req.table_row == row and req.num_slots >= prefix + n
             slots = self.table.read(row, 0, prefix + n)
@@ -58,18 +59,32 @@ class FakeRunner:
         return logits
 
 
-def make_scheduler(pool_tokens: int = 256, page_size: int = 1, cache: str = "radix",
-                   **overrides) -> tuple[Scheduler, FakeRunner, object]:
-    args = ServerArgs(page_size=page_size, max_total_tokens=pool_tokens, enable_kv_checks=True,
-                      max_running_requests=16, **overrides)
+def make_scheduler(
+    pool_tokens: int = 256, page_size: int = 1, cache: str = "radix", **overrides
+) -> tuple[Scheduler, FakeRunner, object]:
+    args = ServerArgs(
+        page_size=page_size,
+        max_total_tokens=pool_tokens,
+        enable_kv_checks=True,
+        max_running_requests=16,
+        **overrides,
+    )
     allocator = PageAllocator(pool_tokens // page_size, page_size)
     table = ReqToTokenTable(args.max_running_requests, 512, "cpu")
     runner = FakeRunner(table, allocator)
-    parts = Components(model_config=SimpleNamespace(eos_token_ids=[EOS], vocab_size=VOCAB),
-                       runner=runner, allocator=allocator,
-                       cache=create_prefix_cache(cache, allocator), table=table,
-                       pool_tokens=pool_tokens, dtype=torch.float32, device="cpu",
-                       attention_backend="fake", context_length=512, tokenizer=None)
+    parts = Components(
+        model_config=SimpleNamespace(eos_token_ids=[EOS], vocab_size=VOCAB),
+        runner=runner,
+        allocator=allocator,
+        cache=create_prefix_cache(cache, allocator),
+        table=table,
+        pool_tokens=pool_tokens,
+        dtype=torch.float32,
+        device="cpu",
+        attention_backend="fake",
+        context_length=512,
+        tokenizer=None,
+    )
     front, back = queue_pair()
     return Scheduler(args, parts, back), runner, front
 
@@ -110,7 +125,8 @@ def test_outputs_follow_the_model_and_the_pool_is_whole_afterwards():
     assert outs == {rid: expected(ids, 6) for rid, ids in prompts.items()}
     first = runner.batches[0]
     assert first.prefix_lens == (0,) * 5 and sum(first.extend_lens) == sum(
-        len(p) for p in prompts.values())
+        len(p) for p in prompts.values()
+    )
     assert all(n == 1 for n in runner.batches[-1].extend_lens)
     scheduler.handle(FlushCacheReq())
     assert scheduler.parts.allocator.num_free_pages == 256
@@ -125,8 +141,15 @@ def test_siblings_wait_for_shared_prefix_then_hit_cache():
     scheduler.step()
     assert [r.rid for r in runner.batches[0].reqs] == ["r0"], "siblings must wait one step"
     scheduler.step()
-    admitted = {r.rid: (p, n) for r, p, n in zip(runner.batches[1].reqs,
-                runner.batches[1].prefix_lens, runner.batches[1].extend_lens, strict=True)}
+    admitted = {
+        r.rid: (p, n)
+        for r, p, n in zip(
+            runner.batches[1].reqs,
+            runner.batches[1].prefix_lens,
+            runner.batches[1].extend_lens,
+            strict=True,
+        )
+    }
     assert admitted["r1"] == (40, 1) and admitted["r2"] == (40, 1)
     outs = run_until_idle(scheduler, front)
     assert outs["r1"] == expected(prefix + [61], 4)
@@ -141,16 +164,21 @@ def test_chunked_prefill_interleaves_with_decode():
         scheduler.step()
     for batch in runner.batches[1:4]:
         assert sorted(batch.extend_lens) == [1, 16]
-    assert [b.prefix_lens[b.reqs.index(r)] for b in runner.batches[1:4]
-            for r in b.reqs if r.rid == "long"] == [0, 16, 32]
+    assert [
+        b.prefix_lens[b.reqs.index(r)]
+        for b in runner.batches[1:4]
+        for r in b.reqs
+        if r.rid == "long"
+    ] == [0, 16, 32]
     outs = run_until_idle(scheduler, front)
     assert outs["long"] == expected(list(range(10, 60)), 4)
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_preemption_when_the_pool_runs_out_keeps_outputs_and_accounting(page_size):
-    scheduler, _, front = make_scheduler(pool_tokens=48, page_size=page_size,
-                                         schedule_conservativeness=0.0)
+    scheduler, _, front = make_scheduler(
+        pool_tokens=48, page_size=page_size, schedule_conservativeness=0.0
+    )
     prompts = {f"r{i}": [i + 2] * 8 for i in range(4)}
     for rid, ids in prompts.items():
         submit(scheduler, rid, ids, max_new=20)
@@ -184,16 +212,20 @@ def test_dfs_weight_groups_requests_by_cached_prefix():
     def req(ids: list[int], order: int, max_new: int = 4) -> Req:
         return Req(f"r{order}", ids, SamplingParams(max_new_tokens=max_new), arrival_order=order)
 
-    reqs = [req([1] * 10 + [5], 0), req([2] * 10 + [5], 1), req([2] * 10 + [6], 2),
-            req([1] * 10 + [6], 3), req([2] * 10 + [7], 4)]
+    reqs = [
+        req([1] * 10 + [5], 0),
+        req([2] * 10 + [5], 1),
+        req([2] * 10 + [6], 2),
+        req([1] * 10 + [6], 3),
+        req([2] * 10 + [7], 4),
+    ]
     order = [r.rid for r in SchedulePolicy("dfs-weight", kv).order(reqs)]
     assert order[:3] == ["r1", "r2", "r4"] and sorted(order[3:]) == ["r0", "r3"]
     assert SchedulePolicy("lpm", kv).order([req([9, 9], 9)] + reqs[:1])[0].rid == "r0"
     lof = SchedulePolicy("lof", kv).order([req([1], 0, 4), req([1], 1, 9)])
     assert [r.rid for r in lof] == ["r1", "r0"]
     none = make_scheduler(cache="none")[0].kv
-    assert [r.rid for r in SchedulePolicy("dfs-weight", none).order(reqs)] == [
-        r.rid for r in reqs]
+    assert [r.rid for r in SchedulePolicy("dfs-weight", none).order(reqs)] == [r.rid for r in reqs]
 
 
 def test_token_slice_spans_prompt_and_output():

@@ -33,8 +33,9 @@ def build(pool: KVPool, specs: list[tuple[int, int]], gen: torch.Generator):
     return make_batch(pool, specs, kv_idx, out_loc), full_k, full_v
 
 
-def make_batch(pool: KVPool, specs: list[tuple[int, int]], kv_idx: list[int],
-               out_loc: list[int]) -> ForwardBatch:
+def make_batch(
+    pool: KVPool, specs: list[tuple[int, int]], kv_idx: list[int], out_loc: list[int]
+) -> ForwardBatch:
     """specs: (prefix_len, extend_len) per sequence; kv_idx: every sequence's slots in turn."""
     lens = [p + n for p, n in specs]
     qo = [0] + torch.tensor([n for _, n in specs]).cumsum(0).tolist()
@@ -103,8 +104,13 @@ def test_registry_creates_torch_backend():
     assert isinstance(create_backend("torch", page_size=16), TorchAttentionBackend)
 
 
-def check_against_naive(fb: ForwardBatch, seqs: list, specs: list[tuple[int, int]],
-                        dtype: torch.dtype, gen: torch.Generator) -> None:
+def check_against_naive(
+    fb: ForwardBatch,
+    seqs: list,
+    specs: list[tuple[int, int]],
+    dtype: torch.dtype,
+    gen: torch.Generator,
+) -> None:
     """Layer 0's output for random queries equals naive attention over each sequence's K/V."""
     qo = fb.qo_indptr.tolist()
     q = torch.randn(qo[-1], HQ, D, generator=gen)
@@ -113,8 +119,8 @@ def check_against_naive(fb: ForwardBatch, seqs: list, specs: list[tuple[int, int
     out = fb.attn_backend.forward(q.to(dtype), k_new.to(dtype), v_new.to(dtype), 0, fb, D**-0.5)
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     for i, ((k, v), (p, n)) in enumerate(zip(seqs, specs, strict=True)):
-        want = naive(q[qo[i]: qo[i] + n], k.to(dtype).float(), v.to(dtype).float(), p, D**-0.5)
-        torch.testing.assert_close(out[qo[i]: qo[i] + n].float(), want, atol=tol, rtol=0)
+        want = naive(q[qo[i] : qo[i] + n], k.to(dtype).float(), v.to(dtype).float(), p, D**-0.5)
+        torch.testing.assert_close(out[qo[i] : qo[i] + n].float(), want, atol=tol, rtol=0)
 
 
 @pytest.mark.parametrize("with_extend", [False, True])

@@ -70,8 +70,9 @@ def test_a_wrong_key_is_refused_before_the_payload_is_decoded():
 
 def test_a_payload_with_a_right_key_but_bad_bytes_is_a_400():
     frontend = ZmqFrontend(_Engine(), "127.0.0.1", "secret")
-    bad = msgspec.msgpack.encode({"type": "client_control", "request_id": "other",
-                                  "kind": "get_server_info"})
+    bad = msgspec.msgpack.encode(
+        {"type": "client_control", "request_id": "other", "kind": "get_server_info"}
+    )
     replies = _run(_exchange(frontend, [[b"r1", b"secret", b"\xc1"], [b"r2", b"secret", bad]]))
     assert [r.status for r in replies] == [400, 400]
     assert "differs" in replies[1].error
@@ -80,11 +81,21 @@ def test_a_payload_with_a_right_key_but_bad_bytes_is_a_400():
 def test_a_payload_nested_too_deeply_is_a_400_not_a_crash():
     enc = msgspec.msgpack.encode
     deep = b"\x91" * 100_000 + b"\xc0"  # a list in a list in a list ... of nil
-    payload = (b"\x83" + enc("type") + enc("client_generate") + enc("request_id") + enc("r1")
-               + enc("request") + b"\x81" + enc("custom_logit_processor") + deep)
+    payload = (
+        b"\x83"
+        + enc("type")
+        + enc("client_generate")
+        + enc("request_id")
+        + enc("r1")
+        + enc("request")
+        + b"\x81"
+        + enc("custom_logit_processor")
+        + deep
+    )
     good = client_frames(ClientControl("r2", "get_server_info"), None)
-    replies = _run(_exchange(ZmqFrontend(_Engine(), "127.0.0.1", None),
-                             [[b"r1", b"", payload], good]))
+    replies = _run(
+        _exchange(ZmqFrontend(_Engine(), "127.0.0.1", None), [[b"r1", b"", payload], good])
+    )
     assert replies[0].status == 400 and "nested" in replies[0].error
     assert replies[1].kind == "result"
 
