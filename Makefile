@@ -33,6 +33,7 @@ test-fast: setup
 # Ruff, then mypy (pyproject.toml: strict on cache/, scheduler/ and executor/).
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 bench: setup
