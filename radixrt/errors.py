@@ -12,3 +12,4 @@ class ParamError(ValueError):
     def __init__(self, param: str | None, message: str) -> None:
         super().__init__(message)
         self.param = param
+        self.message = message

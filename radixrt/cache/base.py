@@ -68,6 +68,13 @@ class PrefixCache(ABC):
         """The longest cached prefix of `key`, cut to whole pages; refreshes its access time."""
 
     @abstractmethod
+    def insert(self, key: list[int], value: torch.Tensor) -> int:
+        """Offer `value` (int64 [len(key)], whole pages) as the slots of `key`. Returns p: the
+        cache already held key[:p], so the caller keeps value[:p] (and frees those slots if
+        they are not the cache's own); the cache takes value[p:]. A cache that keeps nothing
+        returns len(key): the caller keeps everything."""
+
+    @abstractmethod
     def publish(self, key: list[int], slots: torch.Tensor, held: int, node: CacheNode) -> Published:
         """Offer the K/V of `key` (whole pages; `slots` int64 [len(key)] its slots). The first
         `held` positions are already the cache's (borrowed through the lock on `node`), the

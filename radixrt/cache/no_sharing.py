@@ -35,6 +35,9 @@ class NoSharingCache(PrefixCache):
     def match_prefix(self, key: list[int]) -> MatchResult:
         return MatchResult(_EMPTY, _ROOT)
 
+    def insert(self, key: list[int], value: torch.Tensor) -> int:
+        return len(key)
+
     def publish(self, key: list[int], slots: torch.Tensor, held: int, node: CacheNode) -> Published:
         assert held == 0, "this cache lends nothing"
         return Published(0, _EMPTY, node)

@@ -185,6 +185,7 @@ def test_no_sharing_cache_caches_nothing() -> None:
     assert m.indices.numel() == 0
     published = cache.publish([A, B], slots, 0, m.last_node)
     assert published.length == 0 and published.slots.numel() == 0  # the caller keeps all
+    assert cache.insert([A, B], slots) == 2  # it takes nothing: the caller keeps both
     assert cache.match_prefix([A, B]).indices.numel() == 0
     assert cache.total_size() == 0 and cache.evict(10) == 0
     check_kv_accounting(alloc, cache, held_private_pages=2)
