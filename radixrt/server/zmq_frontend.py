@@ -72,38 +72,22 @@ class ZmqFrontend:
         if not request_id or len(rid_frame) > MAX_REQUEST_ID_BYTES:
             return
         if not self._authorized(key_frame):  # before a byte of the payload is decoded
-            self._reply(
-                identity,
-                ClientReply(request_id, "error", error="missing or wrong API key", status=401),
-            )
+            self._refuse(identity, request_id, 401, "missing or wrong API key")
             return
         try:
             msg = decode_from_client(data)
         except RecursionError:
-            self._reply(
-                identity,
-                ClientReply(
-                    request_id,
-                    "error",
-                    status=400,
-                    error="bad request: the payload is nested too deeply",
-                ),
-            )
+            self._refuse(identity, request_id, 400, "bad request: the payload is nested too deeply")
             return
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            self._reply(
-                identity, ClientReply(request_id, "error", error=f"bad request: {e}", status=400)
-            )
+            self._refuse(identity, request_id, 400, f"bad request: {e}")
             return
         if msg.request_id != request_id:
-            self._reply(
+            self._refuse(
                 identity,
-                ClientReply(
-                    request_id,
-                    "error",
-                    status=400,
-                    error="bad request: the payload's request_id differs from its frame's",
-                ),
+                request_id,
+                400,
+                "bad request: the payload's request_id differs from its frame's",
             )
             return
         key = (identity, request_id)
@@ -154,6 +138,9 @@ class ZmqFrontend:
             self._reply(identity, ClientReply(msg.request_id, "result", data))
         except Exception as exc:  # noqa: BLE001 - reported to the client
             self._reply(identity, _error_reply(msg.request_id, exc))
+
+    def _refuse(self, identity: bytes, request_id: str, status: int, error: str) -> None:
+        self._reply(identity, ClientReply(request_id, "error", error=error, status=status))
 
     def _reply(self, identity: bytes, reply: ClientReply) -> None:
         self.sock.send_multipart([identity, encode(reply)])
