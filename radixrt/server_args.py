@@ -82,6 +82,11 @@ class ServerArgs:
         "'Authorization: Bearer KEY'; default: $RADIXRT_API_KEY (keeps "
         "the key out of `ps`)",
     )
+    chat_template: str | None = _f(
+        None,
+        "replace the model's chat template: a Jinja file's path, or a name shipped with "
+        "radixrt; default: the tokenizer's own",
+    )
     served_model_name: str | None = _f(
         None, "model name of the OpenAI API; default: the model path, or SmolLM2-135M-Instruct"
     )
@@ -131,6 +136,7 @@ class ServerArgs:
     # Debugging and logging
     enable_kv_checks: bool = _f(False, "check KV accounting after every scheduler step")
     log_level: str = _f("info", "logging level", ("debug", "info", "warning", "error"))
+    log_requests: bool = _f(False, "log one access line per HTTP request (method, path, status, time)")
 
     def __post_init__(self) -> None:
         if self.api_key is None:
