@@ -18,6 +18,7 @@ from typing import Protocol
 import torch
 
 from radixrt.cache.allocator import PageAllocator
+from radixrt.scheduler.step_metrics import KVBlockTimings
 
 
 class CacheNode(Protocol):
@@ -62,6 +63,7 @@ class PrefixCache(ABC):
 
     allocator: PageAllocator
     page_size: int
+    block_timings: KVBlockTimings  # vLLM's kv_block_* histograms (empty if nothing is kept)
 
     @abstractmethod
     def match_prefix(self, key: list[int]) -> MatchResult:

@@ -10,6 +10,7 @@ import torch
 
 from radixrt.cache.allocator import PageAllocator
 from radixrt.cache.base import CacheNode, MatchResult, PrefixCache, Published
+from radixrt.scheduler.step_metrics import KVBlockTimings
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
@@ -31,6 +32,7 @@ class NoSharingCache(PrefixCache):
         self.allocator = allocator
         self.page_size = allocator.page_size
         self.root = _ROOT
+        self.block_timings = KVBlockTimings()  # never observes: nothing is kept
 
     def match_prefix(self, key: list[int]) -> MatchResult:
         return MatchResult(_EMPTY, _ROOT)

@@ -8,6 +8,11 @@ chunks) hands its KV to the tree (`insert`). When the pool runs short the schedu
 With page_size > 1 the tree works in whole pages: every node's key length is a multiple of
 page_size, nodes split only at page boundaries, and each page-sized chunk of a node's value is
 one whole pool page, so freeing a node's slots frees exactly its pages.
+
+Block timing (vLLM's kv_block_* histograms) is kept per node, in monotonic seconds: when it was
+inserted and when a request last let go of it. Every page of a node shares those times (a node
+is inserted whole, and a match splits the node it ends in, so a lock covers whole nodes): each
+observation counts once per page of its node, per-page results at O(1) per node touched.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import torch
 
 from radixrt.cache.allocator import PageAllocator
 from radixrt.cache.base import CacheNode, MatchResult, PrefixCache, Published
+from radixrt.scheduler.step_metrics import KVBlockTimings
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
@@ -33,13 +39,17 @@ class TreeNode:
 
     _ids = itertools.count()
 
-    def __init__(self, key: list[int], value: torch.Tensor, parent: TreeNode | None) -> None:
+    def __init__(
+        self, key: list[int], value: torch.Tensor, parent: TreeNode | None, born_at: float = 0.0
+    ) -> None:
         self.key = key
         self.value = value
         self.parent = parent
         self.children: dict[Hashable, TreeNode] = {}
         self.lock_ref = 0
         self.last_access_time = 0
+        self.born_at = born_at  # monotonic seconds at insertion (block timing)
+        self.released_at: float | None = None  # when its lock count last fell to 0
         self.id = next(TreeNode._ids)  # heap tie-breaker, and a name in pretty_print
 
     def __repr__(self) -> str:
@@ -54,10 +64,16 @@ class RadixCache(PrefixCache):
     evicted, and is treated as permanently locked.
     """
 
-    def __init__(self, allocator: PageAllocator, page_size: int | None = None) -> None:
+    def __init__(
+        self,
+        allocator: PageAllocator,
+        page_size: int | None = None,
+        timings: KVBlockTimings | None = None,
+    ) -> None:
         assert page_size in (None, allocator.page_size), (page_size, allocator.page_size)
         self.allocator = allocator
         self.page_size = allocator.page_size
+        self.block_timings = timings or KVBlockTimings()
         # A counter, not wall time: strictly ordered and deterministic (tests rely on both).
         self._clock = itertools.count(1)
         self._init_tree()
@@ -135,7 +151,8 @@ class RadixCache(PrefixCache):
     def _add_leaf(self, parent: TreeNode, key: list[int], value: torch.Tensor, now: int) -> None:
         assert _whole_pages(value, self.page_size), "inserted slots must fill whole pages"
         # clone: the caller's page table row is reused after the request ends
-        leaf = TreeNode(list(key), value.to(torch.int64).clone(), parent)
+        born = self.block_timings.clock()
+        leaf = TreeNode(list(key), value.to(torch.int64).clone(), parent, born)
         leaf.last_access_time = now
         parent.children[self._child_key(key, 0)] = leaf
         self._evictable += len(key)
@@ -161,8 +178,9 @@ class RadixCache(PrefixCache):
         """
         parent = child.parent
         assert parent is not None and 0 < n < len(child.key) and n % self.page_size == 0
-        upper = TreeNode(child.key[:n], child.value[:n], parent)
+        upper = TreeNode(child.key[:n], child.value[:n], parent, child.born_at)
         upper.lock_ref = child.lock_ref
+        upper.released_at = child.released_at
         upper.last_access_time = child.last_access_time
         parent.children[self._child_key(upper.key, 0)] = upper
         child.key, child.value, child.parent = child.key[n:], child.value[n:], upper
@@ -172,11 +190,16 @@ class RadixCache(PrefixCache):
     # ---- locking --------------------------------------------------------------------------
 
     def inc_lock_ref(self, node: CacheNode) -> int:
-        """Lock every node from `node` up to the root; returns the tokens that became protected."""
+        """Lock every node from `node` up to the root; returns the tokens that became protected.
+        A node taken again after a request let go of it observes its reuse gap."""
         moved = 0
+        timings = self.block_timings
+        now = timings.clock()
         for n in self._path(node):
             if n.lock_ref == 0:
                 moved += len(n.key)
+                if n.released_at is not None:
+                    timings.reuse_gap.observe(now - n.released_at, self._pages(n))
             n.lock_ref += 1
         self._evictable -= moved
         self._protected += moved
@@ -185,11 +208,13 @@ class RadixCache(PrefixCache):
     def dec_lock_ref(self, node: CacheNode) -> int:
         """Undo one `inc_lock_ref(node)`; returns the tokens that became evictable."""
         moved = 0
+        now = self.block_timings.clock()
         for n in self._path(node):
             assert n.lock_ref > 0, f"unlock of unlocked {n!r}"
             n.lock_ref -= 1
             if n.lock_ref == 0:
                 moved += len(n.key)
+                n.released_at = now
         self._evictable += moved
         self._protected -= moved
         return moved
@@ -212,9 +237,10 @@ class RadixCache(PrefixCache):
         heap = [(n.last_access_time, n.id, n) for n in self._nodes() if self._evictable_leaf(n)]
         heapq.heapify(heap)
         freed = 0
+        now = self.block_timings.clock()
         while freed < num_tokens and heap:
             _, _, leaf = heapq.heappop(heap)
-            freed += self._delete_leaf(leaf)
+            freed += self._delete_leaf(leaf, now)
             parent = _parent(leaf)
             if self._evictable_leaf(parent):
                 heapq.heappush(heap, (parent.last_access_time, parent.id, parent))
@@ -223,11 +249,22 @@ class RadixCache(PrefixCache):
     def _evictable_leaf(self, node: TreeNode) -> bool:
         return node is not self.root and node.lock_ref == 0 and not node.children
 
-    def _delete_leaf(self, leaf: TreeNode) -> int:
+    def _delete_leaf(self, leaf: TreeNode, now: float) -> int:
+        self._observe_eviction(leaf, now)
         self.allocator.free_slots(leaf.value)
         del _parent(leaf).children[self._child_key(leaf.key, 0)]
         self._evictable -= len(leaf.key)
         return len(leaf.key)
+
+    def _observe_eviction(self, node: TreeNode, now: float) -> None:
+        timings, pages = self.block_timings, self._pages(node)
+        timings.lifetime.observe(now - node.born_at, pages)
+        idle_since = node.born_at if node.released_at is None else node.released_at
+        timings.idle_before_evict.observe(now - idle_since, pages)
+        timings.evicted_tokens += len(node.key)
+
+    def _pages(self, node: TreeNode) -> int:
+        return len(node.key) // self.page_size
 
     def evictable_size(self) -> int:
         """Tokens in unlocked nodes."""
@@ -247,8 +284,13 @@ class RadixCache(PrefixCache):
         return torch.cat(values) if values else _EMPTY
 
     def reset(self) -> None:
-        """Free every cached slot to the allocator and empty the tree; nothing may be locked."""
+        """Free every cached slot to the allocator and empty the tree; nothing may be locked.
+        Every node counts as evicted (block timing)."""
         assert self._protected == 0, f"reset with {self._protected} locked tokens"
+        now = self.block_timings.clock()
+        for node in self._nodes():
+            if node is not self.root:
+                self._observe_eviction(node, now)
         self.allocator.free_slots(self.cached_slots())
         self._init_tree()
 

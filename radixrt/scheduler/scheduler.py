@@ -22,6 +22,7 @@ from radixrt.messages import (
     ControlReply,
     FlushCacheReq,
     GenerateReq,
+    GetCacheTreeReq,
     GetStatsReq,
     ReqOutput,
     SchedulerReady,
@@ -31,6 +32,7 @@ from radixrt.messages import (
 )
 from radixrt.request_limits import validate_logprobs, validate_request_size, validate_token_ids
 from radixrt.sampling_params import SamplingParams
+from radixrt.scheduler.cache_snapshot import cache_snapshot
 from radixrt.scheduler.components import Components
 from radixrt.scheduler.kv_manager import KVManager
 from radixrt.scheduler.output import OutputProcessor, make_output
@@ -38,6 +40,7 @@ from radixrt.scheduler.planner import Planner
 from radixrt.scheduler.policy import SchedulePolicy
 from radixrt.scheduler.req import Req
 from radixrt.scheduler.schedule_batch import ScheduleBatch
+from radixrt.scheduler.step_metrics import StepMetrics
 from radixrt.scheduler.structured import StructuredGeneration
 from radixrt.server_args import ServerArgs
 from radixrt.transport import Transport
@@ -85,6 +88,7 @@ class Scheduler:
         self._failed_outputs: list[Req] = []
         self.stopped = False
         self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0, "steps": 0}
+        self.step_metrics = StepMetrics()
         self._log_mark = (time.monotonic(), 0)  # (time, decode tokens) at the last stats line
         self._decode_tokens = 0
         torch.manual_seed(args.random_seed)
@@ -115,7 +119,9 @@ class Scheduler:
         for req in batch.reqs:
             if req.admitted_at is None:
                 req.admitted_at = now
+                self.step_metrics.admitted(len(req.origin_input_ids), req.cached_tokens)
         if batch.reqs:
+            self.step_metrics.iteration_tokens.observe(sum(batch.extend_lens))
             logits = self.parts.runner.forward(batch)
             batch.commit()
             self.outputs.process(batch.logits, logits)
@@ -209,6 +215,8 @@ class Scheduler:
             self._flush_cache()
         elif isinstance(msg, GetStatsReq):
             self._send_stats(msg.check_kv)
+        elif isinstance(msg, GetCacheTreeReq):
+            self._send_cache_tree(msg)
         elif isinstance(msg, ShutdownReq):
             self.stopped = True
 
@@ -227,7 +235,7 @@ class Scheduler:
         )
 
     def get_stats(self) -> dict[str, Any]:
-        p = self.parts
+        p, timings = self.parts, self.parts.cache.block_timings
         return {
             **self.stats,
             "num_preemptions": self.planner.num_preemptions,
@@ -241,6 +249,15 @@ class Scheduler:
             "free_tokens": p.allocator.available_tokens,
             "evictable_tokens": p.cache.evictable_size(),
             "protected_tokens": p.cache.protected_size(),
+            "evicted_tokens": timings.evicted_tokens,
+            "prefix_cache_queries": self.step_metrics.prefix_cache_queries,
+            "prefix_cache_hits": self.step_metrics.prefix_cache_hits,
+            # Bucket counts for the frontend's Prometheus histograms (see step_metrics.py).
+            "histograms": {
+                "iteration_tokens_total": self.step_metrics.iteration_tokens.snapshot(),
+                "grammar_compile_time_seconds": self.structured.compile_time.snapshot(),
+                **timings.snapshot(),
+            },
         }
 
     def _send_stats(self, check_kv: bool) -> None:
@@ -252,6 +269,18 @@ class Scheduler:
                 message = f"KV accounting check failed: {e}"
         reply = ControlReply("get_stats", not message, message, self.get_stats())
         self.transport.send(encode(reply))
+
+    def _send_cache_tree(self, msg: GetCacheTreeReq) -> None:
+        """A bounded snapshot (cache_snapshot.py), taken here, between two steps."""
+        snapshot = cache_snapshot(
+            self.parts.cache,
+            self.running,
+            self.waiting,
+            self.get_stats(),
+            depth=msg.depth,
+            max_nodes=msg.max_nodes,
+        )
+        self.transport.send(encode(ControlReply("get_cache_tree", True, cache_tree=snapshot)))
 
     def _add_request(self, msg: GenerateReq) -> None:
         try:

@@ -26,6 +26,7 @@ from radixrt.grammar.constraint import constraint_of
 from radixrt.grammar.jump_forward import propose
 from radixrt.scheduler.jump_verify import verify_proposal
 from radixrt.scheduler.req import GrammarState, Req, RequestFailed
+from radixrt.scheduler.step_metrics import COMPILE_SECONDS_BUCKETS, FixedHistogram
 
 if TYPE_CHECKING:
     from radixrt.grammar.backend import GrammarBackend
@@ -61,6 +62,9 @@ class StructuredGeneration:
         self.truncate_kv = truncate_kv
         self.jump_forward_tokens = 0  # proposed tokens the model confirmed
         self.compiling: list[tuple[Req, Future[Any]]] = []
+        # How long each constrained request waited for its grammar (a cache hit: ~0).
+        self.compile_time = FixedHistogram(COMPILE_SECONDS_BUCKETS)
+        self._submitted_at: dict[int, float] = {}  # id(req) -> monotonic time of submit
         self._backend: GrammarBackend | None = None  # made at the first constraint
 
     # -- admit ------------------------------------------------------------------------------
@@ -71,6 +75,7 @@ class StructuredGeneration:
         if constraint is None:
             return False
         self.compiling.append((req, self.backend.compile(*constraint)))
+        self._submitted_at[id(req)] = time.monotonic()
         return True
 
     def take_compiled(self) -> Compiled:
@@ -85,6 +90,7 @@ class StructuredGeneration:
             if not future.done() and not late:
                 continue
             self.compiling.remove(item)
+            self.compile_time.observe(now - self._submitted_at.pop(id(req), now))
             try:
                 req.grammar = self._state_of(req, future)
             except Exception as e:  # noqa: BLE001 - xgrammar's errors end this request only
@@ -98,6 +104,7 @@ class StructuredGeneration:
         gone = [item for item in self.compiling if item[0].rid == rid]
         for item in gone:
             self.compiling.remove(item)
+            self._submitted_at.pop(id(item[0]), None)
             item[1].cancel()
         return [req for req, _ in gone]
 
