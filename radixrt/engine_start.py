@@ -6,11 +6,15 @@ called (tests/server/test_frontend_imports.py)."""
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from radixrt.server_args import ServerArgs
+
+logger = logging.getLogger("radixrt.engine")
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -40,7 +44,9 @@ def start_backend(
     tokenizer = None
     try:
         if not args.skip_tokenizer_init:
+            start = time.monotonic()
             tokenizer = load_tokenizer(path, args.tokenizer_path)
+            logger.info("tokenizer loaded in %.2f s", time.monotonic() - start)
             if tokenizer_dir is not None:
                 hand_over_tokenizer(tokenizer, tokenizer_dir)
     except BaseException:

@@ -57,3 +57,10 @@ def configure_logging(role: str, level: str) -> None:
 def uvicorn_log_config(level: str) -> dict[str, Any]:
     """uvicorn.Config's log_config: the frontend's own set-up, which uvicorn re-applies."""
     return logging_config("frontend", level)
+
+
+def format_bytes(n: float) -> str:
+    """`n` bytes in GiB, or in MiB below one GiB (a tiny model's 0.00 GiB says nothing)."""
+    if n >= 1 << 30:
+        return f"{n / (1 << 30):.2f} GiB"
+    return f"{n / (1 << 20):.1f} MiB"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,10 +12,13 @@ from transformers import AutoConfig, PretrainedConfig
 
 from radixrt.loader.model_config import ModelConfig, architecture_of, resolve_dtype
 from radixrt.loader.weights import iter_safetensors, safetensors_files
+from radixrt.log_setup import format_bytes
 from radixrt.models.base import CausalLM
 from radixrt.models.registry import get_model_class
 
 Weights = Iterator[tuple[str, torch.Tensor]]
+
+logger = logging.getLogger("radixrt.loader")
 
 
 def load_model(
@@ -26,9 +31,13 @@ def load_model(
     without config.json or without weight files; ValueError for an unsupported architecture or
     config field, and for weights that leave a parameter unset.
     """
+    start = time.monotonic()
     path = Path(model_path)
     hf_config, weights, model_dir = _open_checkpoint(path)
     resolved = resolve_dtype(dtype, device)
+    logger.info(
+        "loading weights: %s (%s on %s)", path, str(resolved).removeprefix("torch."), device
+    )
     model_cls = get_model_class(architecture_of(hf_config))
     config = model_cls.config_from_hf(hf_config)  # raises before any weight is read
     # Build on the meta device, so that no memory is spent on (or time on initializing) weights
@@ -38,6 +47,11 @@ def load_model(
     model = model.to(dtype=resolved).to_empty(device=device)
     model.load_weights(weights)
     model.eval().requires_grad_(False)
+    logger.info(
+        "loaded weights: %s in %.1f s",
+        format_bytes(_weight_bytes(model)),
+        time.monotonic() - start,
+    )
     return model, ModelConfig.from_hf(hf_config, config, resolved, model_dir)
 
 
@@ -56,3 +70,7 @@ def _open_checkpoint(path: Path) -> tuple[PretrainedConfig, Weights, Path | None
     safetensors_files(path)  # fail early, before building the model, if there are none
     config = AutoConfig.from_pretrained(str(path))
     return config, iter_safetensors(path), path
+
+
+def _weight_bytes(model: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())

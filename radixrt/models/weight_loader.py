@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from radixrt.layers.linear import MergedLinear
+from radixrt.loader.progress import WeightProgress
 
 
 @dataclass(frozen=True)
@@ -63,13 +64,18 @@ def load_hf_weights(
     """
     targets = checkpoint_targets(model)
     loaded: set[str] = set()
-    for name, tensor in weights:
-        if skip(name):
-            continue
-        if name not in targets:
-            raise ValueError(f"unexpected weight {name!r} for {type(model).__name__}")
-        targets[name].load(name, tensor)
-        loaded.add(name)
+    progress = WeightProgress(len(targets))
+    try:
+        for name, tensor in weights:
+            if skip(name):
+                continue
+            if name not in targets:
+                raise ValueError(f"unexpected weight {name!r} for {type(model).__name__}")
+            targets[name].load(name, tensor)
+            loaded.add(name)
+            progress.advance()
+    finally:
+        progress.close()
     missing = sorted(set(targets) - loaded)
     if missing:
         shown = ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else "")

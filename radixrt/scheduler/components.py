@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,7 @@ from radixrt.executor.model_runner import ModelRunner
 from radixrt.loader.default_model import default_model_path
 from radixrt.loader.load import load_model
 from radixrt.loader.model_config import ModelConfig, resolve_dtype
+from radixrt.log_setup import format_bytes
 from radixrt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -78,12 +80,15 @@ def build_components(args: ServerArgs, tokenizer: Any = None) -> Components:
     model, cfg = load_model(model_path, dtype, device)  # FileNotFoundError names a bad path
     context_length = args.context_length or cfg.context_length
     tokens = pool_size_tokens(args, cfg, dtype, device)
+    start = time.monotonic()
     pool = KVPool(tokens, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype, device)
     allocator = PageAllocator(tokens // args.page_size, args.page_size)
     cache = create_prefix_cache("none" if args.disable_radix_cache else "radix", allocator)
     table = ReqToTokenTable(args.max_running_requests, context_length, device)
+    _log_pool(pool, args.page_size, time.monotonic() - start)
     backend_name = args.attention_backend or ("triton" if device.startswith("cuda") else "torch")
     backend = create_backend(backend_name, device=device)
+    start = time.monotonic()
     runner = ModelRunner(
         model,
         pool,
@@ -93,14 +98,8 @@ def build_components(args: ServerArgs, tokenizer: Any = None) -> Components:
         disable_cuda_graph=args.disable_cuda_graph,
         cuda_graph_max_bs=args.cuda_graph_max_bs,
     )
-    logger.info(
-        "model %s, %s on %s, KV pool %d tokens, attention %s",
-        model_path,
-        dtype,
-        device,
-        tokens,
-        backend_name,
-    )
+    if runner.graph_runner is not None:
+        logger.info("warm-up: CUDA graphs captured in %.1f s", time.monotonic() - start)
     return Components(
         cfg,
         runner,
@@ -113,4 +112,17 @@ def build_components(args: ServerArgs, tokenizer: Any = None) -> Components:
         backend_name,
         context_length,
         tokenizer,
+    )
+
+
+def _log_pool(pool: KVPool, page_size: int, seconds: float) -> None:
+    per_token = KVPool.bytes_per_token(
+        pool.num_layers, pool.num_kv_heads, pool.head_dim, pool.dtype
+    )
+    logger.info(
+        "KV pool: %d tokens (%s), page size %d, built in %.2f s",
+        pool.size,
+        format_bytes(pool.size * per_token),
+        page_size,
+        seconds,
     )

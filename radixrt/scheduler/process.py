@@ -14,9 +14,11 @@ import logging
 import os
 import shutil
 import sys
+import time
 import traceback
 from typing import Any
 
+from radixrt.log_setup import configure_logging
 from radixrt.messages import SchedulerFailed, encode
 from radixrt.processes import guard_parent, ignore_stop_signals
 from radixrt.server_args import ServerArgs
@@ -26,10 +28,11 @@ logger = logging.getLogger("radixrt.scheduler")
 
 
 def run(config: dict[str, Any]) -> int:
+    started = time.monotonic()
     ignore_stop_signals()
     guard_parent(config["parent_pid"], config.get("ipc_dir"))  # before any thread starts
     args = ServerArgs(**config["server_args"])
-    logging.basicConfig(level=args.log_level.upper(), format="[%(asctime)s scheduler] %(message)s")
+    configure_logging("scheduler", args.log_level)
     transport = ZmqTransport(config["recv_addr"], config["send_addr"], bind=False)
     try:
         from radixrt.loader.tokenizer import LazyTokenizer
@@ -45,6 +48,7 @@ def run(config: dict[str, Any]) -> int:
         )
         scheduler = Scheduler(args, build_components(args, tokenizer), transport)
         transport.send(encode(scheduler.ready_message()))
+        logger.info("scheduler ready in %.1f s (pid %d)", time.monotonic() - started, os.getpid())
         parent = config["parent_pid"]
         # guard_parent ends this process when the frontend dies, busy or idle; the loop's
         # own check (while idle) is the slower second line.

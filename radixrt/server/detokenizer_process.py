@@ -15,6 +15,7 @@ import sys
 import traceback
 
 from radixrt.detokenizer import Detokenizer, failure, serve
+from radixrt.log_setup import configure_logging
 from radixrt.processes import guard_parent, ignore_stop_signals
 from radixrt.transport import ZmqTransport
 
@@ -27,9 +28,7 @@ def run(config: dict) -> int:
     # look up from the socket.
     guard_parent(config["parent_pid"], config.get("ipc_dir"))  # before any thread starts
     args = config["server_args"]
-    logging.basicConfig(
-        level=args["log_level"].upper(), format="[%(asctime)s detokenizer] %(message)s"
-    )
+    configure_logging("detokenizer", args["log_level"])
     transport = ZmqTransport(config["recv_addr"], config["send_addr"], bind=True, bind_send=False)
     try:
         from radixrt.loader.tokenizer import LazyTokenizer

@@ -26,6 +26,7 @@ import time
 
 import uvicorn
 
+from radixrt.log_setup import configure_logging, uvicorn_log_config
 from radixrt.request_state import ServerShuttingDown
 from radixrt.server_args import ServerArgs
 
@@ -42,20 +43,22 @@ def launch_server(args: ServerArgs) -> int:
     from radixrt.server.http_server import ServerState, build_app
     from radixrt.server.metrics import ServerMetrics
 
-    logging.basicConfig(level=args.log_level.upper(), format="[%(asctime)s] %(message)s")
+    started = time.monotonic()
+    configure_logging("frontend", args.log_level)
     _check_port_free(args.host, args.port)  # fail before spending seconds on the model
     engine = Engine(**dataclasses.asdict(args))
     try:
         name = args.served_model_name or args.model_path or DEFAULT_MODEL_NAME
         state = ServerState(engine, args, name, ServerMetrics(engine.get_stats, name))
-        app = build_app(state, lifespan=_lifespan(state))
+        app = build_app(state, lifespan=_lifespan(state, started))
         config = uvicorn.Config(
             app,
             host=args.host,
             port=args.port,
             log_level=args.log_level,
+            log_config=uvicorn_log_config(args.log_level),
             loop="uvloop" if _has_uvloop() else "asyncio",
-            access_log=False,
+            access_log=False,  # --log-requests has its own (server/access_log.py)
             # uvicorn annotates int | None but hands it to asyncio.wait_for, which takes a float.
             timeout_graceful_shutdown=FLUSH_TIMEOUT_S,  # type: ignore[arg-type]
         )
@@ -136,7 +139,7 @@ class _DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-def _lifespan(state):
+def _lifespan(state, started: float):
     @contextlib.asynccontextmanager
     async def lifespan(app):
         from radixrt.server.zmq_frontend import ZmqFrontend
@@ -147,6 +150,12 @@ def _lifespan(state):
         await _warm_up(state.engine)
         state.engine.observer = state.metrics.observe  # counts start after the warm-up
         state.healthy = True
+        logger.info(
+            "ready: serving at http://%s:%d (start-up %.1f s)",
+            state.args.host,
+            state.args.port,
+            time.monotonic() - started,
+        )
         _print_banner(state)
         try:
             yield
@@ -160,10 +169,12 @@ def _lifespan(state):
 
 async def _warm_up(engine) -> None:
     """One tiny request through every process: /health says ok only after a real step."""
+    start = time.monotonic()
     ids = [engine.info.eos_token_ids[0] if engine.info.eos_token_ids else 0]
     await engine.async_generate(
         input_ids=ids, sampling_params={"max_new_tokens": 1, "temperature": 0}
     )
+    logger.info("warm-up: one request through every process in %.2f s", time.monotonic() - start)
 
 
 def _print_banner(state) -> None:
