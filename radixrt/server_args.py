@@ -1,7 +1,9 @@
 """The one configuration dataclass. The CLI and `Engine(**kwargs)` are generated from its fields.
 
-Fields are grouped by subsystem; each carries its help text in `metadata["help"]`, and, where
-the values are a fixed set, `metadata["choices"]`.
+Fields are grouped by subsystem: the first field of a group names it in `metadata["group"]`,
+and the fields after it belong to it up to the next such field (`field_groups`); `--help` shows
+them so. Each carries its help text in `metadata["help"]`, and, where the values are a fixed
+set, `metadata["choices"]`.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-def _f(default: Any, help: str, choices: tuple | None = None) -> Any:
+def _f(default: Any, help: str, choices: tuple | None = None, *, group: str = "") -> Any:
     meta: dict[str, Any] = {"help": help}
     if choices:
         meta["choices"] = choices
+    if group:
+        meta["group"] = group
     return field(default=default, metadata=meta)
 
 
@@ -26,9 +30,10 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 @dataclass
 class ServerArgs:
-    # Model and tokenizer
     model_path: str | None = _f(
-        None, "HF model folder or .gguf file; default: SmolLM2-135M-Instruct"
+        None,
+        "HF model folder or .gguf file; default: SmolLM2-135M-Instruct",
+        group="Model and tokenizer",
     )
     tokenizer_path: str | None = _f(None, "tokenizer folder or .gguf file; default: model_path")
     skip_tokenizer_init: bool = _f(False, "serve token ids only; no tokenizer is loaded")
@@ -40,41 +45,46 @@ class ServerArgs:
     device: str | None = _f(None, "cpu or cuda; default: cuda if available, else cpu")
     context_length: int | None = _f(None, "max tokens per sequence; default: the model's")
     random_seed: int = _f(0, "seed of the default sampling generator")
-    # Memory and KV cache
-    page_size: int = _f(1, "tokens per KV page")
+    page_size: int = _f(1, "tokens per KV page", group="Memory and KV cache")
     max_total_tokens: int | None = _f(
         None, "KV pool size in tokens; default: from the memory budget"
     )
     mem_fraction_static: float = _f(0.85, "fraction of GPU memory for weights + KV pool (CUDA)")
     cpu_kv_cache_gb: float = _f(1.0, "KV pool budget in GiB when running on the CPU")
     disable_radix_cache: bool = _f(False, "turn the radix prefix cache off (for comparison)")
-    # Scheduling
-    schedule_policy: str = _f("lpm", "order of waiting requests", SCHEDULE_POLICIES)
+    schedule_policy: str = _f(
+        "lpm", "order of waiting requests", SCHEDULE_POLICIES, group="Scheduling"
+    )
     chunked_prefill_size: int = _f(
         2048, "max prompt tokens prefilled per step per request; -1 disables chunking"
     )
     max_prefill_tokens: int = _f(8192, "token budget of new prefill tokens per step")
     max_running_requests: int = _f(128, "max requests decoding at once")
     schedule_conservativeness: float = _f(1.0, "KV headroom reserved for running decodes")
-    # Structured generation
     disable_jump_forward: bool = _f(
         False,
         "decode constrained text token by token, even where the grammar fixes it (for comparison)",
+        group="Structured generation",
     )
     json_any_whitespace: bool = _f(
         False,
         "let JSON-schema output put any whitespace between "
         "tokens (xgrammar's default); off: json.dumps spacing",
     )
-    # Execution
     attention_backend: str | None = _f(
-        None, "torch or triton; default: triton on CUDA, torch on CPU", ("torch", "triton")
+        None,
+        "torch or triton; default: triton on CUDA, torch on CPU",
+        ("torch", "triton"),
+        group="Execution",
     )
     num_threads: int | None = _f(None, "torch CPU threads; default: torch's choice")
     disable_cuda_graph: bool = _f(False, "run CUDA decode steps without CUDA graphs")
     cuda_graph_max_bs: int = _f(64, "largest decode batch captured in a CUDA graph")
-    # Server (`radixrt launch`)
-    host: str = _f("127.0.0.1", "address the HTTP server binds; 0.0.0.0 exposes it")
+    host: str = _f(
+        "127.0.0.1",
+        "address the HTTP server binds; 0.0.0.0 exposes it",
+        group="Server (radixrt launch)",
+    )
     port: int = _f(30000, "HTTP port")
     api_key: str | None = _f(
         None,
@@ -133,10 +143,13 @@ class ServerArgs:
         "new text, output_ids and output logprobs "
         "(default: everything so far, as SGLang)",
     )
-    # Debugging and logging
-    enable_kv_checks: bool = _f(False, "check KV accounting after every scheduler step")
+    enable_kv_checks: bool = _f(
+        False, "check KV accounting after every scheduler step", group="Debugging and logging"
+    )
     log_level: str = _f("info", "logging level", ("debug", "info", "warning", "error"))
-    log_requests: bool = _f(False, "log one access line per HTTP request (method, path, status, time)")
+    log_requests: bool = _f(
+        False, "log one access line per HTTP request (method, path, status, time)"
+    )
 
     def __post_init__(self) -> None:
         if self.api_key is None:
@@ -196,23 +209,47 @@ class ServerArgs:
         return cls(**kwargs)
 
     @classmethod
-    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+    def field_groups(cls) -> list[tuple[str, list[dataclasses.Field]]]:
+        """(title, fields) per subsystem, in declaration order."""
+        groups: list[tuple[str, list[dataclasses.Field]]] = []
         for f in dataclasses.fields(cls):
-            flag = "--" + f.name.replace("_", "-")
-            if f.type in ("bool", bool):
-                parser.add_argument(flag, action="store_true", help=f.metadata["help"])
-                continue
-            parser.add_argument(
-                flag,
-                type=_cli_type(f),
-                default=f.default,
-                choices=f.metadata.get("choices"),
-                help=f.metadata["help"],
-            )
+            if "group" in f.metadata or not groups:
+                groups.append((f.metadata.get("group", "Options"), []))
+            groups[-1][1].append(f)
+        return groups
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        """One flag per field, in an argument group per subsystem, each help ending with the
+        default (bool flags: off)."""
+        for title, fields in cls.field_groups():
+            group = parser.add_argument_group(title)
+            for f in fields:
+                flag = "--" + f.name.replace("_", "-")
+                if f.type in ("bool", bool):
+                    group.add_argument(flag, action="store_true", help=_help_with_default(f))
+                    continue
+                group.add_argument(
+                    flag,
+                    type=_cli_type(f),
+                    default=f.default,
+                    choices=f.metadata.get("choices"),
+                    help=_help_with_default(f),
+                )
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> ServerArgs:
         return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})
+
+
+def _help_with_default(f: dataclasses.Field) -> str:
+    """The field's help, '%' escaped for argparse, with its default unless the text already
+    explains it (a None default means "derived": the help says from what)."""
+    text = f.metadata["help"].replace("%", "%%")
+    if "default:" in text:
+        return text
+    default = "off" if f.default is False else f.default
+    return f"{text} (default: {default})"
 
 
 def _cli_type(f: dataclasses.Field) -> type:
