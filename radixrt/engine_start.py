@@ -32,6 +32,7 @@ def start_backend(
     from radixrt.loader.default_model import default_model_path
     from radixrt.loader.tokenizer import hand_over_tokenizer, load_tokenizer
     from radixrt.processes import abandon, start_process
+    from radixrt.server.chat_template_loader import load_chat_template
 
     path = args.model_path or default_model_path()
     if not os.path.exists(path):
@@ -46,6 +47,8 @@ def start_backend(
         if not args.skip_tokenizer_init:
             start = time.monotonic()
             tokenizer = load_tokenizer(path, args.tokenizer_path)
+            if args.chat_template is not None:  # every renderer reads this attribute
+                tokenizer.chat_template = load_chat_template(args.chat_template)
             logger.info("tokenizer loaded in %.2f s", time.monotonic() - start)
             if tokenizer_dir is not None:
                 hand_over_tokenizer(tokenizer, tokenizer_dir)

@@ -199,6 +199,10 @@ class ServerArgs:
             raise ValueError(
                 f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}"
             )
+        if self.chat_template is not None:  # a bad one fails now, not after the model loads
+            from radixrt.server.chat_template_loader import load_chat_template
+
+            load_chat_template(self.chat_template)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> ServerArgs:
