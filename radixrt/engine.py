@@ -24,6 +24,7 @@ from radixrt.messages import (
     BatchOutput,
     ControlReply,
     FlushCacheReq,
+    GetCacheTreeReq,
     GetStatsReq,
     SchedulerFailed,
     ShutdownReq,
@@ -179,6 +180,12 @@ class Engine:
         if not reply.success or reply.stats is None:
             raise AssertionError(reply.message)
         return reply.stats
+
+    def get_cache_tree(self, depth: int = 6, max_nodes: int = 200) -> dict[str, Any]:
+        """A bounded snapshot of the radix tree, the KV pool and the queues (docs/dashboard.md)."""
+        tree = self._control(GetCacheTreeReq(depth, max_nodes)).cache_tree
+        assert tree is not None, "the scheduler answers get_cache_tree with its snapshot"
+        return tree
 
     def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
         """SGLang's abort_request: the request with exactly this rid, or the requests made

@@ -44,6 +44,19 @@ class GetStatsReq(msgspec.Struct, tag="get_stats"):
     check_kv: bool = False
 
 
+# /cache_tree's bounds (the HTTP server refuses values outside them; the scheduler clamps).
+MAX_CACHE_TREE_DEPTH = 64
+MAX_CACHE_TREE_NODES = 2000
+
+
+class GetCacheTreeReq(msgspec.Struct, tag="get_cache_tree"):
+    """Ask for a bounded snapshot of the prefix cache, the KV pool and the queues
+    (scheduler/cache_snapshot.py): at most `max_nodes` tree nodes, `depth` levels deep."""
+
+    depth: int = 6
+    max_nodes: int = 200
+
+
 class DetokParams(msgspec.Struct):
     """How a request's ids become text; sent with its first output for the detokenizer."""
 
@@ -85,12 +98,13 @@ class BatchOutput(msgspec.Struct, tag="batch_output"):
 
 
 class ControlReply(msgspec.Struct, tag="control_reply"):
-    """The scheduler's answer to a control request (flush_cache, get_stats)."""
+    """The scheduler's answer to a control request (flush_cache, get_stats, get_cache_tree)."""
 
     kind: str
     success: bool
     message: str = ""
     stats: dict[str, Any] | None = None
+    cache_tree: dict[str, Any] | None = None  # get_cache_tree's snapshot
 
 
 class SchedulerReady(msgspec.Struct, tag="ready"):
@@ -114,7 +128,7 @@ class SchedulerFailed(msgspec.Struct, tag="failed"):
     error_type: str = "RuntimeError"  # the exception's class name, to re-raise it alike
 
 
-ToScheduler = GenerateReq | AbortReq | FlushCacheReq | ShutdownReq | GetStatsReq
+ToScheduler = GenerateReq | AbortReq | FlushCacheReq | ShutdownReq | GetStatsReq | GetCacheTreeReq
 FromScheduler = BatchOutput | ControlReply | SchedulerReady | SchedulerFailed
 
 _to_scheduler = msgspec.msgpack.Decoder(ToScheduler)
