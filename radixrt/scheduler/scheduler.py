@@ -33,7 +33,6 @@ from radixrt.messages import (
 from radixrt.request_limits import validate_logprobs, validate_request_size, validate_token_ids
 from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.cache_snapshot import cache_snapshot
-from radixrt.scheduler.cache_snapshot import cache_snapshot
 from radixrt.scheduler.components import Components
 from radixrt.scheduler.kv_manager import KVManager
 from radixrt.scheduler.output import OutputProcessor, make_output
@@ -270,18 +269,6 @@ class Scheduler:
                 message = f"KV accounting check failed: {e}"
         reply = ControlReply("get_stats", not message, message, self.get_stats())
         self.transport.send(encode(reply))
-
-    def _send_cache_tree(self, msg: GetCacheTreeReq) -> None:
-        """A bounded snapshot (cache_snapshot.py), taken here, between two steps."""
-        snapshot = cache_snapshot(
-            self.parts.cache,
-            self.running,
-            self.waiting,
-            self.get_stats(),
-            depth=msg.depth,
-            max_nodes=msg.max_nodes,
-        )
-        self.transport.send(encode(ControlReply("get_cache_tree", True, cache_tree=snapshot)))
 
     def _send_cache_tree(self, msg: GetCacheTreeReq) -> None:
         """A bounded snapshot (cache_snapshot.py), taken here, between two steps."""
