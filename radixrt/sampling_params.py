@@ -58,16 +58,18 @@ class SamplingParams:
     sampling_seed: int | None = None  # SGLang's name for the seed (mapped onto seed)
     # Keys are token ids written as strings (JSON object keys), values are added to the logits.
     logit_bias: dict[str, float] | None = None
-    # Structured generation (xgrammar): at most one of the three.
+    # Structured generation (xgrammar): at most one of the four.
     regex: str | None = None
     json_schema: str | None = None  # a JSON schema as text (a dict is turned into text)
     ebnf: str | None = None
+    # Free text with constrained parts (tool calls): radixrt/grammar/structural_tag.py. JSON
+    # text; a dict is turned into text.
+    structural_tag: str | None = None
     # SGLang's other parameters. stream_interval: a stream chunk once k new tokens are there
     # (default: every scheduler step). custom_params: for custom logit processors, which this
     # server does not run (accepted, unused). The rest are refused when set.
     stream_interval: int | None = None
     custom_params: dict[str, Any] | None = None
-    structural_tag: str | None = None
     beam_width: int | None = None
     watermark: Any = None
 
@@ -121,6 +123,8 @@ class SamplingParams:
 
         if isinstance(self.json_schema, dict):  # a schema object travels as its JSON text
             self.json_schema = schema_object_text(self.json_schema)
+        if isinstance(self.structural_tag, dict):
+            self.structural_tag = schema_object_text(self.structural_tag, "structural_tag")
         if self.custom_params and nests_deeper_than(self.custom_params, MAX_CUSTOM_DEPTH):
             # to_dict (dataclasses.asdict) and the wire's encoders recurse into it.
             raise ParamError(
@@ -266,7 +270,10 @@ _FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
     "ebnf": _OPT_STR,
     "stream_interval": _OPT_INT,
     "custom_params": (_optional(lambda v: isinstance(v, dict)), "a dict or None"),
-    "structural_tag": (_optional(lambda v: isinstance(v, (str, dict))), "a str (JSON) or None"),
+    "structural_tag": (
+        _optional(lambda v: isinstance(v, (str, dict))),
+        "a structural tag (JSON text, or a dict) or None",
+    ),
     "beam_width": _OPT_INT,
 }
 _FLOAT_FIELDS = [name for name, spec in _FIELD_TYPES.items() if spec is _FLOAT]

@@ -144,12 +144,6 @@ def _check_unsupported(p: SamplingParams) -> None:
                 f"supported by this server, got {p.beam_width}: use n for "
                 "several samples",
             )
-    if p.structural_tag is not None:
-        raise ParamError(
-            "structural_tag",
-            "sampling param 'structural_tag' is not supported "
-            "by this server: use json_schema, regex or ebnf",
-        )
     if p.watermark not in (None, {}, False):
         raise ParamError("watermark", "sampling param 'watermark' is not supported by this server")
 
@@ -174,9 +168,10 @@ def _check_misc(p: SamplingParams, vocab_size: int) -> None:
 
 
 def _check_constraint(p: SamplingParams) -> None:
-    """At most one of regex / json_schema / ebnf, of a bounded size (a schema: JSON text of an
-    object, nested a bounded depth). Parsing it with xgrammar can take seconds: that is left
-    to the frontend's ConstraintChecker and the scheduler's compile, bounded in time."""
+    """At most one of regex / json_schema / ebnf / structural_tag, of a bounded size (a schema
+    or structural tag: JSON text of an object, nested a bounded depth; a tag of its shapes).
+    Parsing it with xgrammar can take seconds: that is left to the frontend's
+    ConstraintChecker and the scheduler's compile, bounded in time."""
     from radixrt.grammar.constraint import check_constraint_size, constraint_of
 
     found = constraint_of(p)

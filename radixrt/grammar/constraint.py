@@ -7,7 +7,8 @@ Two levels, so that nothing slow or unbounded runs where it must not:
 - `parse_constraint` (xgrammar's parser; a deep schema takes seconds): the frontend's
   ConstraintChecker and the scheduler's GrammarBackend run it on worker threads, bounded in
   time by --grammar-compile-timeout. `check_constraint` is both, cached by text.
-Errors are ParamError naming the field (regex, json_schema or ebnf): HTTP 400s.
+Errors are ParamError naming the field (regex, json_schema, ebnf or structural_tag): HTTP 400s.
+The structural tag's shapes and their translation to xgrammar are in structural_tag.py.
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ import re
 from typing import Any
 
 from radixrt.errors import ParamError
+from radixrt.grammar import structural_tag
 
-CONSTRAINT_FIELDS = ("regex", "json_schema", "ebnf")
+CONSTRAINT_FIELDS = ("regex", "json_schema", "ebnf", "structural_tag")
 _WHAT = {
     "regex": "regular expression",
     "json_schema": "JSON schema",
     "ebnf": "EBNF grammar (xgrammar's dialect)",
+    "structural_tag": "structural tag",
 }
 # Sizes past which a constraint is refused before anything parses it. Real schemas (tool
 # parameters, response formats) are a few KB and nest a few levels; OpenAI's structured
@@ -54,18 +57,22 @@ def constraint_of(params) -> tuple[str, str] | None:
 
 def check_constraint_size(kind: str, text: str) -> None:
     """ParamError unless `text` is short enough and, for a JSON schema, JSON text of an
-    object (or a bool) nested at most MAX_SCHEMA_DEPTH deep. Linear in len(text)."""
+    object (or a bool) nested at most MAX_SCHEMA_DEPTH deep; a structural tag, the same depth
+    and one of its shapes. Linear in len(text)."""
     if len(text) > MAX_CONSTRAINT_CHARS:
         raise ParamError(
             kind,
             f"sampling param {kind!r} has {len(text)} characters; at most "
             f"{MAX_CONSTRAINT_CHARS} are allowed",
         )
-    if kind != "json_schema":
+    if kind not in ("json_schema", "structural_tag"):
         return
     depth = json_text_depth(text)
     if depth > MAX_SCHEMA_DEPTH:
-        raise _too_deep(depth)
+        raise _too_deep(depth, kind)
+    if kind == "structural_tag":
+        structural_tag.check_shape(text)
+        return
     try:
         schema = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as e:
@@ -108,21 +115,21 @@ def nests_deeper_than(value: Any, limit: int) -> bool:
     return False
 
 
-def schema_object_text(schema: dict) -> str:
-    """A schema given as a dict, as JSON text; ParamError if it nests past
+def schema_object_text(schema: dict, kind: str = "json_schema") -> str:
+    """A schema (or structural tag) given as a dict, as JSON text; ParamError if it nests past
     MAX_SCHEMA_DEPTH (measured without recursion, before json.dumps recurses into it)."""
     if nests_deeper_than(schema, MAX_SCHEMA_DEPTH):
-        raise _too_deep(f"more than {MAX_SCHEMA_DEPTH}")
+        raise _too_deep(f"more than {MAX_SCHEMA_DEPTH}", kind)
     try:
         return json.dumps(schema)
     except (TypeError, ValueError) as e:  # a value JSON cannot hold, a cycle
-        raise ParamError("json_schema", f"sampling param 'json_schema' is not JSON: {e}") from None
+        raise ParamError(kind, f"sampling param {kind!r} is not JSON: {e}") from None
 
 
-def _too_deep(depth: object) -> ParamError:
+def _too_deep(depth: object, kind: str = "json_schema") -> ParamError:
     return ParamError(
-        "json_schema",
-        f"sampling param 'json_schema' nests {depth} levels deep; at "
+        kind,
+        f"sampling param {kind!r} nests {depth} levels deep; at "
         f"most {MAX_SCHEMA_DEPTH} (objects and arrays inside one another) "
         "are allowed",
     )
@@ -133,22 +140,38 @@ def parse_constraint(xgr: Any, kind: str, text: str, any_whitespace: bool = Fals
     not a valid one. JSON schemas get json.dumps' spacing unless `any_whitespace` (small models
     given the freedom tend to loop on newlines until max_new_tokens cuts the JSON short)."""
     check_constraint_size(kind, text)
+    if kind == "json_schema":
+        return _json_schema_grammar(xgr, text, any_whitespace)
+    if kind == "structural_tag":
+        tag = structural_tag.check_shape(text)
+        spaced = structural_tag.to_xgrammar_format(
+            tag, lambda schema: str(_json_schema_grammar(xgr, schema, any_whitespace))
+        )
+        return _xgrammar_parse(kind, xgr.Grammar.from_structural_tag, spaced)
+    parse = xgr.Grammar.from_regex if kind == "regex" else xgr.Grammar.from_ebnf
+    return _xgrammar_parse(kind, parse, text)
+
+
+def _json_schema_grammar(xgr: Any, text: str, any_whitespace: bool) -> Any:
+    """The grammar of a JSON schema, its strings without raw control characters."""
+    check_constraint_size("json_schema", text)
+    parse = functools.partial(xgr.Grammar.from_json_schema, any_whitespace=any_whitespace)
+    grammar = _xgrammar_parse("json_schema", parse, text)
+    ebnf = str(grammar)
+    if _LOOSE_STRING_CHAR in ebnf:
+        grammar = xgr.Grammar.from_ebnf(ebnf.replace(_LOOSE_STRING_CHAR, _JSON_STRING_CHAR))
+    return grammar
+
+
+def _xgrammar_parse(kind: str, parse: Any, text: str) -> Any:
     try:
-        if kind == "regex":
-            return xgr.Grammar.from_regex(text)
-        if kind == "ebnf":
-            return xgr.Grammar.from_ebnf(text)
-        grammar = xgr.Grammar.from_json_schema(text, any_whitespace=any_whitespace)
+        return parse(text)
     except Exception as e:  # noqa: BLE001 - xgrammar raises several types for bad input
         # xgrammar prefixes its messages with a time and a C++ source location.
         reason = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", str(e).strip()) or type(e).__name__
         raise ParamError(
             kind, f"sampling param {kind!r} is not a valid {_WHAT[kind]}: {reason}"
         ) from None
-    ebnf = str(grammar)
-    if _LOOSE_STRING_CHAR in ebnf:
-        grammar = xgr.Grammar.from_ebnf(ebnf.replace(_LOOSE_STRING_CHAR, _JSON_STRING_CHAR))
-    return grammar
 
 
 @functools.lru_cache(maxsize=1024)

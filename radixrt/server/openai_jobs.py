@@ -3,7 +3,6 @@ results make when it is not streamed (streams: openai_stream.py)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,9 +54,10 @@ def engine_kwargs(job: Job, special_call_marker: bool) -> dict[str, Any]:
         echo_logprobs = bool(req.echo) and want_logprobs
     rid = [f"{job.id}-{i}" for i in range(len(job.ids))] if job.batch else job.id
     params = translate.sampling_params(req, job.max_new_tokens)
-    if job.tools is not None and job.tools.forced:
-        params["json_schema"] = json.dumps(job.tools.schema)
-    elif job.tools is not None and job.tools.mode == "auto" and special_call_marker:
+    if job.tools is not None and job.tools.constraint is not None:
+        kind, text = job.tools.constraint
+        params[kind] = text
+    if job.tools is not None and job.tools.mode == "auto" and special_call_marker:
         params.setdefault("skip_special_tokens", False)
     return {
         "input_ids": job.ids if job.batch else job.ids[0],
