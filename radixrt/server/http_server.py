@@ -26,6 +26,7 @@ from radixrt.request_input import from_dict as request_from_dict
 from radixrt.request_state import SchedulerDied, ServerOverloaded
 from radixrt.sampling_params import SamplingParams
 from radixrt.server.access_log import add_access_log
+from radixrt.server.http_metrics import add_http_metrics
 from radixrt.server.http_utils import (
     CLIENT_CLOSED,
     SCHEMA_REF,
@@ -86,6 +87,7 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
     app.add_middleware(EngineGate, engine=state.engine)
     if state.args.api_key:
         app.add_middleware(APIKeyCheck, expected=f"Bearer {state.args.api_key}".encode())
+    add_http_metrics(app, state.metrics)  # outside the API-key check: 401s count too
     add_access_log(app, state.args.log_requests)  # last: outermost, sees every answer
     return app
 

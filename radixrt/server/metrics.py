@@ -1,8 +1,10 @@
-"""Prometheus metrics, named in SGLang's manner with a `radixrt:` prefix.
+"""Prometheus metrics, named in SGLang's and vLLM's manner with a `radixrt:` prefix.
 
 Request-level counters and histograms are observed in the frontend as outputs arrive (the
 engine's observer hook, on its dispatcher thread); scheduler-level values (running and queued
-requests, KV usage, cache hit rate, preemptions) are read from the scheduler at scrape time.
+requests, KV usage, prefix-cache lookups, per-step and per-page histograms) are read from the
+scheduler at scrape time (metrics_scheduler.py). Every series exists from start-up at 0, so a
+`rate()` panel never says "no data". docs/metrics.md lists them all.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from radixrt.messages import ReqOutput
 from radixrt.request_state import ReqState
+from radixrt.server.metrics_scheduler import SchedulerCollector
 
 disable_created_metrics()  # no *_created series: SGLang's and vLLM's dashboards ignore them
 
@@ -47,21 +49,58 @@ _LATENCY_BUCKETS = (
     160.0,
     640.0,
 )
+# vLLM's request_success_total{finished_reason}: "error" is a request that failed (refused by
+# the scheduler, a grammar that did not compile, an internal error), "abort" one the client
+# (or /abort_request) ended.
+FINISHED_REASONS = ("stop", "length", "abort", "error")
+_CLIENT_ABORT = "aborted by the client"  # the scheduler's message for an AbortReq
+
+
+def finished_reason(reason: dict[str, Any] | None) -> str:
+    """The `finished_reason` label of a finish reason dict (ReqOutput.finish_reason)."""
+    kind = (reason or {}).get("type")
+    if kind in ("stop", "length"):
+        return kind
+    if kind == "abort" and (reason or {}).get("message") == _CLIENT_ABORT:
+        return "abort"
+    return "error"
 
 
 class ServerMetrics:
     def __init__(self, get_stats: Callable[[], dict[str, Any]], model_name: str) -> None:
         self.registry = CollectorRegistry()
-        labels = ["model_name"]
         self.labels = {"model_name": model_name}
+        self._make_request_metrics()
+        by_reason = Counter(
+            "radixrt:request_success",
+            "Requests finished, by finish reason (vLLM's request_success_total)",
+            ["model_name", "finished_reason"],
+            registry=self.registry,
+        )
+        self.requests_by_reason = {r: by_reason.labels(model_name, r) for r in FINISHED_REASONS}
+        # Filled by the HTTP middleware (http_metrics.py), which also creates its series.
+        self.http_requests = Counter(
+            "radixrt:http_requests",
+            "HTTP requests by route template and status class",
+            ["model_name", "route", "status"],
+            registry=self.registry,
+        )
+        self.registry.register(SchedulerCollector(get_stats, model_name))
 
+    def _make_request_metrics(self) -> None:
         def counter(name: str, doc: str) -> Counter:
-            return Counter(f"radixrt:{name}", doc, labels, registry=self.registry)
+            c = Counter(f"radixrt:{name}", doc, ["model_name"], registry=self.registry)
+            return c.labels(**self.labels)
 
         def histogram(name: str, doc: str) -> Histogram:
-            return Histogram(
-                f"radixrt:{name}", doc, labels, registry=self.registry, buckets=_LATENCY_BUCKETS
+            h = Histogram(
+                f"radixrt:{name}",
+                doc,
+                ["model_name"],
+                registry=self.registry,
+                buckets=_LATENCY_BUCKETS,
             )
+            return h.labels(**self.labels)
 
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens processed")
         self.generation_tokens = counter("generation_tokens", "Tokens generated")
@@ -73,70 +112,46 @@ class ServerMetrics:
         self.tpot = histogram("time_per_output_token_seconds", "Decode time per output token")
         self.e2e = histogram("e2e_request_latency_seconds", "End-to-end request latency")
         self.queue_time = histogram("queue_time_seconds", "Time waiting before admission")
-        self.registry.register(_SchedulerCollector(get_stats, model_name))
+        self.prefill_time = histogram(
+            "request_prefill_time_seconds", "Admission to first token (prefill)"
+        )
+        self.decode_time = histogram(
+            "request_decode_time_seconds", "First token to the last output (decode)"
+        )
 
     def observe(self, state: ReqState, out: ReqOutput) -> None:
         """Called with every output of every request, before the request absorbs it."""
         now = time.time()
-        lab = self.labels
         new = len(out.new_output_ids)
         if new and state.last_output_wall is not None and state.output_ids:
-            self.itl.labels(**lab).observe((now - state.last_output_wall) / new)
+            self.itl.observe((now - state.last_output_wall) / new)
         if new:
             state.last_output_wall = now
-        if not out.finished:
-            return
-        self.requests.labels(**lab).inc()
-        self.prompt_tokens.labels(**lab).inc(out.prompt_tokens)
-        self.generation_tokens.labels(**lab).inc(out.completion_tokens)
-        self.cached_tokens.labels(**lab).inc(out.cached_tokens)
+        if out.finished:
+            self._observe_finished(state, out, now)
+
+    def _observe_finished(self, state: ReqState, out: ReqOutput, now: float) -> None:
+        self.requests.inc()
+        self.requests_by_reason[finished_reason(out.finish_reason)].inc()
+        self.prompt_tokens.inc(out.prompt_tokens)
+        self.generation_tokens.inc(out.completion_tokens)
+        self.cached_tokens.inc(out.cached_tokens)
         if (out.finish_reason or {}).get("type") == "abort":
-            self.aborted.labels(**lab).inc()
+            self.aborted.inc()
         e2e = now - state.created_wall
-        self.e2e.labels(**lab).observe(e2e)
+        self.e2e.observe(e2e)
         if out.admitted_at is not None:
-            self.queue_time.labels(**lab).observe(max(out.admitted_at - state.created_wall, 0))
-        if out.first_token_at is not None:
-            ttft = max(out.first_token_at - state.created_wall, 0)
-            self.ttft.labels(**lab).observe(ttft)
-            if out.completion_tokens > 1:
-                self.tpot.labels(**lab).observe((e2e - ttft) / (out.completion_tokens - 1))
+            self.queue_time.observe(max(out.admitted_at - state.created_wall, 0))
+        if out.first_token_at is None:
+            return
+        if out.admitted_at is not None:
+            self.prefill_time.observe(max(out.first_token_at - out.admitted_at, 0))
+        self.decode_time.observe(max(now - out.first_token_at, 0))
+        ttft = max(out.first_token_at - state.created_wall, 0)
+        self.ttft.observe(ttft)
+        if out.completion_tokens > 1:
+            self.tpot.observe((e2e - ttft) / (out.completion_tokens - 1))
 
     def render(self) -> bytes:
         """The Prometheus text exposition (blocks on one scheduler round trip)."""
         return generate_latest(self.registry)
-
-
-class _SchedulerCollector:
-    """Values only the scheduler knows, fetched when Prometheus scrapes."""
-
-    def __init__(self, get_stats: Callable[[], dict[str, Any]], model_name: str) -> None:
-        self.get_stats = get_stats
-        self.model_name = model_name
-
-    def describe(self):  # no up-front description: collect() must not run at registration
-        return []
-
-    def collect(self):
-        stats = self.get_stats()
-        pool = max(stats["pool_tokens"], 1)
-        used = pool - stats["free_tokens"] - stats["evictable_tokens"]
-        gauges = {
-            "num_running_reqs": ("Requests running in the batch", stats["running"]),
-            "num_queue_reqs": ("Requests waiting for admission", stats["queued"]),
-            "token_usage": ("Fraction of the KV pool held by running requests", used / pool),
-            "cache_hit_rate": (
-                "Prompt tokens served from the cache / prompt tokens",
-                stats["cache_hit_rate"],
-            ),
-            "max_total_num_tokens": ("KV pool size in tokens", stats["pool_tokens"]),
-        }
-        for name, (doc, value) in gauges.items():
-            g = GaugeMetricFamily(f"radixrt:{name}", doc, labels=["model_name"])
-            g.add_metric([self.model_name], value)
-            yield g
-        c = CounterMetricFamily(
-            "radixrt:num_preemptions", "Requests retracted to free KV", labels=["model_name"]
-        )
-        c.add_metric([self.model_name], stats["num_preemptions"])
-        yield c
