@@ -1,6 +1,7 @@
 """Offline throughput: radixrt's Engine vs transformers on the same weights, one process, one run.
 
     python scripts/bench_offline.py [--workloads a,b,decode,prefill] [--quick] [--json out.json]
+        [--plot out.png]
 
 Workloads: (a) n questions behind one shared ~1,000-token 5-shot prefix, 32 new tokens each;
 (b) n unrelated 20-100 token prompts, most asking 8-16 new tokens and n/16 asking 256;
@@ -57,6 +58,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--skip-hf-cb", action="store_true", help="skip transformers' CB baseline")
     p.add_argument("--quick", action="store_true", help="8 requests, short outputs (smoke test)")
     p.add_argument("--json", default=None, help="also write the results to this path")
+    p.add_argument("--plot", default=None, help="also draw the table into this PNG file")
     return p.parse_args()
 
 
@@ -233,6 +235,11 @@ def main() -> None:
         "\ntok/s is output tok/s (sum of requested max_new_tokens / wall s), except for the "
         "prefill row: prompt tok/s.\n\n" + table
     )
+    if args.plot:
+        from bench_plots import plot_offline
+
+        plot_offline([asdict(r) for r in rows], args.plot, command)
+        log(f"plot written to {args.plot}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(

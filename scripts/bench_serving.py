@@ -2,7 +2,7 @@
 
     python scripts/bench_serving.py --base-url http://127.0.0.1:30000 --workload all
     python scripts/bench_serving.py --launch --server-args "--max-total-tokens 60000"
-    python scripts/bench_serving.py --compare-radix-cache --workload all
+    python scripts/bench_serving.py --compare-radix-cache --workload all --plot out.png
 
 Requests stream over SSE (`stream_options.include_usage`), arriving as a Poisson process at
 `--request-rate` (inf: all at once). Reported per workload: request and output-token
@@ -30,6 +30,7 @@ import asyncio
 import json
 import math
 import random
+import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -289,6 +290,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per request")
     p.add_argument("--output-json", default=None)
+    p.add_argument("--plot", default=None, help="also draw the table into this PNG file")
     launch.add_args(p)
     args = p.parse_args(argv)
     names = WORKLOADS if args.workload == "all" else tuple(args.workload.split(","))
@@ -358,6 +360,11 @@ def main(argv: list[str] | None = None) -> None:
         if args.compare_radix_cache:
             rows.append(ratio_row(name, *(run[name] for run in runs.values())))
     print(markdown(rows))
+    if args.plot:
+        from bench_plots import plot_serving
+
+        plot_serving(runs, args.plot, "python " + shlex.join(sys.argv))
+        log(f"plot written to {args.plot}")
     if args.output_json:
         with open(args.output_json, "w") as f:
             json.dump(
