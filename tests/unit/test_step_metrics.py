@@ -1,0 +1,154 @@
+"""The scheduler's fixed-bucket histograms, the radix cache's per-page block timing (a fake
+clock), and how the frontend's collector turns their snapshots into Prometheus histograms."""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+from prometheus_client.parser import text_string_to_metric_families
+
+from radixrt.cache.allocator import PageAllocator
+from radixrt.cache.radix_cache import RadixCache
+from radixrt.scheduler.step_metrics import FixedHistogram, KVBlockTimings, StepMetrics
+from radixrt.server.metrics import ServerMetrics, finished_reason
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_values_land_in_the_first_bucket_whose_bound_they_do_not_exceed() -> None:
+    h = FixedHistogram((1, 10))
+    for v in (0.5, 1, 1.5, 10, 11):
+        h.observe(v)
+    assert h.counts == [2, 2, 1]  # <=1, <=10, +Inf
+    h.observe(3, count=4)
+    assert h.counts == [2, 6, 1] and h.total == 9
+    assert h.sum == 0.5 + 1 + 1.5 + 10 + 11 + 12
+
+
+def test_a_snapshot_survives_the_scheduler_socket() -> None:
+    m = StepMetrics()
+    m.iteration_tokens.observe(17)
+    m.admitted(prompt_tokens=10, cached_tokens=4)
+    snap = {"h": m.iteration_tokens.snapshot(), "q": m.prefix_cache_queries}
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(snap)) == snap
+    assert m.prefix_cache_hits == 4
+
+
+def paged_cache(page_size: int = 2, num_pages: int = 16) -> tuple[RadixCache, FakeClock]:
+    clock = FakeClock()
+    cache = RadixCache(PageAllocator(num_pages, page_size), page_size, KVBlockTimings(clock))
+    return cache, clock
+
+
+def insert(cache: RadixCache, key: list[int]) -> None:
+    slots = cache.allocator.alloc_slots(len(key), None)
+    assert slots is not None
+    present = cache.insert(key, slots)
+    cache.allocator.free_slots(slots[:present])
+
+
+def test_eviction_observes_lifetime_and_idle_time_once_per_page() -> None:
+    cache, clock = paged_cache()
+    timings = cache.block_timings
+    insert(cache, [1, 2, 3, 4, 5, 6])  # 3 pages, born at 100
+    clock.now = 103.0
+    node = cache.match_prefix([1, 2, 3, 4]).last_node  # splits: [1..4] and [5, 6]
+    cache.inc_lock_ref(node)
+    clock.now = 105.0
+    cache.dec_lock_ref(node)  # [1..4] idle from 105
+    clock.now = 110.0
+    assert cache.evict(6) == 6
+    # Every page lived 10 s; the two pages a request held idled 5 s, the other one 10 s.
+    assert timings.lifetime.total == 3 and timings.lifetime.sum == 30
+    assert timings.idle_before_evict.total == 3 and timings.idle_before_evict.sum == 5 * 2 + 10
+    assert timings.evicted_tokens == 6
+    assert timings.reuse_gap.total == 0  # taken once, never again
+
+
+def test_reuse_gap_is_release_to_next_take_and_ignores_the_first_take() -> None:
+    cache, clock = paged_cache()
+    insert(cache, [1, 2, 3, 4])
+    node = cache.match_prefix([1, 2, 3, 4]).last_node
+    cache.inc_lock_ref(node)  # first use: no gap
+    clock.now = 101.0
+    cache.dec_lock_ref(node)
+    clock.now = 104.0
+    cache.inc_lock_ref(node)  # a second request, 3 s after the first let go
+    cache.inc_lock_ref(node)  # a third, while it is still held: not a reuse of idle pages
+    gaps = cache.block_timings.reuse_gap
+    assert gaps.total == 2 and gaps.sum == 3 * 2  # two pages, 3 s each
+
+
+def test_flush_counts_every_cached_page_as_evicted() -> None:
+    cache, clock = paged_cache(page_size=1)
+    insert(cache, [1, 2, 3])
+    insert(cache, [1, 2, 9])  # splits [1, 2]; the upper node keeps its birth time
+    clock.now = 107.0
+    cache.reset()
+    lifetime = cache.block_timings.lifetime
+    assert lifetime.total == 4 and lifetime.sum == 4 * 7
+    assert cache.block_timings.evicted_tokens == 4
+    assert cache.total_size() == 0
+
+
+def fake_stats(histograms: dict) -> dict:
+    zero = FixedHistogram((1.0,)).snapshot()
+    names = (
+        "iteration_tokens_total",
+        "kv_block_lifetime_seconds",
+        "kv_block_idle_before_evict_seconds",
+        "kv_block_reuse_gap_seconds",
+        "grammar_compile_time_seconds",
+    )
+    return {
+        "running": 1,
+        "queued": 2,
+        "grammar_queue": 0,
+        "pool_tokens": 100,
+        "free_tokens": 50,
+        "evictable_tokens": 20,
+        "cache_hit_rate": 0.5,
+        "num_preemptions": 3,
+        "jump_forward_tokens": 0,
+        "prefix_cache_queries": 40,
+        "prefix_cache_hits": 10,
+        "evicted_tokens": 0,
+        "histograms": {name: histograms.get(name, zero) for name in names},
+    }
+
+
+def test_the_collector_exports_cumulative_buckets_and_the_gauges() -> None:
+    h = FixedHistogram((1, 8))
+    for v in (1, 5, 5, 100):
+        h.observe(v)
+    stats = fake_stats({"iteration_tokens_total": h.snapshot()})
+    text = ServerMetrics(lambda: stats, "m").render().decode()
+    samples = {
+        (s.name, s.labels.get("le")): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+    name = "radixrt:iteration_tokens_total"
+    assert samples[(f"{name}_bucket", "1.0")] == 1
+    assert samples[(f"{name}_bucket", "8.0")] == 3
+    assert samples[(f"{name}_bucket", "+Inf")] == 4
+    assert samples[(f"{name}_count", None)] == 4 and samples[(f"{name}_sum", None)] == 111
+    assert samples[("radixrt:num_used_tokens", None)] == 30  # 100 - 50 free - 20 evictable
+    assert samples[("radixrt:num_evictable_tokens", None)] == 20
+    assert samples[("radixrt:prefix_cache_hits_total", None)] == 10
+    assert math.isclose(samples[("radixrt:token_usage", None)], 0.3)
+
+
+def test_finish_reasons_map_to_vllms_labels() -> None:
+    assert finished_reason({"type": "stop", "matched": 2}) == "stop"
+    assert finished_reason({"type": "length", "length": 5}) == "length"
+    assert finished_reason({"type": "abort", "message": "aborted by the client"}) == "abort"
+    assert finished_reason({"type": "abort", "message": "the request is invalid: x"}) == "error"
+    assert finished_reason(None) == "error"
