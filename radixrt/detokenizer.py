@@ -10,9 +10,9 @@ the first match, or after it with no_stop_trim. Every regex search runs under a 
 pattern that backtracks catastrophically is given up for its request (the scheduler, which
 searches the same output, ends that request) rather than stalling every other stream.
 
-Each step decodes only a short window of ids, so a long output costs O(length) in all, not
-O(length^2): the text of the newest ids is decode(ids[surr:]) minus decode(ids[surr:read]),
-where the few ids before `read` give the tokenizer the context it needs to place spaces.
+Ids become text through radixrt/decode_stream.py: the `tokenizers` package's DecodeStream for
+fast tokenizers, the tokenizer's own decode over a short window of ids otherwise; either way a
+long output costs O(length) in all, not O(length^2), and no split character is shown.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 
 import regex  # partial matching (is this text the start of a match?) and search time limits
 
+from radixrt.decode_stream import TextDecoder, new_decoder
 from radixrt.messages import (
     BatchOutput,
     DetokParams,
@@ -47,40 +48,27 @@ class IncrementalDetokenizer:
         stop: list[str] | None = None,
         no_stop_trim: bool = False,
         stop_regex: list[str] | None = None,
+        decoder: TextDecoder | None = None,
     ) -> None:
-        self.tokenizer = tokenizer
-        self.decode_kwargs = {
-            "skip_special_tokens": skip_special_tokens,
-            "spaces_between_special_tokens": spaces_between_special_tokens,
-        }
+        """`decoder` (default: chosen by `new_decoder`) turns the ids into text."""
+        self.decoder = decoder or new_decoder(
+            tokenizer, skip_special_tokens, spaces_between_special_tokens
+        )
         self.stop = stop or []
         self.max_stop = max((len(s) for s in self.stop), default=0)
         self.no_stop_trim = no_stop_trim
         self.stop_regex = [regex.compile(p) for p in stop_regex or []]
-        self.ids: list[int] = []
-        self.surr = 0  # start of the context window
-        self.read = 0  # ids[:read] are in self.text
-        self.text = ""  # text of ids[:read], whole characters only
+        # Without stop strings or regexes nothing is held back: the decoder's text is the delta.
+        self.plain = not self.stop and not self.stop_regex
+        self.text = ""  # the output's text so far, whole characters only (not kept if plain)
         self.sent = 0  # characters of text already handed out
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, **self.decode_kwargs)
-
-    def _advance(self, allow_partial: bool = False) -> None:
-        """Move the ids after `read` into `text`, unless they end inside a UTF-8 character."""
-        if self.read == len(self.ids):
-            return
-        before = self._decode(self.ids[self.surr : self.read])
-        full = self._decode(self.ids[self.surr :])
-        if full.endswith("\ufffd") and not allow_partial:
-            return  # a multi-byte character is not complete yet
-        self.text += full[len(before) :]
-        self.surr, self.read = self.read, len(self.ids)
 
     def add(self, new_ids: list[int]) -> str:
         """Take new ids; return the text delta that can be shown now."""
-        self.ids.extend(new_ids)
-        self._advance()
+        new = self.decoder.push(new_ids)
+        if self.plain:
+            return new
+        self.text += new
         text = self._cut_at_regex(self._cut_at_stop(self.text))
         held = min(len(text) - self._partial_stop_len(text), self._partial_regex_start(text))
         return self._delta(text[:held])
@@ -95,8 +83,10 @@ class IncrementalDetokenizer:
             and new_ids[-1] == matched
         ):
             new_ids = new_ids[:-1]  # the stop token's own text is not part of the output
-        self.ids.extend(new_ids)
-        self._advance(allow_partial=True)
+        new = self.decoder.push(new_ids) + self.decoder.flush()
+        if self.plain:
+            return new
+        self.text += new
         text = self._cut_at_stop(self.text, keep_stop=self.no_stop_trim)
         return self._delta(self._cut_at_regex(text, keep_stop=self.no_stop_trim))
 

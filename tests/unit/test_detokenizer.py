@@ -153,7 +153,7 @@ def test_a_failure_names_the_detokenizer():
     assert msg.error == "the detokenizer failed: bad bytes" and msg.error_type == "UnicodeError"
 
 
-def test_in_process_engine_gets_its_text_from_the_detokenizer_thread(tiny_model_dir):
+def test_in_process_engine_gets_its_text_from_the_detokenizer_thread(tiny_model_dir, monkeypatch):
     import radixrt
     from radixrt.request_state import SchedulerDied
 
@@ -175,10 +175,12 @@ def test_in_process_engine_gets_its_text_from_the_detokenizer_thread(tiny_model_
         )
         assert streamed == out["text"]
 
-        def broken(*args, **kwargs):
-            raise UnicodeError("cannot decode")
+        class Broken:
+            def push(self, new_ids):
+                raise UnicodeError("cannot decode")
 
-        engine.tokenizer.decode = broken  # the detokenizer thread shares this tokenizer
+        # The detokenizer thread picks each request's decoder through this name.
+        monkeypatch.setattr("radixrt.detokenizer.new_decoder", lambda *args: Broken())
         with pytest.raises(SchedulerDied, match="the detokenizer failed: cannot decode"):
             engine.generate(input_ids=[5, 6, 7], sampling_params=params)
         with pytest.raises(SchedulerDied, match="detokenizer"):
