@@ -33,11 +33,11 @@ def load_model(
     """
     start = time.monotonic()
     path = Path(model_path)
-    hf_config, weights, model_dir = _open_checkpoint(path)
     resolved = resolve_dtype(dtype, device)
     logger.info(
         "loading weights: %s (%s on %s)", path, str(resolved).removeprefix("torch."), device
     )
+    hf_config, weights, model_dir = _open_checkpoint(path)
     model_cls = get_model_class(architecture_of(hf_config))
     config = model_cls.config_from_hf(hf_config)  # raises before any weight is read
     # Build on the meta device, so that no memory is spent on (or time on initializing) weights
