@@ -53,9 +53,9 @@ def cache_snapshot(
     depth: int,
     max_nodes: int,
 ) -> dict[str, Any]:
-    """The snapshot: tree (None without a radix cache), KV pool, requests and `stats` (the
-    scheduler's get_stats()). `depth` and `max_nodes` are clamped to their allowed ranges.
-    Reads only: the tree, the allocator and the requests are left as they are."""
+    """The snapshot: tree (None without a radix cache), KV pool, requests and the scalars of
+    `stats` (the scheduler's get_stats()). `depth` and `max_nodes` are clamped to their
+    allowed ranges. Reads only: the tree, the allocator and the requests are left as they are."""
     depth = min(max(depth, 0), MAX_CACHE_TREE_DEPTH)
     max_nodes = min(max(max_nodes, 1), MAX_CACHE_TREE_NODES)
     return {
@@ -63,7 +63,8 @@ def cache_snapshot(
         "tree": tree_snapshot(cache, depth, max_nodes) if isinstance(cache, RadixCache) else None,
         "kv_pool": kv_pool_snapshot(cache, running),
         "requests": requests_snapshot(running, waiting),
-        "stats": dict(stats),
+        # The scalar counters: the histograms are /metrics' business, and large.
+        "stats": {k: v for k, v in stats.items() if isinstance(v, (int, float, str))},
     }
 
 

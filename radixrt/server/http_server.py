@@ -8,6 +8,8 @@ the scheduler over ZeroMQ."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import dataclasses
 import hmac
 from collections.abc import AsyncIterator
@@ -26,6 +28,7 @@ from radixrt.request_input import from_dict as request_from_dict
 from radixrt.request_state import SchedulerDied, ServerOverloaded
 from radixrt.sampling_params import SamplingParams
 from radixrt.server.access_log import add_access_log
+from radixrt.server.dashboard import add_dashboard_routes, is_dashboard_path
 from radixrt.server.http_metrics import add_http_metrics
 from radixrt.server.http_utils import (
     CLIENT_CLOSED,
@@ -81,39 +84,57 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
     _add_native_routes(app, state)
     add_native_info_routes(app, state)
     add_openai_routes(app, state.engine, state.served_model_name)
+    add_dashboard_routes(app, state)
     _add_error_handlers(app)
     _declare_bodies(app)
     app.add_middleware(BodyLimit, limit=state.args.max_request_bytes)
     app.add_middleware(EngineGate, engine=state.engine)
     if state.args.api_key:
-        app.add_middleware(APIKeyCheck, expected=f"Bearer {state.args.api_key}".encode())
+        app.add_middleware(APIKeyCheck, key=state.args.api_key)
     add_http_metrics(app, state.metrics)  # outside the API-key check: 401s count too
     add_access_log(app, state.args.log_requests)  # last: outermost, sees every answer
     return app
 
 
 class APIKeyCheck:
-    """Plain ASGI middleware: 401 unless `Authorization: Bearer KEY` (but on /health). Unlike
-    Starlette's BaseHTTPMiddleware it does not re-wrap every response body (streams pass
-    through as they are)."""
+    """Plain ASGI middleware: 401 unless `Authorization: Bearer KEY`, or HTTP Basic with the
+    key as the password (a browser's only way; any user name), on every path but /health;
+    the key is compared in constant time. On the dashboard's paths the 401 asks for Basic
+    credentials, so that a browser prompts. Unlike Starlette's BaseHTTPMiddleware it does not
+    re-wrap every response body (streams pass through as they are)."""
 
-    def __init__(self, app, expected: bytes) -> None:
+    def __init__(self, app, key: str) -> None:
         self.app = app
-        self.expected = expected
+        self.key = key.encode()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["path"] not in _OPEN_PATHS:
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
+            given = _presented_key(dict(scope["headers"]).get(b"authorization", b""))
+            if not hmac.compare_digest(given, self.key):
+                challenge = is_dashboard_path(scope["path"])
                 response = error_response(
                     "missing or wrong API key: send 'Authorization: Bearer KEY'",
                     None,
                     401,
                     "invalid_api_key",
+                    {"WWW-Authenticate": 'Basic realm="radixrt"'} if challenge else None,
                 )
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def _presented_key(header: bytes) -> bytes:
+    """The key in an Authorization header: a Bearer token or a Basic password; b"" if none."""
+    scheme, _, credentials = header.strip().partition(b" ")
+    if scheme.lower() == b"bearer":
+        return credentials.strip()
+    if scheme.lower() == b"basic":
+        try:
+            return base64.b64decode(credentials.strip(), validate=True).partition(b":")[2]
+        except binascii.Error:
+            return b""
+    return b""
 
 
 class EngineGate:

@@ -154,7 +154,8 @@ def test_kv_pool_parts_add_up_and_requests_are_listed() -> None:
 
 def test_no_sharing_cache_has_no_tree_and_bad_bounds_are_clamped() -> None:
     cache = create_prefix_cache("none", PageAllocator(8, 1))
-    out = snap.cache_snapshot(cache, [], [], {"steps": 3}, depth=-5, max_nodes=10**9)
+    stats = {"steps": 3, "histograms": {"lifetime": [1, 2]}}
+    out = snap.cache_snapshot(cache, [], [], stats, depth=-5, max_nodes=10**9)
     assert out["radix_cache"] is False and out["tree"] is None and out["stats"] == {"steps": 3}
     assert out["kv_pool"]["free_pages"] == 8
     tree = take(random_tree(), depth=10**6, max_nodes=0)["tree"]
