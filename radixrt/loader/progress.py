@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from tqdm import tqdm
+from tqdm import tqdm  # type: ignore[import-untyped]  # no stubs installed
 
 logger = logging.getLogger("radixrt.loader")
 
