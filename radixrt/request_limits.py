@@ -3,14 +3,15 @@ before tokenizing or queueing) and by the scheduler (its socket also takes reque
 frontends, which must not reach the KV pool unchecked either). Pure checks, no torch: the HTTP
 process, the engine, the OpenAI layer and the scheduler all use these, and nothing else.
 
-Every error is a `ParamError` naming the field and the allowed range.
+Every error is a `ParamError` naming the field and the allowed range; a request beyond the
+context says "maximum context length" with the code "context_length_exceeded", as OpenAI.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from radixrt.errors import ParamError
+from radixrt.errors import CONTEXT_LENGTH_EXCEEDED, ParamError
 
 
 def validate_prompt_len(
@@ -23,9 +24,10 @@ def validate_prompt_len(
     if prompt_len >= context_length:
         raise ParamError(
             prompt_field,
-            f"the prompt has {prompt_len} tokens; the model's "
-            f"context length (context_length) is {context_length} and at least "
-            "one token must be generated",
+            f"{_context_is(context_length)}, and the prompt ({prompt_field}) has "
+            f"{prompt_len} tokens: it must leave room for at least one generated token, "
+            f"so it may have at most {context_length - 1}",
+            CONTEXT_LENGTH_EXCEEDED,
         )
 
 
@@ -37,23 +39,38 @@ def validate_request_size(
     prompt_field: str = "input_ids",
 ) -> None:
     """The prompt and its generation fit the model's context and the KV pool. `prompt_field`:
-    the field the prompt came in (text or input_ids), named by the errors about its length."""
+    the field the prompt came in (text or input_ids), named by the errors about its length.
+    Both limits are the context a client can use, so both errors have the code
+    CONTEXT_LENGTH_EXCEEDED and a message that says "maximum context length"."""
     validate_prompt_len(prompt_len, context_length, prompt_field)
+    wanted = f"the prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens})"
     if prompt_len + max_new_tokens > context_length:
         raise ParamError(
             "max_new_tokens",
-            f"prompt ({prompt_len} tokens) + max_new_tokens "
-            f"({max_new_tokens}) exceed the model's context length "
-            f"(context_length {context_length}): lower max_new_tokens to at most "
+            f"{_context_is(context_length)}, and {wanted} need "
+            f"{prompt_len + max_new_tokens}: lower max_new_tokens to at most "
             f"{context_length - prompt_len}",
+            CONTEXT_LENGTH_EXCEEDED,
         )
     if prompt_len + max_new_tokens > pool_tokens:
+        fix = (
+            f"lower max_new_tokens to at most {pool_tokens - prompt_len}"
+            if prompt_len < pool_tokens
+            else f"shorten the prompt ({prompt_field})"
+        )
         raise ParamError(
             "max_new_tokens",
-            f"prompt ({prompt_len} tokens) + max_new_tokens "
-            f"({max_new_tokens}) exceed the KV pool ({pool_tokens} tokens): "
-            "lower max_new_tokens or raise max_total_tokens",
+            f"This server's KV pool holds {pool_tokens} tokens, so this model's maximum "
+            f"context length is {pool_tokens} tokens here, and {wanted} need "
+            f"{prompt_len + max_new_tokens}: {fix}, or start the server with a larger "
+            "--max-total-tokens",
+            CONTEXT_LENGTH_EXCEEDED,
         )
+
+
+def _context_is(context_length: int) -> str:
+    # OpenAI's and vLLM's opening words, the ones clients (litellm) recognise.
+    return f"This model's maximum context length is {context_length} tokens (context_length)"
 
 
 def validate_token_ids(

@@ -1,11 +1,16 @@
 """A chat completion request as the tokenizer's chat template takes it: its messages as the
-template expects them, the template's keyword arguments, the rendered prompt's token ids, and
-the conversation's size in characters (bounded before anything is rendered)."""
+template expects them, the template's keyword arguments, the rendered prompt's token ids
+(and whether the template showed the model the request's tools), and the conversation's
+size in characters (bounded before anything is rendered).
+
+The template is the tokenizer's own, or the one --chat-template put in its place when the
+tokenizer was loaded (chat_template_loader.py): every renderer (this, /tokenize, the DSL)
+reads `tokenizer.chat_template`."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 from radixrt.server.http_utils import APIError, check_json_value
 from radixrt.server.openai_protocol import ChatCompletionRequest, ChatMessage
@@ -13,8 +18,15 @@ from radixrt.server.openai_protocol import ChatCompletionRequest, ChatMessage
 _RESERVED = {"conversation", "tokenize"}  # apply_chat_template arguments the server passes
 
 
-def chat_prompt_ids(tokenizer: Any, req: ChatCompletionRequest) -> list[int]:
-    """Token ids of the rendered chat template; APIError naming `messages` when the template
+class ChatPrompt(NamedTuple):
+    ids: list[int]  # the rendered prompt's token ids
+    # Tools were given, but the template renders the same text without them: the model never
+    # sees the functions (SmolLM2's own template, for one, ignores `tools`).
+    tools_ignored: bool
+
+
+def chat_prompt(tokenizer: Any, req: ChatCompletionRequest) -> ChatPrompt:
+    """The rendered chat template's token ids; APIError naming `messages` when the template
     cannot render them. The template's text is tokenized without adding special tokens: a
     BOS, where the model wants one, is in the template."""
     messages = [template_message(m, i) for i, m in enumerate(req.messages)]
@@ -32,8 +44,16 @@ def chat_prompt_ids(tokenizer: Any, req: ChatCompletionRequest) -> list[int]:
         "continue_final_message": proceed,
         **(req.chat_template_kwargs or {}),
     }
+    text = _render(tokenizer, messages, kwargs)
+    ignored = False
     if req.tools:
-        kwargs["tools"] = [tool.model_dump(exclude_none=True) for tool in req.tools]
+        tools = [tool.model_dump(exclude_none=True) for tool in req.tools]
+        with_tools = _render(tokenizer, messages, {**kwargs, "tools": tools})
+        ignored, text = with_tools == text, with_tools
+    return ChatPrompt(tokenizer.encode(text, add_special_tokens=False), ignored)
+
+
+def _render(tokenizer: Any, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> str:
     try:
         text = tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
     except Exception as e:  # noqa: BLE001 - no template, or the template's own raise
@@ -44,7 +64,7 @@ def chat_prompt_ids(tokenizer: Any, req: ChatCompletionRequest) -> list[int]:
             f"{type(text).__name__}, not the prompt's text",
             "chat_template_kwargs",
         )
-    return tokenizer.encode(text, add_special_tokens=False)
+    return text
 
 
 def conversation_chars(req: ChatCompletionRequest) -> int:

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from radixrt.errors import ParamError
 from radixrt.request_state import SchedulerDied, ServerOverloaded
 
 T = TypeVar("T")
@@ -27,8 +28,27 @@ _PARSE_OFF_LOOP_BYTES = 64 * 1024  # bodies larger than this are parsed on a wor
 CLIENT_CLOSED = 499  # nginx's status for "the client closed the request"; nobody reads it
 
 
+# OpenAI's `code` is a string (vLLM and SGLang send the HTTP status there, an int): the
+# error's own code where it has one (model_not_found, context_length_exceeded), else the one
+# of its status. OpenAI's own names where it has them (invalid_api_key, rate_limit_exceeded).
+STATUS_CODES = {
+    400: "invalid_request",
+    401: "invalid_api_key",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "request_too_large",
+    422: "invalid_request",
+    429: "rate_limit_exceeded",
+    499: "client_closed_request",
+    500: "internal_error",
+    503: "service_unavailable",
+}
+
+
 class APIError(Exception):
-    """Raised by endpoint code for a bad request; rendered by `error_response`."""
+    """Raised by endpoint code for a bad request; rendered by `error_response`. `code`:
+    OpenAI's error code, when not the one of `status` (STATUS_CODES)."""
 
     def __init__(
         self,
@@ -36,12 +56,14 @@ class APIError(Exception):
         param: str | None = None,
         status: int = 400,
         err_type: str = "invalid_request_error",
+        code: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.status = status
         self.err_type = err_type
+        self.code = code
 
 
 class BodyTooLarge(APIError):
@@ -66,9 +88,12 @@ def error_response(
     status: int = 400,
     err_type: str = "invalid_request_error",
     headers: dict[str, str] | None = None,
+    code: str | None = None,
 ) -> JSONResponse:
-    """The OpenAI API's error shape: {"error": {"message", "type", "param", "code"}}."""
-    body = {"error": {"message": message, "type": err_type, "param": param, "code": status}}
+    """The OpenAI API's error shape: {"error": {"message", "type", "param", "code"}}, `code`
+    a string: `code`, else the status's (STATUS_CODES, else `err_type`)."""
+    code = code or STATUS_CODES.get(status, err_type)
+    body = {"error": {"message": message, "type": err_type, "param": param, "code": code}}
     return JSONResponse(body, status_code=status, headers=headers)
 
 
@@ -94,7 +119,7 @@ def exception_response(exc: BaseException) -> Response:
     text are the server's internals, not the client's business."""
     status, err_type = status_of(exc)
     if isinstance(exc, APIError):
-        return error_response(exc.message, exc.param, status, err_type)
+        return error_response(exc.message, exc.param, status, err_type, code=exc.code)
     if status == CLIENT_CLOSED:
         return Response(status_code=CLIENT_CLOSED)
     if status == 500:
@@ -102,7 +127,8 @@ def exception_response(exc: BaseException) -> Response:
         return error_response(
             "internal server error (the server's log has the details)", None, 500, err_type
         )
-    return error_response(str(exc), getattr(exc, "param", None), status, err_type)
+    code = exc.code if isinstance(exc, ParamError) else None
+    return error_response(str(exc), getattr(exc, "param", None), status, err_type, code=code)
 
 
 # -- request bodies -------------------------------------------------------------------------

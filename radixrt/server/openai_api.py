@@ -14,7 +14,10 @@ Choices, where the OpenAI API leaves room:
   fields (top_k, min_p, ignore_eos, regex, ...) are accepted under SGLang's names, with
   min_tokens for min_new_tokens.
 - max_tokens defaults to 16 for completions (OpenAI's default) and to the rest of the context
-  for chat; prompt + max_tokens beyond the context length is a 400, never a silent cut.
+  for chat; prompt + max_tokens beyond the context length is a 400, never a silent cut, with
+  OpenAI's code "context_length_exceeded" and words ("This model's maximum context length
+  is N tokens"), which litellm maps to ContextWindowExceededError. Every error's `code` is
+  a string (http_utils.STATUS_CODES), never the HTTP status that vLLM and SGLang put there.
 - finish_reason is "stop", "length", or "abort" (the request was aborted); choices also carry
   SGLang's `matched_stop` (the stop string or token id that ended them).
 - With n > 1, usage counts each prompt (and its cached tokens) once, from its first output.
@@ -38,12 +41,15 @@ Choices, where the OpenAI API leaves room:
   parses the model's own call format (streamed text is held back from the first sign of a
   call, and the calls come at the end); "auto" with an explicit constraint (response_format,
   regex, ...) is not parsed for calls. Assistant tool_calls arguments reach the template as
-  objects, as transformers' templates expect.
+  objects, as transformers' templates expect. A template that renders the same prompt with
+  and without the tools (SmolLM2's own) is reported: a warning in the server's log (once)
+  and a `radixrt-warning` header on each such response; --chat-template replaces it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -56,11 +62,12 @@ from fastapi.responses import JSONResponse, Response
 from radixrt.request_limits import validate_prompt_len, validate_request_size, validate_token_ids
 from radixrt.server import openai_protocol as proto
 from radixrt.server import openai_translate as translate
-from radixrt.server.chat_template import chat_prompt_ids, conversation_chars
+from radixrt.server.chat_template import chat_prompt, conversation_chars
 from radixrt.server.http_utils import (
     CLIENT_CLOSED,
     APIError,
     await_or_disconnect,
+    error_response,
     event_stream,
     exception_response,
     json_body,
@@ -73,6 +80,15 @@ from radixrt.server.openai_stream import TokenTexts, chat_events, completion_eve
 from radixrt.server.tool_calls import MISTRAL_MARK, ToolPlan, plan_tools
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # the OpenAI API's default for /v1/completions
+WARNING_HEADER = "radixrt-warning"  # what a response says besides its body (OpenAI has no field)
+TOOLS_IGNORED = (
+    "the chat template does not render `tools`: the model is not shown the functions "
+    "(tool_choice 'auto' will hardly ever call one); start the server with "
+    "--chat-template chatml-tools, or a template of your own that renders them"
+)
+logger = logging.getLogger("radixrt.server")
+# A prepared request: its Job, and the headers its response carries (WARNING_HEADER).
+Prepared = tuple[Job, dict[str, str]]
 
 
 def add_openai_routes(app: FastAPI, manager: Any, served_model_name: str) -> None:
@@ -105,6 +121,7 @@ class OpenAIServing:
         self.texts = TokenTexts(manager.tokenizer) if manager.tokenizer is not None else None
         # Mistral's [TOOL_CALLS] is a special token: "auto" must keep it to find the calls.
         self.special_call_marker = _is_special(manager.tokenizer, MISTRAL_MARK)
+        self.warned_tools_ignored = False  # the server's log says it once
 
     # -- routes -------------------------------------------------------------------------------
     async def models(self) -> JSONResponse:
@@ -140,7 +157,7 @@ class OpenAIServing:
     async def completions(self, request: Request) -> Response:
         return await self._serve(request, self._prepare_completion)
 
-    async def _serve(self, request: Request, prepare: Callable[[dict], Job]) -> Response:
+    async def _serve(self, request: Request, prepare: Callable[[dict], Prepared]) -> Response:
         names: dict[str, str] = {}
         try:
             texts = self.texts
@@ -152,9 +169,12 @@ class OpenAIServing:
                 )
             # Validating, rendering the chat template and tokenizing are CPU work: a worker
             # thread does them, so that a long conversation does not stall the event loop.
-            job = await asyncio.to_thread(self._prepared, prepare, await read_json(request))
+            body = await read_json(request)
+            job, headers = await asyncio.to_thread(self._prepared, prepare, body)
             names = job.names
-            return await self._run(request, job, texts)
+            response = await self._run(request, job, texts)
+            response.headers.update(headers)
+            return response
         except ModelNotFound as exc:
             return _model_not_found(exc.model, self.model_name)
         except asyncio.CancelledError:
@@ -166,10 +186,10 @@ class OpenAIServing:
         except Exception as exc:  # noqa: BLE001 - overload, dead scheduler, client gone
             return exception_response(exc)
 
-    def _prepared(self, prepare: Callable[[dict], Job], body: dict[str, Any]) -> Job:
-        job = prepare(body)
+    def _prepared(self, prepare: Callable[[dict], Prepared], body: dict[str, Any]) -> Prepared:
+        job, headers = prepare(body)
         job.kwargs = engine_kwargs(job, self.special_call_marker)
-        return job
+        return job, headers
 
     async def _run(self, request: Request, job: Job, texts: TokenTexts) -> Response:
         if job.req.stream:
@@ -183,7 +203,7 @@ class OpenAIServing:
         return await asyncio.to_thread(lambda: json_response(build(job, outs, texts)))
 
     # -- preparing requests -------------------------------------------------------------------
-    def _prepare_chat(self, body: dict[str, Any]) -> Job:
+    def _prepare_chat(self, body: dict[str, Any]) -> Prepared:
         req = proto.parse_request(ChatCompletionRequest, body)
         self._check_model(req.model)
         names = translate.field_names(req)
@@ -191,14 +211,14 @@ class OpenAIServing:
         plan = _tool_plan(req)
         if plan is not None and plan.forced:
             names["json_schema"] = "tools"
-        ids = chat_prompt_ids(self.manager.tokenizer, req)
+        ids, tools_ignored = chat_prompt(self.manager.tokenizer, req)
         requested = req.max_completion_tokens
         requested = req.max_tokens if requested is None else requested
         # OpenAI's default: up to the end of the context (which the KV pool may cut shorter).
         default = self.manager.info.pool_tokens - len(ids)
         with translate.openai_names(names):
             max_new = self._max_new_tokens(len(ids), requested, default)
-        return Job(
+        job = Job(
             req,
             [ids],
             False,
@@ -209,8 +229,16 @@ class OpenAIServing:
             model=self.model_name,
             tools=plan,
         )
+        return job, self._tools_ignored_warning() if tools_ignored else {}
 
-    def _prepare_completion(self, body: dict[str, Any]) -> Job:
+    def _tools_ignored_warning(self) -> dict[str, str]:
+        """The response's header, and once per server a line in its log."""
+        if not self.warned_tools_ignored:
+            self.warned_tools_ignored = True
+            logger.warning("a request passed tools, but %s", TOOLS_IGNORED)
+        return {WARNING_HEADER: TOOLS_IGNORED}
+
+    def _prepare_completion(self, body: dict[str, Any]) -> Prepared:
         req = proto.parse_request(CompletionRequest, body)
         self._check_model(req.model)
         names = translate.field_names(req)
@@ -220,7 +248,7 @@ class OpenAIServing:
                 self._max_new_tokens(len(p), req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS)
                 for p in ids
             )
-        return Job(
+        job = Job(
             req,
             ids,
             batch,
@@ -231,6 +259,7 @@ class OpenAIServing:
             created=int(time.time()),
             model=self.model_name,
         )
+        return job, {}
 
     def _check_chars(self, chars: int, param: str) -> None:
         """The prompt's length in characters is bounded before anything is tokenized."""
@@ -294,15 +323,7 @@ def _model_not_found(model: str | None, served: str) -> JSONResponse:
         f"The model {model!r} does not exist: this server serves {served!r} "
         "(also reachable as 'default')"
     )
-    body = {
-        "error": {
-            "message": message,
-            "type": "invalid_request_error",
-            "param": "model",
-            "code": "model_not_found",
-        }
-    }
-    return JSONResponse(body, status_code=404)
+    return error_response(message, "model", 404, code="model_not_found")
 
 
 def _last_part(name: str) -> str:

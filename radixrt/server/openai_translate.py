@@ -101,12 +101,15 @@ def field_names(req: SamplingFields) -> dict[str, str]:
 
 def rename_engine_error(exc: ValueError, names: dict[str, str]) -> APIError:
     """The engine's ValueError, its SGLang field names replaced by the OpenAI ones; `param`
-    is the OpenAI name of the ParamError's field (None for another ValueError)."""
+    is the OpenAI name of the ParamError's field and `code` its code (None for another
+    ValueError)."""
     message = str(exc).replace("sampling param ", "")
     for sgl, oai in names.items():
         message = re.sub(rf"\b{sgl}\b", oai, message)
-    param = exc.param if isinstance(exc, ParamError) else None
-    return APIError(message, None if param is None else names.get(param, param))
+    if not isinstance(exc, ParamError):
+        return APIError(message)
+    param = None if exc.param is None else names.get(exc.param, exc.param)
+    return APIError(message, param, code=exc.code)
 
 
 @contextlib.contextmanager

@@ -216,9 +216,10 @@ def test_shared_checks_name_the_field_they_are_given():
     with pytest.raises(ParamError, match="the prompt is empty") as err:
         validate_prompt_len(0, 64, "text")
     assert err.value.param == "text"
-    with pytest.raises(ParamError, match=r"context length \(context_length\) is 64") as err:
+    context = r"This model's maximum context length is 64 tokens \(context_length\)"
+    with pytest.raises(ParamError, match=context) as err:
         validate_prompt_len(64, 64)
-    assert err.value.param == "input_ids"
+    assert err.value.param == "input_ids" and err.value.code == "context_length_exceeded"
     with pytest.raises(ParamError, match=r"prompt\[1\]\[2\] = -1 is not a token id") as err:
         validate_token_ids([0, 1, -1], 10, "prompt[1]", param="prompt")
     assert err.value.param == "prompt"
