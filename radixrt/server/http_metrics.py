@@ -10,6 +10,7 @@ the app serves (its first /metrics scrape included).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from typing import Any
 
@@ -58,11 +59,16 @@ class HTTPMetrics:
 
         try:
             await self.app(scope, receive, send_seeing_status)
+        except asyncio.CancelledError:
+            raise  # the client left; counted below only if it had an answer started
+        except Exception:
+            # Raised before any answer: Starlette's outermost middleware answers 500.
+            status = status or 500
+            raise
         finally:
-            # An exception before any answer becomes Starlette's 500 (outside this middleware).
-            code = 500 if status is None else status
-            route = self._route_of(scope)
-            self.counter.labels(self.model_name, route, f"{code // 100}xx").inc()
+            if status is not None:
+                route = self._route_of(scope)
+                self.counter.labels(self.model_name, route, f"{status // 100}xx").inc()
 
     def _route_of(self, scope: dict[str, Any]) -> str:
         """The template of the route that served the request (the router puts it in the

@@ -4,6 +4,7 @@ and the Prometheus alert rules in deploy/ name only metrics this server exports.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import shutil
@@ -14,7 +15,11 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
+
+from radixrt.server.http_metrics import add_http_metrics
+from radixrt.server.metrics import ServerMetrics
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "grafana" / "radixrt-dashboard.json"
@@ -364,3 +369,43 @@ def test_promtool_checks_and_unit_tests_the_rules():
     for alert in ALERTS:
         outcomes = {bool(c["exp_alerts"]) for c in cases if c["alertname"] == alert}
         assert outcomes == {True, False}, alert
+
+
+# -- the HTTP middleware on its own (no server) ----------------------------------------------
+
+
+def test_http_metrics_label_templates_classes_and_unhandled_errors():
+    app = FastAPI()
+
+    @app.get("/items/{item_id}")
+    async def item(item_id: int) -> dict:
+        return {"id": item_id}
+
+    @app.get("/boom")
+    async def boom() -> dict:
+        raise RuntimeError("unhandled")
+
+    metrics = ServerMetrics(lambda: {}, "m")
+    add_http_metrics(app, metrics)
+
+    async def run() -> None:
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            assert (await client.get("/items/1")).status_code == 200
+            assert (await client.get("/items/2")).status_code == 200
+            assert (await client.get("/items/x")).status_code == 422
+            assert (await client.get("/nowhere")).status_code == 404
+            assert (await client.get("/boom")).status_code == 500
+
+    asyncio.run(run())
+    counts = {
+        (s.labels["route"], s.labels["status"]): s.value
+        for s in metrics.http_requests.collect()[0].samples
+        if s.name.endswith("_total")
+    }
+    assert counts[("/items/{item_id}", "2xx")] == 2
+    assert counts[("/items/{item_id}", "4xx")] == 1
+    assert counts[("none", "4xx")] == 1
+    assert counts[("/boom", "5xx")] == 1
+    assert counts[("/boom", "2xx")] == 0  # created with the app's routes
+    assert not any(route.startswith("/items/1") for route, _ in counts)
