@@ -73,7 +73,7 @@ def add_dashboard_routes(app: FastAPI, state: Any) -> None:
 
 
 def _read_asset(name: str) -> bytes:
-    return resources.files("radixrt.server").joinpath("static", name).read_bytes()
+    return (resources.files("radixrt.server") / "static" / name).read_bytes()
 
 
 def _bounded_param(request: Request, name: str) -> int:

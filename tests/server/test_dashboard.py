@@ -75,7 +75,7 @@ def shown_tokens(node: dict[str, Any]) -> int:
 
 
 def test_cache_tree_holds_the_shared_prefix_and_adds_up(guarded):
-    data = cache_tree(guarded, depth=64, max_nodes=2000)
+    data = cache_tree(guarded, depth=64, max_nodes=1000)
     stats = server_stats(guarded)
     tree, pool = data["tree"], data["kv_pool"]
     assert data["radix_cache"] is True and tree["complete"]
@@ -95,13 +95,13 @@ def test_cache_tree_holds_the_shared_prefix_and_adds_up(guarded):
 
 
 def test_depth_and_max_nodes_bound_the_tree_and_summarise_the_rest(guarded):
-    full = cache_tree(guarded, depth=64, max_nodes=2000)["tree"]
+    full = cache_tree(guarded, depth=64, max_nodes=1000)["tree"]
     assert full["total_nodes"] >= 6 and depth_of(full["root"]) >= 3
     for params in [{"depth": 1}, {"max_nodes": 2}, {"depth": 2, "max_nodes": 3}]:
         tree = cache_tree(guarded, **params)["tree"]
         nodes = nodes_of(tree["root"])
         assert depth_of(tree["root"]) <= params.get("depth", 64)
-        assert len(nodes) - 1 == tree["nodes_shown"] <= params.get("max_nodes", 2000)
+        assert len(nodes) - 1 == tree["nodes_shown"] <= params.get("max_nodes", 1000)
         assert any(n["more"] for n in nodes), params
         assert shown_tokens(tree["root"]) == full["total_tokens"]
     assert cache_tree(guarded)["tree"]["depth"] == 6  # the defaults
@@ -247,7 +247,7 @@ class StaticServer:
         files = {"/cache_tree": (cache_tree_body, "application/json")}
         for name in ("dashboard.html", "dashboard.js", "dashboard.css"):
             kind = {"html": "text/html", "js": "text/javascript", "css": "text/css"}
-            body = resources.files("radixrt.server").joinpath("static", name).read_bytes()
+            body = (resources.files("radixrt.server") / "static" / name).read_bytes()
             path = "/dashboard" if name.endswith(".html") else f"/dashboard/{name}"
             files[path] = (body, kind[name.rsplit(".", 1)[1]])
 

@@ -77,7 +77,7 @@ def test_whole_small_tree_is_described_and_adds_up(page_size: int) -> None:
 
 def test_max_nodes_and_depth_bound_it_and_the_rest_is_summarised() -> None:
     cache = random_tree()
-    full = take(cache, depth=64, max_nodes=2000)["tree"]
+    full = take(cache, depth=64, max_nodes=1000)["tree"]
     assert full["total_nodes"] > 40 and depth_of(full["root"]) > 3, "the test needs a big tree"
     for depth, max_nodes in [(2, 2000), (64, 10), (3, 7), (1, 1)]:
         tree = take(cache, depth=depth, max_nodes=max_nodes)["tree"]
@@ -95,7 +95,7 @@ def test_children_come_biggest_subtree_first_and_the_biggest_are_chosen() -> Non
         sizes = [c["subtree_tokens"] for c in node["children"]]
         assert sizes == sorted(sizes, reverse=True)
     # Best first: no hidden child of a shown node outweighs a shown node below the root.
-    full = {n["id"]: n for n in nodes_of(take(cache, depth=64, max_nodes=2000)["tree"]["root"])}
+    full = {n["id"]: n for n in nodes_of(take(cache, depth=64, max_nodes=1000)["tree"]["root"])}
     shown = nodes_of(tree["root"])[1:]
     smallest = min(n["subtree_tokens"] for n in shown)
     for node in nodes_of(tree["root"]):
@@ -106,9 +106,9 @@ def test_children_come_biggest_subtree_first_and_the_biggest_are_chosen() -> Non
 
 def test_the_size_walk_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     cache = random_tree()
-    total = take(cache, depth=64, max_nodes=2000)["tree"]["total_nodes"]
+    total = take(cache, depth=64, max_nodes=1000)["tree"]["total_nodes"]
     monkeypatch.setattr(snap, "SIZE_WALK_BUDGET", 10)
-    tree = take(cache, depth=64, max_nodes=2000)["tree"]
+    tree = take(cache, depth=64, max_nodes=1000)["tree"]
     assert not tree["complete"]
     assert tree["total_nodes"] < total and tree["nodes_shown"] <= tree["total_nodes"]
     assert any(not n["counted"] for n in nodes_of(tree["root"]))
@@ -121,7 +121,7 @@ def test_node_fields_locks_and_previews() -> None:
     put(cache, long_key)
     match = cache.match_prefix(long_key)
     cache.inc_lock_ref(match.last_node)
-    tree = take(cache, depth=64, max_nodes=2000)["tree"]
+    tree = take(cache, depth=64, max_nodes=1000)["tree"]
     (node,) = [n for n in nodes_of(tree["root"]) if n["preview_ids"][:1] == [200]]
     assert node["preview_ids"] == long_key[: snap.PREVIEW_TOKENS] and node["tokens"] == 60
     assert node["lock_ref"] == 1 and not node["evictable"] and node["last_access_s"] == 0.0

@@ -212,22 +212,22 @@ function renderTree(data) {
     `${fmt(tree.total_tokens)} tokens in ${fmt(tree.total_nodes)} nodes; showing ` +
     `${fmt(tree.nodes_shown)} (depth ≤ ${tree.depth}, at most ${tree.max_nodes}), ` +
     `biggest subtrees first` + (tree.complete ? "." : "; sizes below the counted part are lower bounds.");
-  box.replaceChildren(el("ul", { role: "tree", "aria-label": "Radix tree" }, nodeItem(tree.root, 0)));
+  box.replaceChildren(el("ul", { "aria-label": "Radix tree" }, nodeItem(tree.root, 0)));
 }
 
 function nodeItem(node, level) {
   const line = nodeLine(node, level);
   const kids = node.children.map((c) => nodeItem(c, level + 1));
   if (node.more) {
-    kids.push(el("li", { class: "more", role: "treeitem" },
+    kids.push(el("li", { class: "more" },
       `+${fmt(node.more.nodes)} more nodes, ${fmt(node.more.tokens)} tokens`));
   }
-  if (!kids.length) return el("li", { class: "node", role: "treeitem", "data-node-id": node.id }, line);
+  if (!kids.length) return el("li", { class: "node", "data-node-id": node.id }, line);
   const isOpen = openState.has(node.id) ? openState.get(node.id) : level < 3;
   const details = el("details", isOpen ? { open: "" } : {}, el("summary", {}, line),
-    el("ul", { role: "group" }, ...kids));
+    el("ul", {}, ...kids));
   details.addEventListener("toggle", () => openState.set(node.id, details.open));
-  return el("li", { class: "node", role: "treeitem", "data-node-id": node.id }, details);
+  return el("li", { class: "node", "data-node-id": node.id }, details);
 }
 
 function nodeLine(node, level) {
