@@ -76,6 +76,7 @@ from radixrt.server.http_utils import (
 )
 from radixrt.server.openai_jobs import Job, chat_response, completion_response, engine_kwargs
 from radixrt.server.openai_protocol import ChatCompletionRequest, CompletionRequest
+from radixrt.server.openai_responses import add_responses_routes
 from radixrt.server.openai_stream import TokenTexts, chat_events, completion_events
 from radixrt.server.tool_calls import MISTRAL_MARK, ToolPlan, plan_tools
 
@@ -95,6 +96,7 @@ def add_openai_routes(app: FastAPI, manager: Any, served_model_name: str) -> Non
     """Register the OpenAI routes on `app`, serving `manager` (a radixrt Engine) under the
     model name `served_model_name` (requests may also say "default" or leave model out)."""
     api = OpenAIServing(manager, served_model_name)
+    add_responses_routes(app, api)  # POST /v1/responses, GET and DELETE /v1/responses/{id}
     app.add_api_route("/v1/models", api.models, methods=["GET"])
     app.add_api_route("/v1/models/{model:path}", api.retrieve_model, methods=["GET"])
     app.add_api_route(
