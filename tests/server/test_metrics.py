@@ -255,6 +255,24 @@ def test_an_aborted_request_counts_as_abort(server):
     )
 
 
+def test_a_constrained_request_moves_grammar_and_jump_forward_metrics(server):
+    before = scrape(server)
+    regex = r'\{"id": [0-9]{1,4}, "tags": \["[a-z]{1,6}"\]\}'
+    body = {"text": "Record:", "sampling_params": {"regex": regex, "max_new_tokens": 60}}
+    r = httpx.post(server.url + "/generate", json=body, headers=server.headers, timeout=60)
+    assert r.status_code == 200, r.text
+    assert re.fullmatch(regex, r.json()["text"]), r.json()["text"]
+    after = scrape(server)
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert delta("radixrt:grammar_compile_time_seconds_count") == 1
+    assert delta("radixrt:jump_forward_tokens_total") > 0  # '{"id": ' and the like are forced
+    assert delta("radixrt:request_success_total", finished_reason="stop") == 1
+    assert value(after, "radixrt:num_grammar_queue_reqs") == 0
+
+
 def test_eviction_under_pool_pressure_observes_block_times(server):
     before = scrape(server)
     for i in range(4):  # ~100-token prompts, each unlike the others, into a 256-token pool
