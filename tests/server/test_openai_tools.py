@@ -1,5 +1,6 @@
 """Structured outputs and tool calls in /v1/chat/completions on a real uvicorn server (loopback,
-tiny random model) with the `openai` client (the parsers alone: test_tool_call_parsers.py).
+tiny random model) with the `openai` client (the parsers alone: test_tool_call_parsers.py; on
+the default model: test_tool_calls_default_model.py).
 The tiny model's text is random, but constrained output parses once it stops. The
 requests sample (temperature 1, fixed seeds) with whitespace tokens banned by logit_bias (JSON
 allows whitespace between any two tokens, and a random model may loop on it) and assert that
@@ -14,9 +15,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from test_openai_api import MODEL, serve, server, template_ids  # noqa: F401 - the fixture
-
-from radixrt import Engine
+from test_openai_api import MODEL, server, template_ids  # noqa: F401 - the fixture
 
 WEATHER = {
     "type": "object",
@@ -104,6 +103,22 @@ def test_required_with_two_tools(client, sample):
             names.add(call.function.name)
         assert len({c.id for c in calls}) == len(calls)
     assert names, "no tool was called"
+
+
+def test_required_with_one_tool_is_the_named_choice(client, sample):
+    """The output is the tool's arguments themselves (no {"name", "arguments"} wrapper)."""
+    for seed in (0, 1):
+        resp = client.chat.completions.create(
+            model=MODEL, messages=ASK, tools=TOOLS[:1], tool_choice="required", seed=seed, **sample
+        )
+        named = client.chat.completions.create(
+            model=MODEL, messages=ASK, tools=TOOLS[:1], tool_choice=NAMED, seed=seed, **sample
+        )
+        choice = resp.choices[0]
+        assert choice.finish_reason == "tool_calls", choice
+        (call,) = choice.message.tool_calls
+        _check_call(call)
+        assert call.function == named.choices[0].message.tool_calls[0].function
 
 
 def _stream_calls(client, sample, **kwargs) -> tuple[dict[int, dict], list[str | None], list]:
@@ -342,27 +357,3 @@ def test_bad_tool_input_is_a_400_naming_the_field(server, extra, param, words): 
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
     assert error["param"] == param and words in error["message"], error
-
-
-@pytest.mark.slow
-def test_named_tool_call_on_the_default_model():
-    engine = Engine(in_process=True, max_total_tokens=2048, log_level="warning")
-    with serve(engine) as url:
-        real = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
-        resp = real.chat.completions.create(
-            model="default",
-            tools=TOOLS,
-            tool_choice=NAMED,
-            temperature=0,
-            max_tokens=64,
-            messages=[
-                {
-                    "role": "user",
-                    "content": "What is the weather in Paris, in celsius, for the next 3 days?",
-                }
-            ],
-        )
-    choice = resp.choices[0]
-    assert choice.finish_reason == "tool_calls", choice
-    args = _check_call(choice.message.tool_calls[0])
-    assert args["city"] in WEATHER["properties"]["city"]["enum"]
