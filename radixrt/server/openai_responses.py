@@ -188,7 +188,9 @@ class ResponsesServing:
         new = input_messages(req)
         # The chat path: validation, template, tool plan, limits, engine arguments.
         job, headers = self.api._prepared(self.api._prepare_chat, chat_body(req, history + new))
-        return Turn(req, job, headers, new)
+        turn = Turn(req, job, headers, new)
+        job.kwargs["rid"] = turn.id  # /abort_request takes the id the client knows
+        return turn
 
     async def _run(self, request: Request, turn: Turn) -> Response:
         manager, model = self.api.manager, self.api.model_name
