@@ -46,7 +46,7 @@ def add_dashboard_routes(app: FastAPI, state: Any) -> None:
     engine = state.engine
     assets = {name: _read_asset(name) for name in _ASSETS}
 
-    @app.get("/cache_tree")
+    @app.get("/cache_tree", openapi_extra={"parameters": _query_parameters()})
     async def cache_tree(request: Request) -> Response:
         try:
             depth, max_nodes = (_bounded_param(request, name) for name in _BOUNDS)
@@ -74,6 +74,24 @@ def add_dashboard_routes(app: FastAPI, state: Any) -> None:
 
 def _read_asset(name: str) -> bytes:
     return (resources.files("radixrt.server") / "static" / name).read_bytes()
+
+
+def _query_parameters() -> list[dict[str, Any]]:
+    """/openapi.json's description of /cache_tree's query (the handler reads it itself)."""
+    return [
+        {
+            "name": name,
+            "in": "query",
+            "required": False,
+            "schema": {
+                "type": "integer",
+                "minimum": low,
+                "maximum": high,
+                "default": getattr(GetCacheTreeReq(), name),
+            },
+        }
+        for name, (low, high) in _BOUNDS.items()
+    ]
 
 
 def _bounded_param(request: Request, name: str) -> int:
