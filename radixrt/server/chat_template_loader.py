@@ -23,10 +23,10 @@ def shipped_names() -> list[str]:
 def load_chat_template(value: str) -> str:
     """The template's text for a --chat-template value (see the module's docstring)."""
     path = Path(value).expanduser()
-    if path.is_file():
+    if _is_file(path):
         return _read(path, value)
     shipped = SHIPPED_DIR / (value if value.endswith(".jinja") else f"{value}.jinja")
-    if "/" not in value and shipped.is_file():
+    if "/" not in value and _is_file(shipped):
         return _read(shipped, value)
     if any(c in value for c in _JINJA_CHARS):
         return value
@@ -34,6 +34,13 @@ def load_chat_template(value: str) -> str:
         f"chat_template (--chat-template) {value!r} is neither a file nor a template "
         f"shipped with radixrt ({', '.join(shipped_names())}), nor Jinja text"
     )
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except (OSError, ValueError):  # inline text: a name too long for a path, a NUL in it
+        return False
 
 
 def _read(path: Path, value: str) -> str:

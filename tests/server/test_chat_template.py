@@ -41,6 +41,8 @@ def test_a_shipped_name_a_path_and_inline_text_all_load(tmp_path):
     assert load_chat_template(str(path)) == "{{ messages[0].content }}"
     inline = "{% for m in messages %}{{ m.content }}{% endfor %}"
     assert load_chat_template(inline) == inline  # Jinja text, as vLLM takes it
+    long_inline = inline + "{# " + "x" * 5000 + " #}"  # longer than any file name
+    assert load_chat_template(long_inline) == long_inline
 
 
 @pytest.mark.parametrize("value", ["no-such-template", "/no/such/file.jinja", "chatml"])
