@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from radixrt.engine_start import start_backend
+from radixrt.log_setup import configure_default_logging
 from radixrt.messages import (
     AbortReq,
     BatchOutput,
@@ -74,7 +75,7 @@ class Engine:
         self, model_path: str | None = None, *, in_process: bool = False, **kwargs: Any
     ) -> None:
         self.server_args = args = ServerArgs.from_kwargs(model_path=model_path, **kwargs)
-        logging.basicConfig(level=args.log_level.upper())
+        configure_default_logging("frontend", args.log_level)
         self._handle, self.tokenizer = start_backend(args, in_process)
         self._requests = RequestRegistry()
         self._send_lock = threading.Lock()  # sockets are not thread-safe

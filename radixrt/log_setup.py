@@ -64,3 +64,10 @@ def format_bytes(n: float) -> str:
     if n >= 1 << 30:
         return f"{n / (1 << 30):.2f} GiB"
     return f"{n / (1 << 20):.1f} MiB"
+
+
+def configure_default_logging(role: str, level: str) -> None:
+    """As logging.basicConfig: set up the format only when nothing has set up logging yet (an
+    application that uses Engine keeps its own handlers)."""
+    if not logging.getLogger().handlers:
+        configure_logging(role, level)

@@ -13,7 +13,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from radixrt.loader.progress import WeightProgress
-from radixrt.log_setup import configure_logging, format_bytes, logging_config
+from radixrt.log_setup import (
+    configure_default_logging,
+    configure_logging,
+    format_bytes,
+    logging_config,
+)
 from radixrt.server.access_log import add_access_log
 
 LINE = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d (\w+)\] (\w+) ([\w.]+): (.*)$")
@@ -39,6 +44,17 @@ def test_the_format_names_time_role_level_and_logger(restore_logging, capsys):
         ("scheduler", "INFO", "radixrt.scheduler", "KV pool: 64 tokens"),
         ("scheduler", "INFO", "uvicorn.error", "Started server process"),
     ]
+
+
+def test_the_default_set_up_keeps_an_application_s_own_handlers(restore_logging):
+    root = logging.getLogger()
+    root.handlers[:] = []
+    configure_default_logging("frontend", "info")  # nothing set up yet: the format
+    assert len(root.handlers) == 1
+    mine = logging.StreamHandler()
+    root.handlers[:] = [mine]
+    configure_default_logging("frontend", "debug")  # the application's handler stays
+    assert root.handlers == [mine]
 
 
 def test_a_bad_level_is_refused_by_name():
