@@ -23,7 +23,9 @@ from launch_helpers import LaunchedServer, server_stats
 
 from radixrt.cache.allocator import PageAllocator
 from radixrt.cache.base import create_prefix_cache
+from radixrt.cache.radix_cache import RadixCache
 from radixrt.scheduler.cache_snapshot import cache_snapshot
+from radixrt.server.dashboard import add_previews
 
 KEY = "sk-dash-123"
 SHARED = "Shared system prompt for the dashboard test. "  # its first 24 bytes: the preview
@@ -271,3 +273,21 @@ class StaticServer:
     def __exit__(self, *exc: Any) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+def test_previews_are_decoded_in_the_http_process_and_absent_without_a_tokenizer():
+    cache = RadixCache(PageAllocator(64, 1))
+    slots = cache.allocator.alloc_slots(5, None)
+    assert slots is not None and cache.insert([72, 105, 33, 10, 7], slots) == 0
+    snapshot = cache_snapshot(cache, [], [], {}, depth=6, max_nodes=200)
+
+    class ByteTokenizer:
+        def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+            assert skip_special_tokens is False  # a template's markers are shown
+            return bytes(ids).decode()
+
+    add_previews(snapshot, ByteTokenizer())
+    (node,) = snapshot["tree"]["root"]["children"]
+    assert node["preview"] == "Hi!\n\x07" and snapshot["tree"]["root"]["preview"] is None
+    add_previews(snapshot, None)
+    assert node["preview"] is None and node["preview_ids"] == [72, 105, 33, 10, 7]
