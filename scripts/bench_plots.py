@@ -7,7 +7,7 @@
 
 Either script's --json / --output-json file can be plotted again without rerunning it:
 
-    python scripts/bench_plots.py results.json out.png
+    python scripts/bench_plots.py results.json out.png ["a title"]
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import textwrap
 from typing import Any
 
 PERCENTILES = ("p50", "p95", "p99")
@@ -41,7 +42,7 @@ def _bars(ax: Any, groups: list[str], series: dict[str, list[float]]) -> None:
         xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
         heights = [0.0 if v is None or math.isnan(v) else v for v in values]
         bars = ax.bar(xs, heights, width, label=label)
-        ax.bar_label(bars, fmt="%.0f", fontsize=7, padding=1)
+        ax.bar_label(bars, [_label(v) for v in values], fontsize=7, padding=1)
     ax.set_xticks(range(len(groups)), groups)
     ax.margins(y=0.15)
 
@@ -84,13 +85,19 @@ def plot_offline(rows: list[dict], path: str, title: str = "") -> None:
     _save(fig, path, title)
 
 
+def _label(v: float | None) -> str:
+    if v is None or math.isnan(v):
+        return "n/a"
+    return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
 def _or_nan(x: float | None) -> float:
     return math.nan if x is None else x
 
 
 def _save(fig: Any, path: str, title: str) -> None:
     if title:
-        fig.suptitle(title, fontsize=9)
+        fig.suptitle(textwrap.fill(title, 140), fontsize=9)  # a command line can be long
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     import matplotlib.pyplot as plt
@@ -99,14 +106,15 @@ def _save(fig: Any, path: str, title: str) -> None:
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) != 2:
-        sys.exit("usage: bench_plots.py RESULTS.json OUT.png")
+    if len(argv) not in (2, 3):
+        sys.exit('usage: bench_plots.py RESULTS.json OUT.png ["a title"]')
     with open(argv[0]) as f:
         results = json.load(f)
+    title = argv[2] if len(argv) == 3 else results.get("command", "")
     if "runs" in results:  # bench_serving.py --output-json
-        plot_serving(results["runs"], argv[1])
+        plot_serving(results["runs"], argv[1], title)
     else:  # bench_offline.py --json
-        plot_offline(results["rows"], argv[1], results.get("command", ""))
+        plot_offline(results["rows"], argv[1], title)
 
 
 if __name__ == "__main__":

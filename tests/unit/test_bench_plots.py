@@ -107,12 +107,14 @@ def test_a_json_results_file_can_be_plotted_again(tmp_path, kind):
     )
     (tmp_path / "r.json").write_text(json.dumps(results))
     out = tmp_path / "again.png"
+    title = ["a title given on the command line"] if kind == "serving" else []
     subprocess.run(
         [
             sys.executable,
             os.path.join(SCRIPTS, "bench_plots.py"),
             str(tmp_path / "r.json"),
             str(out),
+            *title,
         ],
         check=True,
         timeout=120,
