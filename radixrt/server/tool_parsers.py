@@ -20,6 +20,7 @@ HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 MISTRAL_MARK, LLAMA_TAG = "[TOOL_CALLS]", "<|python_tag|>"
 # What reading the model's text as JSON may raise: it is any text, nested arbitrarily deep.
 _NOT_JSON = (json.JSONDecodeError, RecursionError)
+_DECODER = json.JSONDecoder()
 
 
 def new_call_id() -> str:
@@ -146,27 +147,41 @@ def _call_from(
 
 
 def _parse_hermes(text: str) -> ParsedOutput:
-    """<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>, any number of times;
-    the last one may lack its closing tag (the model stopped right after the JSON)."""
-    pattern = re.compile(
-        rf"{re.escape(HERMES_OPEN)}(.*?)(?:{re.escape(HERMES_CLOSE)}|$)", re.DOTALL
-    )
+    """<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>, any number of times;
+    the last one may lack its closing tag (the model stopped right after the JSON). The JSON
+    is read as JSON, so a string argument may hold "</tool_call>" (the structural tag of
+    "auto" lets it); an opening that holds no call stays text, up to its closing tag."""
     calls, kept, pos = [], [], 0
-    for m in pattern.finditer(text):
-        call = _loads_call(m.group(1))
-        kept.append(text[pos : m.start()] if call else text[pos : m.end()])
-        pos = m.end()
-        if call:
+    while (start := text.find(HERMES_OPEN, pos)) >= 0:
+        call, end = _hermes_call(text, start + len(HERMES_OPEN))
+        if call is None:
+            close = text.find(HERMES_CLOSE, start)
+            end = len(text) if close < 0 else close + len(HERMES_CLOSE)
+            kept.append(text[pos:end])
+        else:
+            kept.append(text[pos:start])
             calls.append(call)
+        pos = end
     kept.append(text[pos:])
     return ParsedOutput(_content(kept), calls)
 
 
-def _loads_call(text: str) -> ToolCall | None:
+def _hermes_call(text: str, body: int) -> tuple[ToolCall | None, int]:
+    """The call whose JSON starts at `body` (after whitespace) and where it ends: after its
+    closing tag, or at the end of the text when the JSON is the last thing there."""
+    start = len(text) - len(text[body:].lstrip())
     try:
-        return _call_from(json.loads(text))
+        obj, end = _DECODER.raw_decode(text, start)
     except _NOT_JSON:
-        return None
+        return None, 0
+    after = len(text) - len(text[end:].lstrip())
+    if text.startswith(HERMES_CLOSE, after):
+        end = after + len(HERMES_CLOSE)
+    elif after == len(text):
+        end = after
+    else:
+        return None, 0
+    return _call_from(obj), end
 
 
 def _parse_llama(text: str, names: tuple[str, ...] | None) -> ParsedOutput:

@@ -11,7 +11,9 @@ from radixrt.server.openai_protocol import ChatMessage
 from radixrt.server.tool_calls import (
     AutoToolStream,
     ForcedCallScanner,
+    hermes_call_tag,
     parse_tool_calls,
+    plan_tools,
 )
 
 
@@ -38,6 +40,34 @@ def test_hermes_unclosed_last_call_and_malformed_json():
     parsed = parse_tool_calls(bad)
     assert _calls(parsed) == [("g", {})]
     assert parsed.content == 'Hi <tool_call>{"name": "f", "arguments": {"x": 1</tool_call>'
+
+
+def test_what_auto_s_structural_tag_writes_is_what_the_hermes_parser_reads():
+    """Each tag's begin + arguments + end, with text around and several calls."""
+    params = {"get_weather": {"type": "object"}, "get-time_2": {"type": "object"}}
+    tags = hermes_call_tag(params, parallel=True)["format"]["tags"]
+    args = [{"city": "Oslo", "note": 'a "quoted" </tool_call> word'}, {}]
+    text = "Checking. " + " and ".join(
+        tag["begin"] + json.dumps(a) + tag["end"] for tag, a in zip(tags, args, strict=True)
+    )
+    parsed = parse_tool_calls(text + " Done.")
+    assert _calls(parsed) == list(zip(params, args, strict=True))
+    assert parsed.content == "Checking.  and  Done."
+
+
+def test_the_plans_constraints():
+    tools = [{"type": "function", "function": {"name": n}} for n in ("a", "b")]
+    one = plan_tools(tools[:1], "required", None)
+    assert (one.mode, one.function_name) == ("named", "a")
+    assert one.constraint == ("json_schema", json.dumps({"type": "object", "properties": {}}))
+    assert plan_tools(tools, "required", None).mode == "required"
+    kind, text = plan_tools(tools, "auto", False).constraint
+    tag = json.loads(text)
+    assert kind == "structural_tag" and tag["format"]["stop_after_first"] is True
+    assert [t["begin"] for t in tag["format"]["tags"]] == [
+        f'<tool_call>\n{{"name": "{n}", "arguments": ' for n in ("a", "b")
+    ]
+    assert plan_tools(tools, "none", None).constraint is None
 
 
 def test_llama_json_format():

@@ -108,6 +108,10 @@ def _generate(server, sampling_params: dict, text: str = "The weather in Paris:"
     return httpx.post(server.url + "/generate", json=body, timeout=120)
 
 
+def _jump_forward_tokens(server) -> int:
+    return httpx.get(server.url + "/get_server_info", timeout=30).json()["jump_forward_tokens"]
+
+
 def test_generate_takes_a_structural_tag(default_server):
     """xgrammar's shape with at_least_one forces a call at once; SGLang's original shape
     (structures / triggers) lets free text through. Both under jump-forward."""
@@ -118,7 +122,13 @@ def test_generate_takes_a_structural_tag(default_server):
     }
     tag = hermes_call_tag({"get_weather": city}, parallel=False)
     tag["format"]["at_least_one"] = True
-    out = _generate(default_server, {"structural_tag": tag, "max_new_tokens": 48})
+    # An example in the prompt, so the model writes the forced text in its usual tokens (a
+    # text it would not write comes out in many small ones, each a step).
+    example = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    sampling = {"structural_tag": tag, "max_new_tokens": 48}
+    jumped = _jump_forward_tokens(default_server)
+    out = _generate(default_server, sampling, f"Calls:\n{example}\n")
+    assert _jump_forward_tokens(default_server) > jumped  # the forced begin, proposed
     assert out.status_code == 200, out.text
     body = out.json()
     assert body["meta_info"]["finish_reason"]["type"] == "stop", body
