@@ -13,6 +13,9 @@ import jsonschema
 import openai
 import pytest
 
+from radixrt.server.http_utils import APIError
+from radixrt.server.openai_responses import ResponseStore, StoredResponse
+
 MODEL = "default"
 WEATHER_TOOL = {
     "type": "function",
@@ -25,18 +28,18 @@ WEATHER_TOOL = {
         "additionalProperties": False,
     },
 }
-# Small closed values: a 135M model left free writes digits or text until max_output_tokens.
+# Short values: a 135M model left free writes text until max_output_tokens.
 ANSWER_SCHEMA = {
     "type": "object",
-    "properties": {"answer": {"enum": ["yes", "no"]}, "sure": {"type": "boolean"}},
-    "required": ["answer", "sure"],
+    "properties": {"thing": {"type": "string", "maxLength": 12}, "wet": {"type": "boolean"}},
+    "required": ["thing", "wet"],
     "additionalProperties": False,
 }
 
 
 def test_text_input_gives_text_and_the_chat_prompts_usage(oai):
     resp = oai.responses.create(
-        model=MODEL, input="Name a fruit.", max_output_tokens=12, temperature=0
+        model=MODEL, input="Name a fruit.", max_output_tokens=6, temperature=0
     )
     assert resp.object == "response" and resp.id.startswith("resp_")
     assert resp.output_text.strip()
@@ -44,7 +47,7 @@ def test_text_input_gives_text_and_the_chat_prompts_usage(oai):
     chat = oai.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "Name a fruit."}],
-        max_tokens=12,
+        max_tokens=6,
         temperature=0,
     )
     usage = resp.usage
@@ -106,7 +109,7 @@ def _collapsed(kinds: list[str]) -> list[str]:
 
 def test_stream_helper_gives_the_events_in_order_and_the_final_response(oai):
     with oai.responses.stream(
-        model=MODEL, input="Count to five.", max_output_tokens=16, temperature=0
+        model=MODEL, input="Count to five.", max_output_tokens=8, temperature=0
     ) as stream:
         events = list(stream)
         final = stream.get_final_response()
@@ -121,7 +124,7 @@ def test_stream_helper_gives_the_events_in_order_and_the_final_response(oai):
 
 def test_raw_stream_numbers_its_events(oai):
     stream = oai.responses.create(
-        model=MODEL, input="Say hello.", max_output_tokens=8, temperature=0, stream=True
+        model=MODEL, input="Say hello.", max_output_tokens=4, temperature=0, stream=True
     )
     events = list(stream)
     assert [e.sequence_number for e in events] == list(range(len(events)))
@@ -165,7 +168,7 @@ def test_forced_function_call_then_its_output_over_previous_response_id(oai):
         previous_response_id=first.id,
         input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "Sunny."}],
         tools=[WEATHER_TOOL],
-        max_output_tokens=12,
+        max_output_tokens=4,
         temperature=0,
     )
     assert second.previous_response_id == first.id
@@ -243,3 +246,17 @@ def test_an_unknown_model_is_a_404(oai):
     with pytest.raises(openai.NotFoundError) as err:
         oai.responses.create(model="no-such-model", input="Hi", max_output_tokens=2)
     assert err.value.body["code"] == "model_not_found"
+
+
+def test_the_store_keeps_the_most_recent_and_rebuilds_chains():
+    store = ResponseStore(capacity=2)
+    store.put("a", StoredResponse({}, [{"role": "user", "content": "1"}], None))
+    store.put("b", StoredResponse({}, [{"role": "user", "content": "2"}], "a"))
+    assert [m["content"] for m in store.conversation("b")] == ["1", "2"]
+    store.get("b")  # "a" is now the least recently used
+    store.put("c", StoredResponse({}, [], None))
+    assert store.get("a") is None and store.get("c") is not None
+    with pytest.raises(APIError) as err:
+        store.conversation("b")  # its first turn is gone
+    assert err.value.param == "previous_response_id"
+    assert err.value.code == "previous_response_not_found" and "'a'" in err.value.message
