@@ -65,17 +65,14 @@ def load_hf_weights(
     targets = checkpoint_targets(model)
     loaded: set[str] = set()
     progress = WeightProgress(len(targets))
-    try:
-        for name, tensor in weights:
-            if skip(name):
-                continue
-            if name not in targets:
-                raise ValueError(f"unexpected weight {name!r} for {type(model).__name__}")
-            targets[name].load(name, tensor)
-            loaded.add(name)
-            progress.advance()
-    finally:
-        progress.close()
+    for name, tensor in weights:
+        if skip(name):
+            continue
+        if name not in targets:
+            raise ValueError(f"unexpected weight {name!r} for {type(model).__name__}")
+        targets[name].load(name, tensor)
+        loaded.add(name)
+        progress.advance()
     missing = sorted(set(targets) - loaded)
     if missing:
         shown = ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else "")

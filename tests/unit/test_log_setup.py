@@ -128,7 +128,6 @@ def test_weight_progress_logs_each_quarter_once(caplog):
         progress = WeightProgress(10)
         for _ in range(10):
             progress.advance()
-        progress.close()
     assert [r.getMessage() for r in caplog.records] == [
         "loading weights: 30% (3/10 tensors)",
         "loading weights: 50% (5/10 tensors)",
