@@ -8,7 +8,8 @@ Two shapes are accepted, those SGLang's xgrammar backend takes:
   then JSON of that structure's schema, then its end string, and then free text again.
   The schemas are spaced as the server spaces every JSON schema (json.dumps' spacing unless
   --json-any-whitespace), so that a small model cannot loop on newlines inside a call.
-- xgrammar's own: {"type": "structural_tag", "format": {...}}, checked by xgrammar.
+- xgrammar's own: {"type": "structural_tag", "format": {...}}, checked by xgrammar; its plain
+  {"type": "json_schema", "json_schema": ...} contents are spaced the same way.
 "type" may be left out. Everything else is a ParamError naming `structural_tag`.
 """
 

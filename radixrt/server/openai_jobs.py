@@ -54,9 +54,9 @@ def engine_kwargs(job: Job, special_call_marker: bool) -> dict[str, Any]:
         echo_logprobs = bool(req.echo) and want_logprobs
     rid = [f"{job.id}-{i}" for i in range(len(job.ids))] if job.batch else job.id
     params = translate.sampling_params(req, job.max_new_tokens)
-    if job.tools is not None and job.tools.constraint is not None:
-        kind, text = job.tools.constraint
-        params[kind] = text
+    constraint = job.tools.constraint if job.tools is not None else None
+    if constraint is not None:  # a forced call's schema, or auto's structural tag
+        params[constraint[0]] = constraint[1]
     if job.tools is not None and job.tools.mode == "auto" and special_call_marker:
         params.setdefault("skip_special_tokens", False)
     return {

@@ -15,7 +15,7 @@ parsers are in tool_parsers.py).
   `<|python_tag|>`) or Mistral (`[TOOL_CALLS] [{...}]`) formats; `AutoToolStream` streams the
   text that cannot be a call and holds back the rest until the end. The output runs under a
   structural tag (radixrt/grammar/structural_tag.py): free text, but once the model writes
-  `<tool_call>` it must go on with `\n{"name": <a tool>, "arguments": <its schema>}\n
+  `<tool_call>` it must go on with `\\n{"name": <a tool>, "arguments": <its schema>}\\n
   </tool_call>`, so a Hermes call that starts always parses (one call at most unless
   parallel_tool_calls). Other formats' markers are left free: their calls are parsed as
   written.
@@ -198,8 +198,8 @@ def _required_schema(params: dict[str, dict[str, Any]], parallel: bool) -> dict[
 
 def hermes_call_tag(params: dict[str, dict[str, Any]], parallel: bool) -> dict[str, Any]:
     """The structural tag (xgrammar's format) of Hermes calls of these functions: free text
-    until `<tool_call>`, then `\n{"name": "<name>", "arguments": ` + JSON of that function's
-    parameters + `}\n</tool_call>`, as the Hermes / Qwen2.5 templates write a call (and
+    until `<tool_call>`, then `\\n{"name": "<name>", "arguments": ` + JSON of that function's
+    parameters + `}\\n</tool_call>`, as the Hermes / Qwen2.5 templates write a call (and
     _parse_hermes reads it); the output ends after the first call unless `parallel`."""
     tags = [
         {
