@@ -10,6 +10,10 @@ in OpenAI's order, each with its sequence_number:
     then response.output_item.done; and last response.completed with the whole response
     (status "incomplete" when max_output_tokens cut it, as vLLM and SGLang send it).
 
+Each event goes out with its name in an `event:` field too, as OpenAI and vLLM send them: SSE
+fields may come in any order within an event, so the name follows the `data:` line that
+http_utils.sse_stream writes (the stream then ends with radixrt's `data: [DONE]`).
+
 The chat path's stream deltas (openai_stream.ChoiceDeltas: content, or a tool call's start and
 argument text under the request's tool plan) are what is translated here.
 """
@@ -21,7 +25,7 @@ from contextlib import aclosing
 from typing import Any
 
 from radixrt.server import openai_translate as translate
-from radixrt.server.http_utils import Chunks
+from radixrt.server.http_utils import Chunks, dumps
 from radixrt.server.openai_stream import ChoiceDeltas
 from radixrt.server.responses_protocol import (
     final_status,
@@ -38,9 +42,20 @@ async def response_events(
     model: str,
     chunks: Chunks,
     on_done: Callable[[Any, dict[str, Any]], None],
+) -> AsyncIterator[str]:
+    """The SSE text of the events of `turn` (openai_responses.Turn) from the engine's
+    `chunks`; `on_done` gets the finished response (to store it) before response.completed
+    goes out."""
+    async for event in _events(turn, model, chunks, on_done):
+        yield f"{dumps(event)}\nevent: {event['type']}"
+
+
+async def _events(
+    turn: Any,
+    model: str,
+    chunks: Chunks,
+    on_done: Callable[[Any, dict[str, Any]], None],
 ) -> AsyncIterator[dict[str, Any]]:
-    """The events of `turn` (openai_responses.Turn) from the engine's `chunks`; `on_done`
-    gets the finished response (to store it) before response.completed goes out."""
     events = ResponseEvents(turn, model)
     deltas = ChoiceDeltas(turn.job.tools)
     for event in events.start():

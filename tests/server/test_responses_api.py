@@ -260,3 +260,13 @@ def test_the_store_keeps_the_most_recent_and_rebuilds_chains():
         store.conversation("b")  # its first turn is gone
     assert err.value.param == "previous_response_id"
     assert err.value.code == "previous_response_not_found" and "'a'" in err.value.message
+
+
+def test_each_sse_event_carries_its_name(server):
+    body = {"model": MODEL, "input": "Hi", "max_output_tokens": 3, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/responses", json=body, timeout=60) as reply:
+        blocks = [b for b in reply.read().decode().split("\n\n") if b.strip()]
+    assert blocks[-1] == "data: [DONE]"
+    for block in blocks[:-1]:
+        data, name = block.split("\n")
+        assert name == "event: " + json.loads(data.removeprefix("data: "))["type"]
