@@ -15,12 +15,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-def _f(default: Any, help: str, choices: tuple | None = None, *, group: str = "") -> Any:
+def _f(
+    default: Any,
+    help: str,
+    choices: tuple | None = None,
+    *,
+    group: str = "",
+    aliases: tuple[str, ...] = (),
+) -> Any:
     meta: dict[str, Any] = {"help": help}
     if choices:
         meta["choices"] = choices
     if group:
         meta["group"] = group
+    if aliases:
+        meta["aliases"] = aliases
     return field(default=default, metadata=meta)
 
 
@@ -80,6 +89,27 @@ class ServerArgs:
     num_threads: int | None = _f(None, "torch CPU threads; default: torch's choice")
     disable_cuda_graph: bool = _f(False, "run CUDA decode steps without CUDA graphs")
     cuda_graph_max_bs: int = _f(64, "largest decode batch captured in a CUDA graph")
+    tp_size: int = _f(
+        1,
+        "tensor-parallel ranks (NCCL on CUDA, gloo on the CPU); one node starts them itself",
+        group="Parallelism and KV events",
+        aliases=("--tp",),
+    )
+    dp_size: int = _f(1, "data-parallel replicas, each its own scheduler, for a router (SMG)")
+    nnodes: int = _f(1, "nodes the tensor-parallel ranks span (as SGLang's --nnodes)")
+    node_rank: int = _f(0, "this node's index among --nnodes")
+    dist_init_addr: str | None = _f(
+        None, "HOST:PORT of torch.distributed's rendezvous; default: a free loopback port"
+    )
+    dist_timeout: float = _f(
+        60.0, "seconds a collective may wait for a rank before the server fails naming it"
+    )
+    kv_events_config: str | None = _f(
+        None,
+        "JSON, as vLLM's: publish KV cache events over ZeroMQ, e.g. "
+        """{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", """
+        """"topic": "kv-events", "replay_endpoint": "tcp://*:5558"}""",
+    )
     host: str = _f(
         "127.0.0.1",
         "address the HTTP server binds; 0.0.0.0 exposes it",
@@ -177,6 +207,15 @@ class ServerArgs:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
         if self.max_queued_requests is not None and self.max_queued_requests < 0:
             raise ValueError(f"max_queued_requests must be >= 0, got {self.max_queued_requests}")
+        for name in ("tp_size", "dp_size", "nnodes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(
+                f"node_rank must be in 0..{self.nnodes - 1} (nnodes - 1), got {self.node_rank}"
+            )
+        if self.dist_timeout <= 0:
+            raise ValueError(f"dist_timeout must be > 0, got {self.dist_timeout}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
         for name in (
@@ -229,12 +268,12 @@ class ServerArgs:
         for title, fields in cls.field_groups():
             group = parser.add_argument_group(title)
             for f in fields:
-                flag = "--" + f.name.replace("_", "-")
+                flags = ["--" + f.name.replace("_", "-"), *f.metadata.get("aliases", ())]
                 if f.type in ("bool", bool):
-                    group.add_argument(flag, action="store_true", help=_help_with_default(f))
+                    group.add_argument(*flags, action="store_true", help=_help_with_default(f))
                     continue
                 group.add_argument(
-                    flag,
+                    *flags,
                     type=_cli_type(f),
                     default=f.default,
                     choices=f.metadata.get("choices"),
