@@ -53,6 +53,33 @@ class Published:
     node: CacheNode
 
 
+class CacheEventSink(Protocol):
+    """Listener of which pages a cache holds (KV events, `radixrt/kv_events.py`). A cache with
+    a sink reports every whole page that becomes resident, every page it frees and a reset;
+    a page is named by its block hash, chained on the hash of the page before it."""
+
+    def stored(self, parent_hash: int | None, token_ids: list[int]) -> list[int]:
+        """`token_ids` (whole pages) became resident after the page hashed `parent_hash` (None:
+        they start the sequence); returns the hashes of their pages, in order."""
+        ...
+
+    def removed(self, block_hashes: list[int]) -> None:
+        """The pages of these hashes were freed."""
+        ...
+
+    def cleared(self) -> None:
+        """Every page was freed."""
+        ...
+
+    def flush(self) -> None:
+        """Hand on what was reported since the last flush (the scheduler calls it each loop)."""
+        ...
+
+    def close(self) -> None:
+        """Flush, then release the sink's resources."""
+        ...
+
+
 class PrefixCache(ABC):
     """Pages of cached prefixes over a `PageAllocator`. Sizes are in tokens, whole pages.
 
@@ -64,6 +91,8 @@ class PrefixCache(ABC):
     allocator: PageAllocator
     page_size: int
     block_timings: KVBlockTimings  # vLLM's kv_block_* histograms (empty if nothing is kept)
+    # Attach while the cache is still empty; None (the default) costs one `if` per change.
+    event_sink: CacheEventSink | None = None
 
     @abstractmethod
     def match_prefix(self, key: list[int]) -> MatchResult:
@@ -116,6 +145,17 @@ class PrefixCache(ABC):
     @abstractmethod
     def reset(self) -> None:
         """Free everything held; nothing may be locked."""
+
+    def flush_events(self) -> None:
+        """Send the KV events of the changes since the last flush, if there is a sink."""
+        if self.event_sink is not None:
+            self.event_sink.flush()
+
+    def close_events(self) -> None:
+        """Flush and close the event sink, if there is one."""
+        if self.event_sink is not None:
+            self.event_sink.close()
+            self.event_sink = None
 
 
 # kind -> "module:Class", imported lazily.

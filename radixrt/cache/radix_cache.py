@@ -9,6 +9,11 @@ With page_size > 1 the tree works in whole pages: every node's key length is a m
 page_size, nodes split only at page boundaries, and each page-sized chunk of a node's value is
 one whole pool page, so freeing a node's slots frees exactly its pages.
 
+With an event sink (KV events, `radixrt/kv_events.py`) every node keeps the chained block hash
+of each of its pages: a new leaf reports its pages as stored (chained on its parent's last
+page), a deleted leaf reports them removed, a reset reports everything cleared; a split moves
+hashes between the two halves and reports nothing (the same pages stay resident).
+
 Block timing (vLLM's kv_block_* histograms) is kept per node, in monotonic seconds: when it was
 inserted and when a request last let go of it. Every page of a node shares those times (a node
 is inserted whole, and a match splits the node it ends in, so a lock covers whole nodes): each
@@ -51,6 +56,7 @@ class TreeNode:
         self.born_at = born_at  # monotonic seconds at insertion (block timing)
         self.released_at: float | None = None  # when its lock count last fell to 0
         self.id = next(TreeNode._ids)  # heap tie-breaker, and a name in pretty_print
+        self.page_hashes: list[int] = []  # block hash of each page (only with an event sink)
 
     def __repr__(self) -> str:
         return f"TreeNode(id={self.id}, len={len(self.key)}, lock={self.lock_ref})"
@@ -155,6 +161,9 @@ class RadixCache(PrefixCache):
         leaf = TreeNode(list(key), value.to(torch.int64).clone(), parent, born)
         leaf.last_access_time = now
         parent.children[self._child_key(key, 0)] = leaf
+        if self.event_sink is not None:
+            parent_hash = parent.page_hashes[-1] if parent.page_hashes else None
+            leaf.page_hashes = self.event_sink.stored(parent_hash, leaf.key)
         self._evictable += len(key)
 
     def _child_key(self, key: list[int], pos: int) -> Hashable:
@@ -184,6 +193,9 @@ class RadixCache(PrefixCache):
         upper.last_access_time = child.last_access_time
         parent.children[self._child_key(upper.key, 0)] = upper
         child.key, child.value, child.parent = child.key[n:], child.value[n:], upper
+        # A split keeps the same pages resident: no KV event, the hashes just move.
+        upper.page_hashes = child.page_hashes[: n // self.page_size]
+        child.page_hashes = child.page_hashes[n // self.page_size :]
         upper.children[self._child_key(child.key, 0)] = child
         return upper
 
@@ -252,6 +264,8 @@ class RadixCache(PrefixCache):
     def _delete_leaf(self, leaf: TreeNode, now: float) -> int:
         self._observe_eviction(leaf, now)
         self.allocator.free_slots(leaf.value)
+        if self.event_sink is not None:
+            self.event_sink.removed(leaf.page_hashes)
         del _parent(leaf).children[self._child_key(leaf.key, 0)]
         self._evictable -= len(leaf.key)
         return len(leaf.key)
@@ -293,6 +307,8 @@ class RadixCache(PrefixCache):
                 self._observe_eviction(node, now)
         self.allocator.free_slots(self.cached_slots())
         self._init_tree()
+        if self.event_sink is not None:
+            self.event_sink.cleared()
 
     def _nodes(self) -> Iterator[TreeNode]:
         """Every node, root included, depth first."""

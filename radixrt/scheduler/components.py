@@ -15,6 +15,7 @@ from radixrt.cache.base import PrefixCache, create_prefix_cache
 from radixrt.cache.kv_pool import KVPool
 from radixrt.cache.req_to_token import ReqToTokenTable
 from radixrt.executor.model_runner import ModelRunner
+from radixrt.kv_events import create_kv_event_sink
 from radixrt.loader.default_model import default_model_path
 from radixrt.loader.load import load_model
 from radixrt.loader.model_config import ModelConfig, resolve_dtype
@@ -84,6 +85,7 @@ def build_components(args: ServerArgs, tokenizer: Any = None) -> Components:
     pool = KVPool(tokens, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype, device)
     allocator = PageAllocator(tokens // args.page_size, args.page_size)
     cache = create_prefix_cache("none" if args.disable_radix_cache else "radix", allocator)
+    cache.event_sink = create_kv_event_sink(args.kv_events_config, args.page_size)
     table = ReqToTokenTable(args.max_running_requests, context_length, device)
     _log_pool(pool, args.page_size, time.monotonic() - start)
     backend_name = args.attention_backend or ("triton" if device.startswith("cuda") else "torch")

@@ -111,7 +111,9 @@ class Scheduler:
             elif not self.structured.compiling and orphaned is not None and orphaned():
                 logger.warning("the frontend process is gone: the scheduler stops")
                 break
+            self.parts.cache.flush_events()  # this iteration's KV events, as one batch
         self.structured.close()
+        self.parts.cache.close_events()
 
     def step(self) -> None:
         batch = self.planner.plan(self.running, self.waiting)
