@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -122,9 +123,7 @@ def start_process(args: ServerArgs) -> tuple[Callable[[], SchedulerHandle], str]
         "parent_pid": os.getpid(),
     }
     procs = {
-        "scheduler": _spawn(
-            "radixrt.scheduler.process", {**common, "recv_addr": to_sched, "send_addr": to_detok}
-        ),
+        **_spawn_ranks(args, common, {"recv_addr": to_sched, "send_addr": to_detok}),
         "detokenizer": _spawn(
             "radixrt.server.detokenizer_process",
             {**common, "recv_addr": to_detok, "send_addr": from_detok},
@@ -135,10 +134,14 @@ def start_process(args: ServerArgs) -> tuple[Callable[[], SchedulerHandle], str]
         return all(p.poll() is None for p in procs.values())
 
     def stop(timeout: float) -> None:
-        # The scheduler was told to shut down; the detokenizer has no work or state left
-        # after it (and ignores SIGTERM, like the scheduler: the frontend orders the stop).
-        # Once one of them has died, the other one has nothing left to do either.
-        _wait_or_kill(procs["scheduler"], timeout if alive() else 0)
+        # The scheduler (every rank: rank 0 relays the stop) was told to shut down; the
+        # detokenizer has no work or state left after it (and ignores SIGTERM, like the
+        # scheduler: the frontend orders the stop). Once one of them has died, the others
+        # have nothing left to do either.
+        deadline = time.monotonic() + (timeout if alive() else 0)
+        for name, proc in procs.items():
+            if name != "detokenizer":
+                _wait_or_kill(proc, max(deadline - time.monotonic(), 0))
         procs["detokenizer"].kill()
         procs["detokenizer"].wait()
 
@@ -149,7 +152,7 @@ def start_process(args: ServerArgs) -> tuple[Callable[[], SchedulerHandle], str]
 
     def wait_ready() -> SchedulerHandle:
         try:
-            info = _wait_ready(transport, alive)
+            info = _wait_ready(transport, alive, lambda: _death_reason(procs))
         except BaseException:
             for p in procs.values():
                 p.kill()
@@ -161,6 +164,63 @@ def start_process(args: ServerArgs) -> tuple[Callable[[], SchedulerHandle], str]
         )
 
     return wait_ready, tokenizer_dir
+
+
+def _spawn_ranks(args: ServerArgs, common: dict, rank0: dict) -> dict[str, subprocess.Popen]:
+    """This node's scheduler processes: one, or one per tensor-parallel rank (rank 0, on node
+    0, gets the frontend's addresses in `rank0`); named as liveness reports them."""
+    if args.tp_size == 1:
+        return {"scheduler": _spawn("radixrt.scheduler.process", {**common, **rank0})}
+    init = f"tcp://{_rendezvous(args)}"
+    procs = {}
+    for rank in node_ranks(args):
+        config = {**common, "tp_rank": rank, "dist_init": init, **(rank0 if rank == 0 else {})}
+        procs[f"scheduler rank {rank}"] = _spawn("radixrt.scheduler.process", config)
+    return procs
+
+
+def node_ranks(args: ServerArgs) -> range:
+    """The tensor-parallel ranks this node runs (--tp-size split evenly over --nnodes)."""
+    if args.tp_size % args.nnodes:
+        raise ValueError(
+            f"tp_size ({args.tp_size}) must be a multiple of nnodes ({args.nnodes}): "
+            "each node runs as many ranks"
+        )
+    per_node = args.tp_size // args.nnodes
+    return range(args.node_rank * per_node, (args.node_rank + 1) * per_node)
+
+
+def _rendezvous(args: ServerArgs) -> str:
+    """HOST:PORT where the ranks meet: --dist-init-addr, or (one node) a free loopback port."""
+    if args.dist_init_addr is not None:
+        host, sep, port = args.dist_init_addr.rpartition(":")
+        if not (host and sep and port.isdigit()):
+            raise ValueError(f"dist_init_addr must be HOST:PORT, got {args.dist_init_addr!r}")
+        return args.dist_init_addr
+    if args.nnodes > 1:
+        raise ValueError("dist_init_addr (HOST:PORT of node 0) is required with nnodes > 1")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def serve_node_ranks(args: ServerArgs) -> int:
+    """`radixrt launch` on a node of rank > 0: run this node's tensor-parallel ranks (no HTTP
+    server; node 0's rank 0 relays to them) until one ends; then stop the others. Returns 0
+    if every rank ended cleanly (node 0 shut the group down), else 1."""
+    common = {"server_args": dataclasses.asdict(args), "parent_pid": os.getpid()}
+    procs = _spawn_ranks(args, common, {})
+    ended = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: ended.set())
+    while not ended.is_set() and all(p.poll() is None for p in procs.values()):
+        ended.wait(PARENT_POLL_S)
+    failed = any(p.poll() not in (None, 0) for p in procs.values())
+    if failed:
+        print(f"radixrt: {_death_reason(procs)}", file=sys.stderr, flush=True)
+    for proc in procs.values():
+        _wait_or_kill(proc, 0 if failed or ended.is_set() else 10)
+    return 1 if failed else 0
 
 
 def abandon(wait_ready: Callable[[], SchedulerHandle]) -> None:
@@ -287,7 +347,9 @@ def _death_reason(procs: dict[str, subprocess.Popen]) -> str:
     for name, proc in procs.items():
         code = proc.poll()
         if code is not None:
-            dead.append(f"the {name} process (pid {proc.pid}) {_how(code)}")
+            # "scheduler rank 1 (pid N) was killed by signal 9", "the detokenizer process ..."
+            who = name if "rank" in name else f"the {name} process"
+            dead.append(f"{who} (pid {proc.pid}) {_how(code)}")
     return "; ".join(dead) or "all processes are running"
 
 
@@ -301,7 +363,9 @@ def _how(code: int) -> str:
     return f"was killed by signal {-code}{name}"
 
 
-def _wait_ready(transport: Transport, alive: Callable[[], bool]) -> SchedulerReady:
+def _wait_ready(
+    transport: Transport, alive: Callable[[], bool], death: Callable[[], str]
+) -> SchedulerReady:
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
         for data in transport.recv(timeout=0.5):
@@ -317,5 +381,7 @@ def _wait_ready(transport: Transport, alive: Callable[[], bool]) -> SchedulerRea
                     else f"the scheduler failed to start: {msg.error_type}: {msg.error}"
                 )
         if not alive():
-            raise SchedulerStartError("a child process exited during startup (see its log above)")
+            raise SchedulerStartError(
+                f"a child process exited during startup: {death()} (see its log above)"
+            )
     raise SchedulerStartError(f"the scheduler did not start within {STARTUP_TIMEOUT_S} s")

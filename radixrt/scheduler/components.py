@@ -14,6 +14,7 @@ from radixrt.cache.allocator import PageAllocator
 from radixrt.cache.base import PrefixCache, create_prefix_cache
 from radixrt.cache.kv_pool import KVPool
 from radixrt.cache.req_to_token import ReqToTokenTable
+from radixrt.distributed import TPGroup
 from radixrt.executor.model_runner import ModelRunner
 from radixrt.kv_events import create_kv_event_sink
 from radixrt.loader.default_model import default_model_path
@@ -72,8 +73,11 @@ def pool_size_tokens(args: ServerArgs, cfg: ModelConfig, dtype: torch.dtype, dev
     return tokens // args.page_size * args.page_size
 
 
-def build_components(args: ServerArgs, tokenizer: Any = None) -> Components:
-    device = resolve_device(args.device)
+def build_components(
+    args: ServerArgs, tokenizer: Any = None, group: TPGroup | None = None
+) -> Components:
+    """`group`: this rank's tensor-parallel group (None: one rank); its device is the rank's."""
+    device = str(group.device) if group is not None else resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
@@ -85,7 +89,8 @@ def build_components(args: ServerArgs, tokenizer: Any = None) -> Components:
     pool = KVPool(tokens, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype, device)
     allocator = PageAllocator(tokens // args.page_size, args.page_size)
     cache = create_prefix_cache("none" if args.disable_radix_cache else "radix", allocator)
-    cache.event_sink = create_kv_event_sink(args.kv_events_config, args.page_size)
+    if group is None or group.is_leader:  # one publisher: every rank's cache is rank 0's
+        cache.event_sink = create_kv_event_sink(args.kv_events_config, args.page_size)
     table = ReqToTokenTable(args.max_running_requests, context_length, device)
     _log_pool(pool, args.page_size, time.monotonic() - start)
     backend_name = args.attention_backend or ("triton" if device.startswith("cuda") else "torch")

@@ -24,6 +24,8 @@ def start_thread(args: ServerArgs, tokenizer: Any) -> SchedulerHandle:
     from radixrt.scheduler.components import build_components
     from radixrt.scheduler.scheduler import Scheduler
 
+    if args.tp_size > 1:
+        raise ValueError(f"tp_size={args.tp_size} needs one process per rank: use in_process=False")
     ends = queue_pipeline()
     scheduler = Scheduler(args, build_components(args, tokenizer), ends.scheduler)
     detok_done = threading.Event()  # set once the scheduler has stopped

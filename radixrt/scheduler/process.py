@@ -2,6 +2,10 @@
 (JSON: the ServerArgs fields and the two ZeroMQ addresses) from stdin, loads the model, says
 ready, and runs the loop until told to shut down.
 
+With tensor parallelism one such process runs per rank (config "tp_rank" and "dist_init"):
+each joins the group, rank 0 alone has the ZeroMQ addresses, and the others follow it in
+lockstep (scheduler/tp_worker.py).
+
 A process of its own keeps the model's OpenMP thread team off the caller's threads: on the CPU,
 torch ops run from a second thread of a process whose main thread has used torch are markedly
 slower.
@@ -33,11 +37,16 @@ def run(config: dict[str, Any]) -> int:
     guard_parent(config["parent_pid"], config.get("ipc_dir"))  # before any thread starts
     args = ServerArgs(**config["server_args"])
     configure_logging("scheduler", args.log_level)
-    transport = ZmqTransport(config["recv_addr"], config["send_addr"], bind=False)
+    rank = config.get("tp_rank", 0)
+    transport = (
+        ZmqTransport(config["recv_addr"], config["send_addr"], bind=False) if rank == 0 else None
+    )
+    lockstep = None
     try:
         from radixrt.loader.tokenizer import LazyTokenizer
         from radixrt.scheduler.components import build_components
         from radixrt.scheduler.scheduler import Scheduler
+        from radixrt.scheduler.tp_worker import NullTransport, join_group
 
         # The scheduler matches stop strings and builds grammars with it.
         tokenizer = LazyTokenizer.for_process(
@@ -46,9 +55,19 @@ def run(config: dict[str, Any]) -> int:
             args.skip_tokenizer_init,
             config.get("tokenizer_dir"),
         )
-        scheduler = Scheduler(args, build_components(args, tokenizer), transport)
-        transport.send(encode(scheduler.ready_message()))
-        logger.info("scheduler ready in %.1f s (pid %d)", time.monotonic() - started, os.getpid())
+        group, lockstep = join_group(args, rank, config.get("dist_init"))
+        parts = build_components(args, tokenizer, group)
+        scheduler = Scheduler(args, parts, transport or NullTransport(), lockstep)
+        if lockstep is not None:
+            lockstep.join()  # every rank is ready
+        if transport is not None:
+            transport.send(encode(scheduler.ready_message()))
+        logger.info(
+            "scheduler%s ready in %.1f s (pid %d)",
+            f" rank {rank}" if lockstep else "",
+            time.monotonic() - started,
+            os.getpid(),
+        )
         parent = config["parent_pid"]
         # guard_parent ends this process when the frontend dies, busy or idle; the loop's
         # own check (while idle) is the slower second line.
@@ -58,11 +77,16 @@ def run(config: dict[str, Any]) -> int:
             shutil.rmtree(config["ipc_dir"], ignore_errors=True)
         return 0
     except BaseException as e:  # tell the frontend why, then die
-        logger.error("scheduler failed:\n%s", traceback.format_exc())
-        transport.send(encode(SchedulerFailed(str(e), type(e).__name__)))
+        logger.error("scheduler rank %d failed:\n%s", rank, traceback.format_exc())
+        message = str(e)
+        if lockstep is not None and type(e).__name__ == "RankDied":
+            message = f"{message} [{lockstep.dead_ranks()}]"
+        if transport is not None:
+            transport.send(encode(SchedulerFailed(message, type(e).__name__)))
         return 1
     finally:
-        transport.close()
+        if transport is not None:
+            transport.close()
 
 
 if __name__ == "__main__":

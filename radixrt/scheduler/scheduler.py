@@ -41,7 +41,8 @@ from radixrt.scheduler.policy import SchedulePolicy
 from radixrt.scheduler.req import Req
 from radixrt.scheduler.schedule_batch import ScheduleBatch
 from radixrt.scheduler.step_metrics import StepMetrics
-from radixrt.scheduler.structured import StructuredGeneration
+from radixrt.scheduler.structured import Compiled, StructuredGeneration
+from radixrt.scheduler.tp_worker import Lockstep, Relay
 from radixrt.server_args import ServerArgs
 from radixrt.transport import Transport
 
@@ -49,10 +50,19 @@ logger = logging.getLogger(__name__)
 
 
 class Scheduler:
-    def __init__(self, args: ServerArgs, parts: Components, transport: Transport) -> None:
+    def __init__(
+        self,
+        args: ServerArgs,
+        parts: Components,
+        transport: Transport,
+        lockstep: Lockstep | None = None,
+    ) -> None:
+        """`lockstep`: this rank's part in tensor parallelism (None: a single rank, no
+        collectives); a rank > 0's `transport` is a NullTransport."""
         self.args = args
         self.parts = parts
         self.transport = transport
+        self.tp = lockstep
         self.page_size = args.page_size
         self.kv = KVManager(parts.allocator, parts.cache, parts.table)
         policy = SchedulePolicy(args.schedule_policy, self.kv, seed=args.random_seed)
@@ -103,9 +113,9 @@ class Scheduler:
                 # Idle: sleep on the socket, briefly while grammars compile.
                 compiling = self.structured.compiling
                 timeout = 0.005 if compiling else (1.0 if orphaned else None)
-            for data in self.transport.recv(timeout=timeout):
-                self._receive(data)
-            self._admit_compiled()
+                if self.tp is not None:
+                    timeout = min(timeout or self.tp.idle_wait_s, self.tp.idle_wait_s)
+            self._take_turn(timeout)
             if self.running or self.waiting:
                 self.step()
             elif not self.structured.compiling and orphaned is not None and orphaned():
@@ -114,6 +124,26 @@ class Scheduler:
             self.parts.cache.flush_events()  # this iteration's KV events, as one batch
         self.structured.close()
         self.parts.cache.close_events()
+
+    def _take_turn(self, timeout: float | None) -> None:
+        """Handle what arrived and admit compiled requests; with tensor parallelism rank 0
+        relays both (and whether to stop), and the others follow it."""
+        if self.tp is not None and not self.tp.is_leader:
+            relay = self.tp.relay(None)
+            for data in relay.messages:
+                self._receive(data)
+            self.waiting.extend(self.tp.release_held(relay))
+            self.stopped = relay.stop
+            return
+        messages = self.transport.recv(timeout=timeout)
+        for data in messages:
+            self._receive(data)
+        compiled = self.structured.take_compiled()
+        if self.tp is not None:
+            ready = [r.arrival_order for r in compiled.ready]
+            refused = [r.arrival_order for r, _ in compiled.failed]
+            self.tp.relay(Relay(messages, ready, refused, self.stopped))
+        self._admit_compiled(compiled)
 
     def step(self) -> None:
         batch = self.planner.plan(self.running, self.waiting)
@@ -126,7 +156,7 @@ class Scheduler:
             self.step_metrics.iteration_tokens.observe(sum(batch.extend_lens))
             logits = self.parts.runner.forward(batch)
             batch.commit()
-            self.outputs.process(batch.logits, logits)
+            self._sample(batch, logits)
             now = time.time()
             for req in batch.logits.sample_reqs:
                 if req.first_token_at is None:
@@ -136,13 +166,27 @@ class Scheduler:
         self._decode_tokens += batch.num_decodes
         if self.args.enable_kv_checks:
             self.check_kv()
+        if self.tp is not None and self.tp.check:
+            self.tp.check_agreement(self)
         self._maybe_log_stats()
+
+    def _sample(self, batch: ScheduleBatch, logits: torch.Tensor) -> None:
+        """Sample and settle each request; with tensor parallelism rank 0 alone does, and the
+        others take what it decided."""
+        if self.tp is None:
+            self.outputs.process(batch.logits, logits)
+        elif self.tp.is_leader:
+            lengths = self.tp.before_sampling(batch)
+            self.outputs.process(batch.logits, logits)
+            self.tp.share_outcome(batch, lengths)
+        else:
+            self.tp.apply_outcome(batch, self.kv)
 
     def _maybe_log_stats(self, every_s: float = 5.0) -> None:
         """One line every few seconds of activity, as SGLang and vLLM operators expect."""
         then, tokens_then = self._log_mark
         now = time.monotonic()
-        if now - then < every_s:
+        if now - then < every_s or (self.tp is not None and not self.tp.is_leader):
             return
         throughput = (self._decode_tokens - tokens_then) / (now - then)
         self._log_mark = (now, self._decode_tokens)
@@ -296,14 +340,19 @@ class Scheduler:
             return
         self.stats["prompt_tokens"] += len(req.origin_input_ids)
         self.stats["requests"] = self.stats.get("requests", 0) + 1
-        if not self.structured.submit(req):
+        if self.tp is not None and not self.tp.is_leader:
+            held = self.tp.hold(req)  # until rank 0 has compiled its grammar
+        else:
+            held = self.structured.submit(req)
+        if not held:
             self.waiting.append(req)
 
-    def _admit_compiled(self) -> None:
+    def _admit_compiled(self, compiled: Compiled | None = None) -> None:
         """Requests whose grammar has compiled join the waiting queue; those whose constraint
         did not compile in time, or admits no token, end here (the frontend refuses both;
         other frontends may not)."""
-        compiled = self.structured.take_compiled()
+        if compiled is None:
+            compiled = self.structured.take_compiled()
         self.waiting.extend(compiled.ready)
         for req, message in compiled.failed:
             self._send_abort(req.rid, len(req.origin_input_ids), message)
@@ -356,6 +405,8 @@ class Scheduler:
         )
 
     def _abort(self, rid: str) -> None:
+        if self.tp is not None:
+            self.tp.cancel_held(rid)
         for held in self.structured.cancel(rid):
             self._send_abort(rid, len(held.origin_input_ids), "aborted by the client")
         for queue_ in (self.waiting, self.running):

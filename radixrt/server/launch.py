@@ -37,6 +37,23 @@ FLUSH_TIMEOUT_S = 1.5  # for uvicorn to send the ended requests' answers before 
 CHILD_STOP_TIMEOUT_S = 2.0  # for the scheduler to exit by itself before it is killed
 
 
+def _serve_node(args: ServerArgs) -> int:
+    """A node of rank > 0 (--nnodes > 1) runs only its tensor-parallel ranks: node 0 serves
+    HTTP and relays every request to them."""
+    from radixrt.processes import node_ranks, serve_node_ranks
+
+    ranks = node_ranks(args)
+    logger.info(
+        "node %d of %d: tensor-parallel ranks %d..%d, joining %s",
+        args.node_rank,
+        args.nnodes,
+        ranks.start,
+        ranks.stop - 1,
+        args.dist_init_addr,
+    )
+    return serve_node_ranks(args)
+
+
 def launch_server(args: ServerArgs) -> int:
     """Serve until stopped; the exit status is 0 after SIGINT/SIGTERM, 1 if a child died."""
     from radixrt.engine import Engine
@@ -45,6 +62,8 @@ def launch_server(args: ServerArgs) -> int:
 
     started = time.monotonic()
     configure_logging("frontend", args.log_level)
+    if args.node_rank > 0:
+        return _serve_node(args)
     _check_port_free(args.host, args.port)  # fail before spending seconds on the model
     engine = Engine(**dataclasses.asdict(args))
     try:
