@@ -3,9 +3,10 @@
 PUB socket: every batch is one multipart message [topic, seq, payload]: the topic (UTF-8),
 the batch's sequence number as 8 bytes big-endian (0, 1, 2, ... with no gaps), and the
 msgpack-encoded `KVEventBatch`. A subscriber that sees a gap asks the ROUTER replay socket:
-it sends one frame, the first sequence number it wants (8 bytes big-endian, from a REQ or a
-DEALER that adds the empty delimiter), and gets back one [seq, payload] message per batch
-still buffered from there on, then the end marker [-1 as 8 bytes big-endian signed, b""].
+it sends the first sequence number it wants (8 bytes big-endian) after an empty delimiter
+frame, and gets back one [b"", seq, payload] message per batch still buffered from there on,
+then the end marker [b"", -1 as 8 bytes big-endian signed, b""]. Use a DEALER socket: a REQ
+socket (which adds and strips the delimiter itself) takes only the first reply.
 
 The scheduler only appends to a queue (`publish` never blocks it); a thread encodes, sends,
 keeps the last `buffer_steps` batches for replay and answers replay requests.
