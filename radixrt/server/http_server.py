@@ -46,6 +46,7 @@ from radixrt.server.http_utils import (
     pydantic_components,
     read_json,
 )
+from radixrt.server.load_info import add_load_routes
 from radixrt.server.metrics import ServerMetrics
 from radixrt.server.native_info import NATIVE_BODIES, add_native_info_routes
 from radixrt.server.openai_api import add_openai_routes
@@ -83,6 +84,7 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
     app.state.server = state
     _add_native_routes(app, state)
     add_native_info_routes(app, state)
+    add_load_routes(app, state)  # /v1/loads and /get_load, which SMG polls
     add_openai_routes(app, state.engine, state.served_model_name)
     add_dashboard_routes(app, state)
     _add_error_handlers(app)

@@ -56,6 +56,10 @@ def _serve_node(args: ServerArgs) -> int:
 
 def launch_server(args: ServerArgs) -> int:
     """Serve until stopped; the exit status is 0 after SIGINT/SIGTERM, 1 if a child died."""
+    if args.dp_size > 1:  # N replicas, each a server of its own, for a router (SMG)
+        from radixrt.server.dp_launch import launch_replicas
+
+        return launch_replicas(args)
     from radixrt.engine import Engine
     from radixrt.server.http_server import ServerState, build_app
     from radixrt.server.metrics import ServerMetrics
