@@ -8,8 +8,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from radixrt.layers.linear import MergedLinear
+from radixrt.distributed import TPGroup
+from radixrt.layers.linear import MergedLinear, RowParallelLinear
 from radixrt.layers.rotary import rotate_qk
+from radixrt.layers.sharding import Narrow
+from radixrt.models.config import local_kv_heads
 
 if TYPE_CHECKING:
     from radixrt.executor.forward_batch import ForwardBatch
@@ -26,6 +29,9 @@ class AttentionShape:
     qkv_bias: bool
     o_bias: bool
 
+    def local_kv_heads(self, tp: int) -> int:
+        return local_kv_heads(self.num_kv_heads, tp)
+
 
 class RotaryAttention(nn.Module):
     """Grouped-query attention: qkv projection, rotary on q and k, the batch's attention
@@ -34,21 +40,28 @@ class RotaryAttention(nn.Module):
     `qkv_proj` stacks the checkpoint's q_proj, k_proj and v_proj. Subclasses change what
     happens to q and k between the projection and the rotary by overriding `transform_qk`
     (Qwen3 normalizes each head there). Scaling is head_dim ** -0.5.
+
+    With tensor parallelism a rank holds num_heads / tp query heads and the KV heads they read
+    (`AttentionShape.local_kv_heads`): its attention is local, and `o_proj` sums the ranks'.
     """
 
-    def __init__(self, layer_id: int, shape: AttentionShape) -> None:
+    def __init__(self, layer_id: int, shape: AttentionShape, group: TPGroup | None = None) -> None:
         super().__init__()
+        group = group or TPGroup.single()
+        check_heads_divide(shape, group.size)
         self.layer_id = layer_id
-        self.num_heads = shape.num_heads
-        self.num_kv_heads = shape.num_kv_heads
+        self.num_heads = shape.num_heads // group.size
+        self.num_kv_heads = shape.local_kv_heads(group.size)
         self.head_dim = shape.head_dim
-        self.q_size = shape.num_heads * shape.head_dim
-        self.kv_size = shape.num_kv_heads * shape.head_dim
+        self.q_size = self.num_heads * shape.head_dim
+        self.kv_size = self.num_kv_heads * shape.head_dim
         self.scaling = shape.head_dim**-0.5
         sizes = [self.q_size, self.kv_size, self.kv_size]
         names = ["q_proj", "k_proj", "v_proj"]
-        self.qkv_proj = MergedLinear(shape.hidden_size, sizes, names, shape.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, shape.hidden_size, shape.o_bias)
+        narrows = _qkv_narrows(shape, group) if group.size > 1 else None
+        self.qkv_proj = MergedLinear(shape.hidden_size, sizes, names, shape.qkv_bias, narrows)
+        full_q = shape.num_heads * shape.head_dim
+        self.o_proj = RowParallelLinear(full_q, shape.hidden_size, shape.o_bias, group)
 
     def forward(
         self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch
@@ -66,3 +79,29 @@ class RotaryAttention(nn.Module):
     def transform_qk(self, qk: torch.Tensor) -> torch.Tensor:
         """q and k heads before the rotary, [T, Hq + Hkv, D] -> same shape; as they are here."""
         return qk
+
+
+def check_heads_divide(shape: AttentionShape, tp: int) -> None:
+    """ValueError naming --tp-size unless the ranks split the query heads evenly and the KV
+    heads evenly (tp <= KV heads) or replicate them evenly (tp a multiple of the KV heads)."""
+    if shape.num_heads % tp:
+        raise ValueError(
+            f"num_attention_heads ({shape.num_heads}) must be divisible by --tp-size ({tp})"
+        )
+    kv = shape.num_kv_heads
+    if kv % tp and tp % kv:
+        raise ValueError(
+            f"--tp-size ({tp}) must divide num_key_value_heads ({kv}) or be a multiple of it"
+        )
+
+
+def _qkv_narrows(shape: AttentionShape, group: TPGroup) -> dict[str, Narrow]:
+    # Query heads split evenly; this rank's KV heads start at the KV head its first query head
+    # reads (rank * kv / tp, floored: with tp > kv consecutive ranks share, i.e. replicate, one).
+    d = shape.head_dim
+    q_heads = shape.num_heads // group.size
+    kv_heads = shape.local_kv_heads(group.size)
+    kv_start = group.rank * shape.num_kv_heads // group.size
+    q = Narrow(0, group.rank * q_heads * d, q_heads * d, shape.num_heads * d)
+    kv = Narrow(0, kv_start * d, kv_heads * d, shape.num_kv_heads * d)
+    return {"q_proj": q, "k_proj": kv, "v_proj": kv}

@@ -1,31 +1,85 @@
-"""A linear layer that is several Hugging Face projections stacked into one matmul."""
+"""Linear layers: several Hugging Face projections stacked into one matmul, split over the
+tensor-parallel ranks by output rows (column-parallel) or by input columns (row-parallel)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from radixrt.distributed import TPGroup
+from radixrt.layers.sharding import Narrow, even_split
 
 
 class MergedLinear(nn.Linear):
     """y = x @ W.T (+ b) with W = cat(W_a, W_b, ...) along the output rows.
 
     One matmul instead of several (q/k/v, gate/up). `shard_names` are the checkpoint's names of
-    the stacked projections, in order; `shard(name, param)` is the part of `param` (the weight
-    or the bias) that the checkpoint's tensor of that name fills.
+    the stacked projections, in order, and `shard_sizes` the rows each fills here;
+    `shard(name, param)` is the part of `param` (the weight or the bias) that the checkpoint's
+    tensor of that name fills. Column-parallel: on a rank of a tensor-parallel group each part
+    holds only its rows of the checkpoint's projection, `shard_narrows[name]` (none at tp=1),
+    so the output is this rank's slice of each projection and needs no communication.
     """
 
     def __init__(
-        self, in_features: int, shard_sizes: Sequence[int], shard_names: Sequence[str], bias: bool
+        self,
+        in_features: int,
+        shard_sizes: Sequence[int],
+        shard_names: Sequence[str],
+        bias: bool,
+        shard_narrows: Mapping[str, Narrow] | None = None,
     ) -> None:
         assert len(shard_sizes) == len(shard_names)
         super().__init__(in_features, sum(shard_sizes), bias)
         self.shard_sizes = tuple(shard_sizes)
         self.shard_names = tuple(shard_names)
+        self.shard_narrows = dict(shard_narrows or {})
+
+    @classmethod
+    def column_parallel(
+        cls,
+        in_features: int,
+        full_sizes: Sequence[int],
+        shard_names: Sequence[str],
+        bias: bool,
+        group: TPGroup,
+    ) -> MergedLinear:
+        """Each projection split into equal row ranges, this rank holding its own."""
+        if group.size == 1:
+            return cls(in_features, full_sizes, shard_names, bias)
+        narrows = {}
+        for name, full in zip(shard_names, full_sizes, strict=True):
+            start, length = even_split(full, group, f"{name} output size")
+            narrows[name] = Narrow(0, start, length, full)
+        return cls(in_features, [n.length for n in narrows.values()], shard_names, bias, narrows)
 
     def shard(self, name: str, param: torch.Tensor) -> torch.Tensor:
         """The rows of `param` (a view) that the projection `name` owns."""
         index = self.shard_names.index(name)
         start = sum(self.shard_sizes[:index])
         return param.narrow(0, start, self.shard_sizes[index])
+
+
+class RowParallelLinear(nn.Linear):
+    """y = x @ W.T (+ b), each rank holding the input columns of W its (sharded) input x
+    carries: partial products summed by an all-reduce, the bias added once after it.
+
+    `checkpoint_narrows` gives the loader the weight's columns; the bias is whole on every rank.
+    At tp=1 this is exactly nn.Linear.
+    """
+
+    def __init__(self, full_in: int, out_features: int, bias: bool, group: TPGroup) -> None:
+        start, length = even_split(full_in, group, "row-parallel input size")
+        super().__init__(length, out_features, bias)
+        self.group = group
+        sharded = group.size > 1
+        self.checkpoint_narrows = {"weight": Narrow(1, start, length, full_in)} if sharded else {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.group.size == 1:
+            return super().forward(x)
+        y = self.group.all_reduce(F.linear(x, self.weight))
+        return y if self.bias is None else y + self.bias

@@ -10,40 +10,50 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, PretrainedConfig
 
+from radixrt.distributed import TPGroup
+from radixrt.layers.sharding import CheckpointTensor
 from radixrt.loader.model_config import ModelConfig, architecture_of, resolve_dtype
 from radixrt.loader.weights import iter_safetensors, safetensors_files
 from radixrt.log_setup import format_bytes
 from radixrt.models.base import CausalLM
 from radixrt.models.registry import get_model_class
 
-Weights = Iterator[tuple[str, torch.Tensor]]
+Weights = Iterator[tuple[str, CheckpointTensor]]
 
 logger = logging.getLogger("radixrt.loader")
 
 
 def load_model(
-    model_path: str, dtype: torch.dtype | str, device: str | torch.device
+    model_path: str,
+    dtype: torch.dtype | str,
+    device: str | torch.device,
+    group: TPGroup | None = None,
 ) -> tuple[CausalLM, ModelConfig]:
     """Build the model for `model_path` and load its weights, in `dtype` on `device`.
 
     `dtype` may also be a name or "auto" (see `resolve_dtype`). Returns the model in eval mode,
-    without gradients. Raises FileNotFoundError naming the path for a missing path, a folder
-    without config.json or without weight files; ValueError for an unsupported architecture or
-    config field, and for weights that leave a parameter unset.
+    without gradients. With a tensor-parallel `group` of more than one rank the model is this
+    rank's part (see docs/tensor_parallel.md), and only its shards are read: slices of the
+    safetensors files, or slices of each GGUF tensor once dequantized. The returned ModelConfig
+    describes the whole model; `model.num_local_kv_heads` is what the rank's KV pool holds.
+    Raises FileNotFoundError naming the path for a missing path, a folder without config.json
+    or without weight files; ValueError for an unsupported architecture or config field (or
+    one --tp-size does not divide), and for weights that leave a parameter unset.
     """
+    group = group or TPGroup.single()
     start = time.monotonic()
     path = Path(model_path)
     resolved = resolve_dtype(dtype, device)
     logger.info(
         "loading weights: %s (%s on %s)", path, str(resolved).removeprefix("torch."), device
     )
-    hf_config, weights, model_dir = _open_checkpoint(path)
+    hf_config, weights, model_dir = _open_checkpoint(path, lazy=group.size > 1)
     model_cls = get_model_class(architecture_of(hf_config))
     config = model_cls.config_from_hf(hf_config)  # raises before any weight is read
     # Build on the meta device, so that no memory is spent on (or time on initializing) weights
     # that load_weights overwrites anyway; it raises for any parameter left unset.
     with torch.device("meta"):
-        model = model_cls(config)
+        model = model_cls(config, group)
     model = model.to(dtype=resolved).to_empty(device=device)
     model.load_weights(weights)
     model.eval().requires_grad_(False)
@@ -55,7 +65,7 @@ def load_model(
     return model, ModelConfig.from_hf(hf_config, config, resolved, model_dir)
 
 
-def _open_checkpoint(path: Path) -> tuple[PretrainedConfig, Weights, Path | None]:
+def _open_checkpoint(path: Path, lazy: bool) -> tuple[PretrainedConfig, Weights, Path | None]:
     if not path.exists():
         raise FileNotFoundError(f"model path not found: {path}")
     if path.is_file():
@@ -69,7 +79,7 @@ def _open_checkpoint(path: Path) -> tuple[PretrainedConfig, Weights, Path | None
         raise FileNotFoundError(f"no config.json in model folder {path}")
     safetensors_files(path)  # fail early, before building the model, if there are none
     config = AutoConfig.from_pretrained(str(path))
-    return config, iter_safetensors(path), path
+    return config, iter_safetensors(path, lazy), path
 
 
 def _weight_bytes(model: torch.nn.Module) -> int:

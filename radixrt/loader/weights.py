@@ -1,13 +1,17 @@
-"""Iterate (name, tensor) over a folder of safetensors files, sharded or not."""
+"""Iterate (name, tensor) over a folder of safetensors files, sharded or not; lazily for a
+tensor-parallel rank, which reads only its slices."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
+
+from radixrt.layers.sharding import CheckpointTensor, Narrow
 
 _INDEX = "model.safetensors.index.json"
 
@@ -33,9 +37,30 @@ def safetensors_files(model_dir: str | Path) -> list[Path]:
     return files
 
 
-def iter_safetensors(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield every tensor of the folder's weight files, one at a time (CPU tensors)."""
+def iter_safetensors(
+    model_dir: str | Path, lazy: bool = False
+) -> Iterator[tuple[str, CheckpointTensor]]:
+    """Yield every tensor of the folder's weight files, one at a time (CPU tensors).
+
+    `lazy` yields SafetensorsSlice objects instead, valid until the next one is asked for: the
+    loader reads from each just the rows or columns its rank holds.
+    """
     for path in safetensors_files(model_dir):
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open has keys(), no __iter__
-                yield name, f.get_tensor(name)
+                yield name, SafetensorsSlice(f.get_slice(name)) if lazy else f.get_tensor(name)
+
+
+class SafetensorsSlice:
+    """One tensor of an open safetensors file (a LazyTensor): reading a range of it reads those
+    bytes of the file only, never the whole tensor."""
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle  # safetensors' PySafeSlice
+        self.shape = tuple(handle.get_shape())
+
+    def read(self, narrow: Narrow | None) -> torch.Tensor:
+        if narrow is None:
+            return self._handle[:]
+        tensor: torch.Tensor = self._handle[narrow.index(len(self.shape))]
+        return tensor

@@ -2,7 +2,8 @@
 
 The model runner and the CUDA graph runner call exactly `model(input_ids, positions, batch)` and
 `model.compute_logits(hidden_rows)`; the loader calls `config_from_hf`, the constructor (on the
-meta device) and `load_weights`. An architecture registers its class in models/registry.py.
+meta device, with the rank's tensor-parallel group) and `load_weights`. An architecture
+registers its class in models/registry.py.
 """
 
 from __future__ import annotations
@@ -14,18 +15,28 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from radixrt.distributed import TPGroup
+from radixrt.layers.sharding import CheckpointTensor
 from radixrt.models.config import TransformerConfig
 
 if TYPE_CHECKING:
     from radixrt.executor.forward_batch import ForwardBatch
 
-Weights = Iterable[tuple[str, torch.Tensor]]
+# (Hugging Face name, tensor): a torch.Tensor, or a LazyTensor a sharded model reads part of.
+Weights = Iterable[tuple[str, CheckpointTensor]]
 
 
 class CausalLM(nn.Module, ABC):
-    """A causal language model over the paged KV pool, built from a `TransformerConfig`."""
+    """A causal language model over the paged KV pool, built from a `TransformerConfig` for one
+    rank of `tp_group` (TPGroup.single() unless tensor-parallel)."""
 
     config: TransformerConfig
+    tp_group: TPGroup
+
+    @property
+    def num_local_kv_heads(self) -> int:
+        """KV heads of this rank's layers: what its KV pool must hold per layer and token."""
+        return self.config.local_kv_heads(self.tp_group.size)
 
     @classmethod
     @abstractmethod

@@ -82,6 +82,10 @@ class TransformerConfig:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    def local_kv_heads(self, tp: int) -> int:
+        """KV heads of one rank of `tp`: the size of that rank's KV pool (see local_kv_heads)."""
+        return local_kv_heads(self.num_kv_heads, tp)
+
     @classmethod
     def from_hf(
         cls, hf: Any, *, qkv_bias: bool = False, o_bias: bool = False, mlp_bias: bool = False
@@ -118,6 +122,12 @@ class TransformerConfig:
             o_bias=o_bias,
             mlp_bias=mlp_bias,
         )
+
+
+def local_kv_heads(num_kv_heads: int, tp: int) -> int:
+    """KV heads a tensor-parallel rank holds: its share of them, or one (replicated over
+    tp / num_kv_heads ranks) when there are more ranks than KV heads."""
+    return max(1, num_kv_heads // tp)
 
 
 def head_dim_of(hf: Any) -> int:

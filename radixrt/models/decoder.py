@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from radixrt.distributed import TPGroup
 from radixrt.layers.attention import AttentionShape, RotaryAttention
 from radixrt.layers.decoder import DecoderLayer
-from radixrt.layers.embedding import LMHead
+from radixrt.layers.embedding import LMHead, VocabParallelEmbedding
 from radixrt.layers.mlp import GatedMLP
 from radixrt.layers.norm import RMSNorm
 from radixrt.layers.rotary import RotaryEmbedding
@@ -27,9 +28,11 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 class DecoderModel(nn.Module):
     """Token embedding, the decoder layers, the final norm (HF's `model.` submodule)."""
 
-    def __init__(self, config: TransformerConfig, layers: list[DecoderLayer]) -> None:
+    def __init__(
+        self, config: TransformerConfig, layers: list[DecoderLayer], group: TPGroup
+    ) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, group)
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope)
@@ -54,19 +57,23 @@ class DecoderForCausalLM(CausalLM):
     an LM head (tied to the embeddings when the config says so: no `lm_head` parameter then).
 
     Parameters carry Hugging Face names, except the merged projections (qkv_proj, gate_up_proj),
-    which `load_weights` fills from their parts.
+    which `load_weights` fills from their parts. Built for one rank of `group`, every layer
+    holds that rank's shards (see docs/tensor_parallel.md); the default is the unsharded model.
     """
 
-    def __init__(self, config: TransformerConfig) -> None:
+    def __init__(self, config: TransformerConfig, group: TPGroup | None = None) -> None:
         super().__init__()
         self.config = config
+        self.tp_group = group or TPGroup.single()
         layers = [self.make_layer(i) for i in range(config.num_layers)]
-        self.model = DecoderModel(config, layers)
-        self.lm_head = LMHead(config.hidden_size, config.vocab_size, config.tie_word_embeddings)
+        self.model = DecoderModel(config, layers, self.tp_group)
+        self.lm_head = LMHead(
+            config.hidden_size, config.vocab_size, config.tie_word_embeddings, self.tp_group
+        )
 
     def make_attention(self, layer_id: int) -> RotaryAttention:
         """The attention block of layer `layer_id`; override for a different attention."""
-        return RotaryAttention(layer_id, self.attention_shape())
+        return RotaryAttention(layer_id, self.attention_shape(), self.tp_group)
 
     def attention_shape(self) -> AttentionShape:
         c = self.config
@@ -81,7 +88,7 @@ class DecoderForCausalLM(CausalLM):
 
     def make_layer(self, layer_id: int) -> DecoderLayer:
         c = self.config
-        mlp = GatedMLP(c.hidden_size, c.intermediate_size, c.mlp_bias)
+        mlp = GatedMLP(c.hidden_size, c.intermediate_size, c.mlp_bias, self.tp_group)
         return DecoderLayer(self.make_attention(layer_id), mlp, c.hidden_size, c.rms_norm_eps)
 
     def forward(

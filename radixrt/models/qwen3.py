@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from radixrt.distributed import TPGroup
 from radixrt.layers.attention import AttentionShape, RotaryAttention
 from radixrt.layers.norm import RMSNorm
 from radixrt.models.config import TransformerConfig, refuse_sliding_window
@@ -20,8 +21,10 @@ from radixrt.models.decoder import DecoderForCausalLM
 class QKNormAttention(RotaryAttention):
     """RotaryAttention with `q_norm` and `k_norm` [head_dim] applied to every head."""
 
-    def __init__(self, layer_id: int, shape: AttentionShape, eps: float) -> None:
-        super().__init__(layer_id, shape)
+    def __init__(
+        self, layer_id: int, shape: AttentionShape, eps: float, group: TPGroup | None = None
+    ) -> None:
+        super().__init__(layer_id, shape, group)
         self.q_norm = RMSNorm(self.head_dim, eps)
         self.k_norm = RMSNorm(self.head_dim, eps)
 
@@ -43,4 +46,5 @@ class Qwen3ForCausalLM(DecoderForCausalLM):
         return TransformerConfig.from_hf(hf_config, qkv_bias=bias, o_bias=bias)
 
     def make_attention(self, layer_id: int) -> RotaryAttention:
-        return QKNormAttention(layer_id, self.attention_shape(), self.config.rms_norm_eps)
+        shape, eps = self.attention_shape(), self.config.rms_norm_eps
+        return QKNormAttention(layer_id, shape, eps, self.tp_group)
