@@ -35,12 +35,14 @@ ODD_VOCAB = 321  # not divisible by the 2 ranks: padded to 322, 161 rows each
 PROMPTS = [[5, 17, 300, 42, 7, 99, 250], [1, 2, 3]]
 DECODE_STEPS = 4
 
-# name -> (checkpoint dir, overrides); the models are built in the parent, read by the ranks.
-MODELS: dict[str, dict[str, Any]] = {
-    # KV heads (1) fewer than ranks: replicated; vocabulary padded.
-    "llama": {"num_key_value_heads": 1, "vocab_size": ODD_VOCAB, "attention_bias": True},
+# name -> (arch, config overrides); written by the parent, read by the ranks (a path argument).
+MODELS: dict[str, tuple[str, dict[str, Any]]] = {
+    # KV heads (1) fewer than ranks: replicated; vocabulary padded; biases on q/k/v and o.
+    "llama": ("llama", {"num_key_value_heads": 1, "vocab_size": ODD_VOCAB, "attention_bias": True}),
     # KV heads split (2 over 2 ranks), tied embeddings, q/k/v biases.
-    "qwen2": {"tie_word_embeddings": True},
+    "qwen2": ("qwen2", {"tie_word_embeddings": True}),
+    # The same folder's weights as a GGUF file: each tensor dequantized, then sliced.
+    "qwen3-gguf": ("qwen3", {"head_dim": 16}),
 }
 
 
@@ -229,14 +231,24 @@ def _rank(rank: int, port: int, model_dirs: dict[str, str], out: dict) -> None:
     torch.manual_seed(0)
     group = init_tp_group(rank, 2, f"tcp://127.0.0.1:{port}", "cpu", timeout_s=60)
     result = {"layers": layer_outputs(group)}
-    for arch, model_dir in model_dirs.items():
-        result[arch] = model_results(group, model_dir)
+    for name, model_path in model_dirs.items():
+        result[name] = model_results(group, model_path)
     out[rank] = result
 
 
 @pytest.fixture(scope="module")
-def model_dirs(tiny_model_dir) -> dict[str, str]:
-    return {arch: tiny_model_dir(arch, **overrides) for arch, overrides in MODELS.items()}
+def folders(tiny_model_dir) -> dict[str, str]:
+    """Each model's safetensors folder (the GGUF model's: what its file was written from)."""
+    return {name: tiny_model_dir(arch, **overrides) for name, (arch, overrides) in MODELS.items()}
+
+
+@pytest.fixture(scope="module")
+def model_dirs(folders, tmp_path_factory) -> dict[str, str]:
+    """What the ranks load: the folder, or the GGUF file written from it."""
+    from unit.test_gguf_loader import write_gguf  # tests/ is on sys.path (its conftest)
+
+    gguf_file = tmp_path_factory.mktemp("gguf") / "qwen3.gguf"
+    return {**folders, "qwen3-gguf": str(write_gguf(folders["qwen3-gguf"], gguf_file))}
 
 
 @pytest.fixture(scope="module")
@@ -300,6 +312,7 @@ def test_heads_the_ranks_do_not_divide_name_tp_size():
 
 @pytest.mark.parametrize("arch", sorted(MODELS))
 def test_tp2_model_equals_tp1(ranks, model_dirs, arch):
+    # The reference is the unsharded model from the same file (GGUF: it equals the folder's).
     model, _ = load_model(model_dirs[arch], torch.float32, "cpu")
     want_logits, want_tokens = greedy_run(model)
     for rank in (0, 1):
@@ -311,43 +324,56 @@ def test_tp2_model_equals_tp1(ranks, model_dirs, arch):
 
 
 @pytest.mark.parametrize("arch", sorted(MODELS))
-def test_each_rank_loads_exactly_its_slice(ranks, model_dirs, arch):
-    full = load_file(f"{model_dirs[arch]}/model.safetensors")
-    cfg = load_model(model_dirs[arch], torch.float32, "cpu")[0].config
+def test_each_rank_loads_exactly_its_slice(ranks, folders, arch):
+    full = load_file(f"{folders[arch]}/model.safetensors")
+    cfg = load_model(folders[arch], torch.float32, "cpu")[0].config
     if cfg.tie_word_embeddings:  # a copy some checkpoints carry; the loader skips it unread
         full.pop("lm_head.weight", None)
-    d, q, kv = cfg.head_dim, cfg.num_heads // 2, max(1, cfg.num_kv_heads // 2)
-    vocab_rows = -(-cfg.vocab_size // 2)
-    total_read = 0
     for rank in (0, 1):
-        got = {k: torch.tensor(v) for k, v in ranks[rank][arch]["params"].items()}
-        attn, mlp = "model.layers.0.self_attn.", "model.layers.0.mlp."
-        kv_rows = slice(rank * cfg.num_kv_heads // 2 * d, (rank * cfg.num_kv_heads // 2 + kv) * d)
-        q_rows = slice(rank * q * d, (rank + 1) * q * d)
-        want_qkv = [full[attn + f"{p}.weight"][r] for p, r in
-                    (("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows))]  # fmt: skip
-        assert torch.equal(got[attn + "qkv_proj.weight"], torch.cat(want_qkv))
-        want_bias = [full[attn + f"{p}.bias"][r] for p, r in
-                     (("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows))]  # fmt: skip
-        assert torch.equal(got[attn + "qkv_proj.bias"], torch.cat(want_bias))
-        assert torch.equal(got[attn + "o_proj.weight"], full[attn + "o_proj.weight"][:, q_rows])
-        i = cfg.intermediate_size // 2
-        ff = slice(rank * i, (rank + 1) * i)
-        want_gate_up = torch.cat(
-            (full[mlp + "gate_proj.weight"][ff], full[mlp + "up_proj.weight"][ff])
-        )
-        assert torch.equal(got[mlp + "gate_up_proj.weight"], want_gate_up)
-        assert torch.equal(got[mlp + "down_proj.weight"], full[mlp + "down_proj.weight"][:, ff])
-        rows = full["model.embed_tokens.weight"][rank * vocab_rows : (rank + 1) * vocab_rows]
-        padded = torch.zeros(vocab_rows, cfg.hidden_size)
-        padded[: len(rows)] = rows
-        assert torch.equal(got["model.embed_tokens.weight"], padded)
-        assert ranks[rank][arch]["num_local_kv_heads"] == kv
-        total_read += ranks[rank][arch]["elements_read"]
+        got = ranks[rank][arch]["params"]
+        want = expected_shards(full, cfg, rank)
+        assert set(got) == set(want)
+        for name, tensor in want.items():
+            assert torch.equal(torch.tensor(got[name]), tensor), (rank, name)
+        assert ranks[rank][arch]["num_local_kv_heads"] == max(1, cfg.num_kv_heads // 2)
+    if arch.endswith("gguf"):
+        return  # GGUF tensors are read whole (to dequantize them), then sliced
     # Every element of the checkpoint once, plus the replicated ones (norms, biases of the
     # row-parallel layers, KV heads shared by ranks) once per extra rank: nothing else.
+    total_read = sum(ranks[rank][arch]["elements_read"] for rank in (0, 1))
     replicated = sum(t.numel() for n, t in full.items() if _replicated(n, cfg.num_kv_heads))
     assert total_read == sum(t.numel() for t in full.values()) + replicated
+
+
+def expected_shards(full: dict[str, torch.Tensor], cfg: Any, rank: int) -> dict[str, Any]:
+    """Rank `rank` of 2's parameters (the _checked ones), sliced from the checkpoint by hand."""
+    d, attn, mlp = cfg.head_dim, "model.layers.0.self_attn.", "model.layers.0.mlp."
+    q_heads, kv_heads = cfg.num_heads // 2, max(1, cfg.num_kv_heads // 2)
+    first_kv = rank * cfg.num_kv_heads // 2  # with 1 KV head, both ranks hold head 0
+    rows = {"q_proj": slice(rank * q_heads * d, (rank + 1) * q_heads * d)}
+    rows["k_proj"] = rows["v_proj"] = slice(first_kv * d, (first_kv + kv_heads) * d)
+    half = cfg.intermediate_size // 2
+    ff = slice(rank * half, (rank + 1) * half)
+    want = {
+        attn + "qkv_proj.weight": torch.cat(
+            [full[f"{attn}{p}.weight"][r] for p, r in rows.items()]
+        ),
+        attn + "o_proj.weight": full[attn + "o_proj.weight"][:, rows["q_proj"]],
+        mlp + "gate_up_proj.weight": torch.cat(
+            (full[mlp + "gate_proj.weight"][ff], full[mlp + "up_proj.weight"][ff])
+        ),
+        mlp + "down_proj.weight": full[mlp + "down_proj.weight"][:, ff],
+    }
+    if cfg.qkv_bias:
+        want[attn + "qkv_proj.bias"] = torch.cat(
+            [full[f"{attn}{p}.bias"][r] for p, r in rows.items()]
+        )
+    vocab_rows = -(-cfg.vocab_size // 2)  # padded to 2 * vocab_rows, zeros past the end
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        if name in full:
+            part = full[name][rank * vocab_rows : (rank + 1) * vocab_rows]
+            want[name] = torch.cat((part, torch.zeros(vocab_rows - len(part), cfg.hidden_size)))
+    return want
 
 
 def _replicated(name: str, num_kv_heads: int) -> bool:
