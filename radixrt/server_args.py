@@ -242,6 +242,10 @@ class ServerArgs:
             from radixrt.server.chat_template_loader import load_chat_template
 
             load_chat_template(self.chat_template)
+        if self.kv_events_config is not None:  # likewise: a bad config fails at the flags
+            from radixrt.kv_events import parse_kv_events_config
+
+            parse_kv_events_config(self.kv_events_config)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> ServerArgs:

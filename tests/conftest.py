@@ -211,6 +211,16 @@ def _names_default_model(item: pytest.Item) -> bool:
 
 
 @pytest.fixture(scope="session")
+def default_tokenizer() -> Any:
+    """The default model's tokenizer, parsed once for the run (~10 s from the GGUF file).
+    Tests use it read-only."""
+    from radixrt.loader.default_model import default_model_path
+    from radixrt.loader.tokenizer import load_tokenizer
+
+    return load_tokenizer(default_model_path())
+
+
+@pytest.fixture(scope="session")
 def default_server(tmp_path_factory: pytest.TempPathFactory) -> LaunchedServer:
     """The default model served with DEFAULT_SERVER_ARGS until the run ends. Tests must leave
     it as they found it (idle; state such as the cache may differ): tests that stop, kill or

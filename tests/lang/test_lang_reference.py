@@ -17,11 +17,8 @@ import radixrt as rt
 
 
 @pytest.fixture(scope="module")
-def hf_tokenizer():
-    from radixrt.loader.default_model import default_model_path
-    from radixrt.loader.tokenizer import load_tokenizer
-
-    return load_tokenizer(default_model_path())
+def hf_tokenizer(default_tokenizer):
+    return default_tokenizer
 
 
 def http_generate(server, text: str, max_new_tokens: int, **extra) -> dict:

@@ -159,11 +159,8 @@ def server(launch_server):
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    from radixrt.loader.default_model import default_model_path
-    from radixrt.loader.tokenizer import load_tokenizer
-
-    return load_tokenizer(default_model_path(), None)
+def tokenizer(default_tokenizer):
+    return default_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -101,6 +101,9 @@ def test_generate_help_has_its_own_group_and_the_server_groups():
         (["--max-running-requests", "many"], ["--max-running-requests", "int"]),
         (["--sampling-params", "{"], ["--sampling-params", "JSON"]),
         (["--sampling-params", "[1]"], ["--sampling-params", "object"]),
+        (["--kv-events-config", '{"bogus": 1}'], ["kv_events_config", "bogus", "endpoint"]),
+        (["--tp-size", "0"], ["tp_size", ">= 1"]),
+        (["--nnodes", "2", "--node-rank", "2"], ["node_rank", "0..1"]),
     ],
 )
 def test_generate_reports_a_bad_flag_in_one_line_before_loading(args, names):

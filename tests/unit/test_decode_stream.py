@@ -28,15 +28,6 @@ def tiny_tokenizer(tiny_model_dir):
     return AutoTokenizer.from_pretrained(tiny_model_dir("llama"))
 
 
-@pytest.fixture(scope="module")
-def default_tokenizer(tmp_path_factory):
-    """The default model's tokenizer (byte-level BPE with merges, from its GGUF file)."""
-    from radixrt.loader.default_model import default_model_path
-    from radixrt.loader.tokenizer import load_tokenizer
-
-    return load_tokenizer(default_model_path())
-
-
 def random_ids(tokenizer, rng: random.Random) -> list[int]:
     """Pieces of encoded text, special tokens, and (one time in four) random vocabulary ids."""
     specials = list(tokenizer.added_tokens_decoder)

@@ -115,11 +115,8 @@ def test_build_requests_checks_logprob_limits_and_token_ids():
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    from radixrt.loader.default_model import default_model_path
-    from radixrt.loader.tokenizer import load_tokenizer
-
-    return load_tokenizer(default_model_path())
+def tokenizer(default_tokenizer):
+    return default_tokenizer
 
 
 def test_the_checker_refuses_what_no_token_can_start(tokenizer):
