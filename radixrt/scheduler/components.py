@@ -55,8 +55,11 @@ def resolve_device(device: str | None) -> str:
     return device
 
 
-def pool_size_tokens(args: ServerArgs, cfg: ModelConfig, dtype: torch.dtype, device: str) -> int:
-    per_token = KVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
+def pool_size_tokens(
+    args: ServerArgs, cfg: ModelConfig, dtype: torch.dtype, device: str, kv_heads: int
+) -> int:
+    """`kv_heads`: the KV heads this rank's pool holds (all of them at tp 1)."""
+    per_token = KVPool.bytes_per_token(cfg.num_layers, kv_heads, cfg.head_dim, dtype)
     if args.max_total_tokens is not None:
         tokens = args.max_total_tokens
     elif device.startswith("cuda"):
@@ -82,11 +85,16 @@ def build_components(
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     model_path = args.model_path or default_model_path()
-    model, cfg = load_model(model_path, dtype, device)  # FileNotFoundError names a bad path
+    # FileNotFoundError names a bad path. With a group: this rank's shard of the model.
+    model, cfg = load_model(model_path, dtype, device, group)
+    kv_heads = model.num_local_kv_heads
     context_length = args.context_length or cfg.context_length
-    tokens = pool_size_tokens(args, cfg, dtype, device)
+    tokens = pool_size_tokens(args, cfg, dtype, device, kv_heads)
+    if group is not None:  # every rank's pool must have the same pages: the smallest
+        gathered = group.all_gather(torch.tensor([tokens], device=group.device), dim=0)
+        tokens = int(gathered.min())
     start = time.monotonic()
-    pool = KVPool(tokens, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype, device)
+    pool = KVPool(tokens, cfg.num_layers, kv_heads, cfg.head_dim, dtype, device)
     allocator = PageAllocator(tokens // args.page_size, args.page_size)
     cache = create_prefix_cache("none" if args.disable_radix_cache else "radix", allocator)
     if group is None or group.is_leader:  # one publisher: every rank's cache is rank 0's

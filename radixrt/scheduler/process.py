@@ -72,6 +72,8 @@ def run(config: dict[str, Any]) -> int:
         # guard_parent ends this process when the frontend dies, busy or idle; the loop's
         # own check (while idle) is the slower second line.
         scheduler.run_forever(orphaned=lambda: os.getppid() != parent)
+        if lockstep is not None:
+            lockstep.close()
         if os.getppid() != parent and config.get("ipc_dir"):
             # The frontend died without cleaning up the folder of our sockets: do it here.
             shutil.rmtree(config["ipc_dir"], ignore_errors=True)

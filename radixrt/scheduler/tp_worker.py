@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 import torch
+import torch.distributed as dist
 
 from radixrt.distributed import TPGroup, init_tp_group
 from radixrt.grammar.constraint import constraint_of
@@ -99,6 +100,11 @@ class Lockstep:
         """Once every rank has built its model: learn each rank's pid (to name a dead one)."""
         pid = torch.tensor([os.getpid()], dtype=torch.int64, device=self.group.device)
         self.pids = self.group.all_gather(pid, dim=0).cpu().tolist()
+
+    def close(self) -> None:
+        """Leave the group (its threads must not outlive the interpreter's exit)."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
     def dead_ranks(self) -> str:
         """Which ranks of this node have ended (a pid gone or a zombie), for an error."""

@@ -59,10 +59,9 @@ def test_tp2_greedy_equals_tp1(tiny_model_dir, arch):
     got, stats2 = _run_engine(path, 2)
     assert got == want
     assert re.fullmatch(r"[a-c]{3}-(yes|no)!", _text_of(path, got[5]))  # the grammar held
-    for stats in (stats1, stats2):
+    for stats in (stats1, stats2):  # (how many depends on when the requests arrived)
         assert stats["num_preemptions"] > 0  # the pool is small enough to preempt
         assert stats["cached_tokens"] > 0
-    assert stats2["num_preemptions"] == stats1["num_preemptions"]
 
 
 def _text_of(path: str, ids: list[int]) -> str:
@@ -99,28 +98,27 @@ def _stand_in_scheduler(output_ids: list[int]) -> SimpleNamespace:
     return SimpleNamespace(running=[req], waiting=[], parts=parts, stats={"steps": 3})
 
 
-def _check_rank(rank: int, port: int, diverge: bool, out: dict) -> None:
+def _check_rank(rank: int, port: int, out: dict) -> None:
     from radixrt.distributed import init_tp_group
     from radixrt.scheduler.tp_worker import Lockstep, LockstepError
 
     group = init_tp_group(rank, 2, f"tcp://127.0.0.1:{port}", "cpu", timeout_s=20)
     lockstep = Lockstep(group, check=True, local_ranks=range(2))
-    # Rank 1 took one token rank 0 did not.
-    scheduler = _stand_in_scheduler([9, 9] + ([8] if diverge and rank == 1 else []))
-    try:
-        lockstep.check_agreement(scheduler)  # type: ignore[arg-type]
-        out[rank] = "agreed"
-    except LockstepError as e:
-        out[rank] = str(e)
+    for diverge in (False, True):  # then rank 1 has taken one token rank 0 did not
+        scheduler = _stand_in_scheduler([9, 9] + ([8] if diverge and rank == 1 else []))
+        try:
+            lockstep.check_agreement(scheduler)  # type: ignore[arg-type]
+            out[(rank, diverge)] = "agreed"
+        except LockstepError as e:
+            out[(rank, diverge)] = str(e)
 
 
-@pytest.mark.parametrize("diverge", [False, True])
-def test_lockstep_check_names_a_diverged_rank(diverge):
+def test_lockstep_check_names_a_diverged_rank():
     port = _free_port()
     with mp.Manager() as manager:
         out = manager.dict()
         procs = [
-            mp.get_context("spawn").Process(target=_check_rank, args=(r, port, diverge, out))
+            mp.get_context("spawn").Process(target=_check_rank, args=(r, port, out))
             for r in range(2)
         ]
         for p in procs:
@@ -128,11 +126,9 @@ def test_lockstep_check_names_a_diverged_rank(diverge):
         for p in procs:
             p.join(60)
         result = dict(out)
-    if not diverge:
-        assert result == {0: "agreed", 1: "agreed"}
-    else:
-        for rank in (0, 1):  # every rank stops, naming the one that differs
-            assert "rank(s) 1 diverged from rank 0 after step 3" in result[rank]
+    assert result[(0, False)] == result[(1, False)] == "agreed"
+    for rank in (0, 1):  # every rank stops, naming the one that differs
+        assert "rank(s) 1 diverged from rank 0 after step 3" in result[(rank, True)]
 
 
 # -- a dead rank -------------------------------------------------------------------------
@@ -154,6 +150,7 @@ def test_killed_rank_ends_the_server_naming_it(tiny_model_dir, tmp_path):
         "512",
         "--dist-timeout",
         "5",
+        "--skip-tokenizer-init",
     )
     try:
         body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4}}
