@@ -8,6 +8,8 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 import time
 from types import SimpleNamespace
 
@@ -168,3 +170,36 @@ def test_killed_rank_ends_the_server_naming_it(tiny_model_dir, tmp_path):
     assert code == 1, log
     assert took < 15, log
     assert f"scheduler rank 1 (pid {rank1}) was killed by signal 9" in log
+
+
+def test_two_nodes_of_one_rank_each(tiny_model_dir, tmp_path):
+    """--nnodes 2 on one machine: node 1's `launch` runs only rank 1 (no HTTP server); node 0
+    serves; both end cleanly when node 0 stops."""
+    path = tiny_model_dir("llama")
+    flags = ["--model-path", path, "--tp-size", "2", "--nnodes", "2", "--device", "cpu"]
+    flags += ["--dtype", "float32", "--max-total-tokens", "512", "--skip-tokenizer-init"]
+    flags += ["--dist-init-addr", f"127.0.0.1:{_free_port()}", "--num-threads", "1"]
+    node1_log = tmp_path / "node1.log"
+    with open(node1_log, "w") as log:
+        node1 = subprocess.Popen(
+            [sys.executable, "-m", "radixrt.cli", "launch", *flags, "--node-rank", "1"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        server = launch(tmp_path, *flags, "--node-rank", "0")
+        body = {"input_ids": PROMPTS[0], "sampling_params": {"temperature": 0, "max_new_tokens": 8}}
+        got = httpx.post(server.url + "/generate", json=body, timeout=60).json()["output_ids"]
+        server.stop()
+        assert server.proc.returncode == 0, server.log_text()
+        assert node1.wait(timeout=30) == 0, node1_log.read_text()
+    finally:
+        node1.kill()
+        node1.wait()
+    engine = radixrt.Engine(path, in_process=True, skip_tokenizer_init=True, dtype="float32")
+    try:
+        want = engine.generate(input_ids=PROMPTS[0], sampling_params=body["sampling_params"])
+    finally:
+        engine.shutdown()
+    assert got == want["output_ids"]
+    assert "node 1 of 2: tensor-parallel ranks 1..1" in node1_log.read_text()
