@@ -15,7 +15,6 @@ from typing import Any
 import torch
 
 from radixrt.cache.invariants import check_kv_accounting
-from radixrt.grammar.constraint import constraint_of
 from radixrt.messages import (
     AbortReq,
     BatchOutput,
@@ -30,8 +29,7 @@ from radixrt.messages import (
     decode_to_scheduler,
     encode,
 )
-from radixrt.request_limits import validate_logprobs, validate_request_size, validate_token_ids
-from radixrt.sampling_params import SamplingParams
+from radixrt.scheduler.admission import make_req
 from radixrt.scheduler.cache_snapshot import cache_snapshot
 from radixrt.scheduler.components import Components
 from radixrt.scheduler.kv_manager import KVManager
@@ -330,7 +328,7 @@ class Scheduler:
 
     def _add_request(self, msg: GenerateReq) -> None:
         try:
-            req = self._make_req(msg)
+            req = make_req(msg, self.args, self.parts, self.arrivals)
         except ValueError as e:  # a bad request: the frontend's checks, made again here
             self._send_abort(msg.rid, len(msg.input_ids), str(e))
             return
@@ -356,53 +354,6 @@ class Scheduler:
         self.waiting.extend(compiled.ready)
         for req, message in compiled.failed:
             self._send_abort(req.rid, len(req.origin_input_ids), message)
-
-    def _make_req(self, msg: GenerateReq) -> Req:
-        # The engine validated this already, but the scheduler's socket will also take requests
-        # from other frontends (the server, the DSL): a bad one must not reach the pool.
-        params = SamplingParams.from_dict(msg.sampling_params)
-        params.fill_max_new_tokens(
-            min(self.parts.context_length, self.parts.pool_tokens) - len(msg.input_ids)
-        )
-        max_new = params.max_new_tokens
-        assert max_new is not None, "fill_max_new_tokens gives every request one"
-        vocab = self.parts.model_config.vocab_size
-        params.verify(vocab)
-        if constraint_of(params) is not None and self.parts.tokenizer is None:
-            raise ValueError(
-                "structured generation (regex, json_schema, ebnf) needs a "
-                "tokenizer: this server runs with skip_tokenizer_init"
-            )
-        validate_request_size(
-            len(msg.input_ids), max_new, self.parts.context_length, self.parts.pool_tokens
-        )
-        validate_token_ids(msg.input_ids, vocab)
-        validate_token_ids(msg.token_ids_logprob or [], vocab, "token_ids_logprob")
-        validate_logprobs(
-            top_logprobs_num=msg.top_logprobs_num,
-            token_ids_logprob=msg.token_ids_logprob,
-            logprob_start_len=msg.logprob_start_len,
-            return_logprob=msg.return_logprob,
-            prompt_len=len(msg.input_ids),
-            max_new_tokens=max_new,
-            max_logprobs=self.args.max_logprobs,
-            max_entries=self.args.max_logprob_entries,
-        )
-        gen = None
-        if params.seed is not None:
-            gen = torch.Generator(device=self.parts.device).manual_seed(params.seed)
-        return Req(
-            msg.rid,
-            list(msg.input_ids),
-            params,
-            msg.return_logprob,
-            msg.logprob_start_len,
-            msg.top_logprobs_num,
-            msg.stream,
-            gen,
-            arrival_order=next(self.arrivals),
-            token_ids_logprob=msg.token_ids_logprob,
-        )
 
     def _abort(self, rid: str) -> None:
         if self.tp is not None:

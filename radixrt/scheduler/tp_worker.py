@@ -137,7 +137,12 @@ class Lockstep:
             self._held.pop(order, None)
         ready = []
         for order in relay.compiled:
-            req = self._held.pop(order)
+            req = self._held.pop(order, None)
+            if req is None:
+                raise LockstepError(
+                    f"rank 0 scheduled constrained request #{order}, which rank "
+                    f"{self.group.rank} does not hold (it refused it, or never received it)"
+                )
             found = constraint_of(req.sampling_params)
             assert found is not None
             req.grammar = GrammarState(found[0], ReplicaMatcher())
@@ -218,10 +223,10 @@ def state_digest(scheduler: Scheduler) -> int:
     parts = scheduler.parts
     for req in scheduler.running:
         h.update(repr((req.rid, req.output_ids, req.kv_len, req.num_slots, req.tree_len)).encode())
-        h.update(parts.table.read(req.table_row, 0, req.num_slots).numpy().tobytes())
+        h.update(parts.table.read(req.table_row, 0, req.num_slots).cpu().numpy().tobytes())
     h.update(repr([(r.rid, r.output_ids) for r in scheduler.waiting]).encode())
     cache = parts.cache
-    h.update(cache.cached_slots().sort().values.numpy().tobytes())
+    h.update(cache.cached_slots().sort().values.cpu().numpy().tobytes())
     counters = (cache.evictable_size(), cache.protected_size(), parts.allocator.available_tokens)
     h.update(repr(counters).encode())
     return int.from_bytes(h.digest(), "little") >> 1
