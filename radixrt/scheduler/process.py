@@ -36,8 +36,8 @@ def run(config: dict[str, Any]) -> int:
     ignore_stop_signals()
     guard_parent(config["parent_pid"], config.get("ipc_dir"))  # before any thread starts
     args = ServerArgs(**config["server_args"])
-    configure_logging("scheduler", args.log_level)
     rank = config.get("tp_rank", 0)
+    configure_logging("scheduler" if args.tp_size == 1 else f"scheduler TP{rank}", args.log_level)
     transport = (
         ZmqTransport(config["recv_addr"], config["send_addr"], bind=False) if rank == 0 else None
     )

@@ -113,7 +113,9 @@ class Lockstep:
             for r, pid in enumerate(self.pids)
             if r in self.local_ranks and not _running(pid)
         ]
-        return ", ".join(dead) + " ended" if dead else "no local rank has ended"
+        if not dead:
+            return "every rank of this node still runs: one is stuck, or another node's is gone"
+        return ", ".join(dead) + " ended"
 
     # -- relay ------------------------------------------------------------------------------
     def relay(self, relay: Relay | None) -> Relay:
