@@ -163,7 +163,9 @@ def make_request(**fields: Any) -> GenerateReqInput:
 
 
 def from_dict(body: dict[str, Any]) -> GenerateReqInput:
-    """A request from a JSON body; ParamError for an unknown name or a wrong type."""
+    """A request from a JSON body; ParamError for an unknown name or a wrong type. A top-level
+    `model` is ignored: routers in front of workers (SGLang's gateway, SMG) add one."""
+    body = {k: v for k, v in body.items() if k != "model"}
     unknown = [k for k in body if k not in _DEFAULTS]
     if unknown:
         raise ParamError(unknown[0], _unknown_message(unknown[0]))

@@ -138,6 +138,12 @@ def test_unknown_names_and_wrong_types_name_the_field():
         ri.make_request(prompt="x")
 
 
+def test_a_routers_model_field_is_ignored():
+    # SMG adds "model" to the /generate bodies it forwards to a worker.
+    req = ri.from_dict({"text": "hi", "model": "unknown"})
+    assert req.text == "hi" and not hasattr(req, "model")
+
+
 def test_per_prompt_lists_of_logprob_fields_are_accepted():
     req = ri.from_dict(
         {
