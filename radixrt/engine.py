@@ -377,8 +377,11 @@ class Engine:
     def _route(self, msg) -> None:
         if isinstance(msg, ControlReply):
             self._control_replies.put(msg)
-        elif isinstance(msg, SchedulerFailed):
-            self._fail_all(SchedulerDied(f"the scheduler has died: {msg.error_type}: {msg.error}"))
+        elif isinstance(msg, SchedulerFailed):  # a rank's death may be its cause: name it
+            dead = "" if self._handle.alive() else f"; {self._handle.death_reason()}"
+            self._fail_all(
+                SchedulerDied(f"the scheduler has died: {msg.error_type}: {msg.error}{dead}")
+            )
         elif isinstance(msg, BatchOutput):
             for out in msg.outputs:
                 state = self._requests.get(out.rid, finished=out.finished)

@@ -4,6 +4,7 @@ diverges), and a killed rank ends a launched server naming it within seconds."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -17,7 +18,7 @@ import httpx
 import pytest
 import torch
 import torch.multiprocessing as mp
-from launch_helpers import launch
+from launch_helpers import LaunchedServer, launch
 
 import radixrt
 
@@ -136,30 +137,23 @@ def test_lockstep_check_names_a_diverged_rank():
 # -- a dead rank -------------------------------------------------------------------------
 
 
+def _server_with_two_ranks(path: str, tmp_path) -> tuple[LaunchedServer, int]:
+    """A launched --tp-size 2 server that has answered once, and rank 1's pid."""
+    flags = ["--model-path", path, "--tp-size", "2", "--device", "cpu", "--dtype", "float32"]
+    flags += ["--max-total-tokens", "512", "--dist-timeout", "3", "--skip-tokenizer-init"]
+    server = launch(tmp_path, *flags)
+    assert httpx.post(server.url + "/generate", json=BODY, timeout=60).status_code == 200
+    found = re.search(r"scheduler rank 1 ready in .* \(pid (\d+)\)", server.log_text())
+    assert found, server.log_text()
+    return server, int(found.group(1))
+
+
+BODY = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4}}
+
+
 def test_killed_rank_ends_the_server_naming_it(tiny_model_dir, tmp_path):
-    path = tiny_model_dir("llama")
-    server = launch(
-        tmp_path,
-        "--model-path",
-        path,
-        "--tp-size",
-        "2",
-        "--device",
-        "cpu",
-        "--dtype",
-        "float32",
-        "--max-total-tokens",
-        "512",
-        "--dist-timeout",
-        "5",
-        "--skip-tokenizer-init",
-    )
+    server, rank1 = _server_with_two_ranks(tiny_model_dir("llama"), tmp_path)
     try:
-        body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4}}
-        assert httpx.post(server.url + "/generate", json=body, timeout=60).status_code == 200
-        found = re.search(r"scheduler rank 1 ready in .* \(pid (\d+)\)", server.log_text())
-        assert found, server.log_text()
-        rank1 = int(found.group(1))
         start = time.monotonic()
         os.kill(rank1, signal.SIGKILL)
         code = server.proc.wait(timeout=30)
@@ -170,6 +164,27 @@ def test_killed_rank_ends_the_server_naming_it(tiny_model_dir, tmp_path):
     assert code == 1, log
     assert took < 15, log
     assert f"scheduler rank 1 (pid {rank1}) was killed by signal 9" in log
+
+
+def test_stuck_rank_ends_the_server_within_the_timeout(tiny_model_dir, tmp_path):
+    """A rank that stops answering (SIGSTOP: its process lives) is a RankDied on rank 0 after
+    --dist-timeout (3 s): the request gets a 503 saying so and the server exits 1."""
+    server, rank1 = _server_with_two_ranks(tiny_model_dir("llama"), tmp_path)
+    try:
+        os.kill(rank1, signal.SIGSTOP)
+        start = time.monotonic()
+        reply = httpx.post(server.url + "/generate", json=BODY, timeout=60)
+        code = server.proc.wait(timeout=30)
+        took = time.monotonic() - start
+    finally:
+        server.stop()
+        with contextlib.suppress(ProcessLookupError):  # the server kills it on its way out
+            os.kill(rank1, signal.SIGKILL)
+    assert reply.status_code == 503
+    assert "RankDied" in reply.json()["error"]["message"]
+    assert "did not answer within 3 s" in reply.json()["error"]["message"]
+    assert code == 1, server.log_text()
+    assert took < 15, server.log_text()
 
 
 def test_two_nodes_of_one_rank_each(tiny_model_dir, tmp_path):
