@@ -31,6 +31,8 @@ class StreamOptions(_Strict):
 class ResponseFormat(_Strict):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: dict[str, Any] | None = None
+    # With "json_object": Together's and Fireworks' field (instructor's JSON_SCHEMA mode sends it).
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
 
 
 class SamplingFields(_Strict):

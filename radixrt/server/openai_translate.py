@@ -66,12 +66,13 @@ def sampling_params(req: SamplingFields, max_new_tokens: int) -> dict[str, Any]:
 
 
 def _response_format_schema(fmt: ResponseFormat | None) -> str | None:
-    """response_format as the engine's json_schema text: "json_object" is any JSON object,
-    "json_schema" its `schema` (always enforced, whatever `strict` says), "text" nothing."""
+    """response_format as the engine's json_schema text: "json_object" is any JSON object (or
+    its `schema`, where one is given), "json_schema" its `schema` (always enforced, whatever
+    `strict` says), "text" nothing."""
     if fmt is None or fmt.type == "text":
         return None
     if fmt.type == "json_object":
-        return json.dumps({"type": "object"})
+        return json.dumps(fmt.schema_ if fmt.schema_ is not None else {"type": "object"})
     spec = fmt.json_schema or {}
     schema = spec.get("schema", spec.get("schema_"))
     if not isinstance(schema, dict):

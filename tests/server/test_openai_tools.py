@@ -191,6 +191,7 @@ def test_auto_without_a_call_is_text_streamed_or_not(client):
     "fmt,schema",
     [
         ({"type": "json_object"}, {"type": "object"}),
+        ({"type": "json_object", "schema": WEATHER}, WEATHER),  # instructor's JSON_SCHEMA mode
         (
             {
                 "type": "json_schema",
