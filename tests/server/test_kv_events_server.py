@@ -9,47 +9,15 @@ import time
 from typing import Any
 
 import httpx
-import msgspec
 import pytest
 import zmq
 from launch_helpers import LaunchedServer, free_port
+from vllm_kv_events import DECODER, AllBlocksCleared, BlockStored, KVEventBatch
 
 from radixrt.server_args import ServerArgs
 
 PAGE = 4
 PROMPT = [(7 * i + 3) % 200 for i in range(4 * PAGE + 2)]  # four whole pages and two tokens
-
-
-class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
-    pass
-
-
-class BlockStored(KVCacheEvent):
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-
-
-class BlockRemoved(KVCacheEvent):
-    block_hashes: list[int]
-    medium: str | None
-
-
-class AllBlocksCleared(KVCacheEvent):
-    pass
-
-
-class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    ts: float
-    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
-    data_parallel_rank: int | None = None
-
-
-DECODER = msgspec.msgpack.Decoder(KVEventBatch)
 
 
 @pytest.fixture(scope="module")

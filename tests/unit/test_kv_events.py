@@ -16,50 +16,13 @@ from typing import Any
 import msgspec
 import pytest
 import zmq
+from vllm_kv_events import DECODER, END_SEQ, BlockRemoved, BlockStored, KVEventBatch
 
 from radixrt.cache.allocator import PageAllocator
 from radixrt.cache.radix_cache import RadixCache, TreeNode
 from radixrt.kv_events import KVEventSink, parse_kv_events_config
 from radixrt.kv_events_publisher import ZmqEventPublisher
 
-# ---- the subscriber's side: vLLM's definitions, re-declared as a consumer would ---------------
-
-
-class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    ts: float
-    events: list[Any]
-    data_parallel_rank: int | None = None
-
-
-class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
-    pass
-
-
-class BlockStored(KVCacheEvent):
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-
-
-class BlockRemoved(KVCacheEvent):
-    block_hashes: list[int]
-    medium: str | None
-
-
-class AllBlocksCleared(KVCacheEvent):
-    pass
-
-
-class KVEventBatch(EventBatch):
-    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
-
-
-DECODER = msgspec.msgpack.Decoder(KVEventBatch)
-END_SEQ = -1
 _endpoints = itertools.count()
 
 

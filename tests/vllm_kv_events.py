@@ -1,0 +1,46 @@
+"""vLLM's KV event structs, re-declared from vLLM's published definitions as a third-party
+subscriber (SMG, llm-d, Dynamo) would: the tests decode radixrt's stream with these, never
+with radixrt's own structs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[Any]
+    data_parallel_rank: int | None = None
+
+
+class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+    pass
+
+
+class BlockStored(KVCacheEvent):
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+
+
+class BlockRemoved(KVCacheEvent):
+    block_hashes: list[int]
+    medium: str | None
+
+
+class AllBlocksCleared(KVCacheEvent):
+    pass
+
+
+class KVEventBatch(EventBatch):
+    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+
+
+DECODER = msgspec.msgpack.Decoder(KVEventBatch)
+END_SEQ = -1  # the replay socket's last frame: no more batches
