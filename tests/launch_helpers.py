@@ -60,6 +60,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def tiny_server_flags(model_dir: str, max_total_tokens: int = 2048) -> list[str]:
+    """The flags of a quick test server: a tiny random-weight model in fp32, a small pool."""
+    return [
+        "--model-path",
+        model_dir,
+        "--dtype",
+        "float32",
+        "--max-total-tokens",
+        str(max_total_tokens),
+    ]
+
+
 def launch(tmp_dir: Path, *args: str, api_key: str | None = None) -> LaunchedServer:
     """Start `radixrt launch` with `args` and wait for /health; fail with its log if not."""
     port = free_port()

@@ -14,7 +14,7 @@ import uuid
 
 import httpx
 import pytest
-from launch_helpers import assert_pool_conserved, server_stats
+from launch_helpers import assert_pool_conserved, server_stats, tiny_server_flags
 
 REQUESTS = 1000
 CONCURRENCY = 24
@@ -37,12 +37,7 @@ BAD_BODIES = [
 def churn_server(launch_server, tiny_model_dir):
     # A tiny random-weight model: steps take milliseconds, so 1,000 requests fit in CI time.
     return launch_server(
-        "--model-path",
-        tiny_model_dir("llama"),
-        "--dtype",
-        "float32",
-        "--max-total-tokens",
-        "640",
+        *tiny_server_flags(tiny_model_dir("llama"), 640),
         "--page-size",
         "4",
         "--max-running-requests",

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from launch_helpers import STARTUP_TIMEOUT_S, free_port
+from launch_helpers import STARTUP_TIMEOUT_S, free_port, tiny_server_flags
 
 FORBIDDEN = ("radixrt.scheduler", "radixrt.executor", "radixrt.models", "radixrt.cache")
 # Loaded only on the paths exercised below: their presence shows the log catches lazy imports.
@@ -59,12 +59,7 @@ def imports_log(tiny_model_dir, tmp_path_factory) -> str:
         "launch",
         "--port",
         str(port),
-        "--model-path",
-        tiny_model_dir("llama"),
-        "--dtype",
-        "float32",
-        "--max-total-tokens",
-        "2048",
+        *tiny_server_flags(tiny_model_dir("llama")),
         "--log-level",
         "warning",
     ]

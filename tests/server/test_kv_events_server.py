@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 import zmq
-from launch_helpers import LaunchedServer, free_port
+from launch_helpers import LaunchedServer, free_port, tiny_server_flags
 from vllm_kv_events import DECODER, AllBlocksCleared, BlockStored, KVEventBatch
 
 from radixrt.server_args import ServerArgs
@@ -35,12 +35,7 @@ def server(launch_server, tiny_model_dir, ports) -> LaunchedServer:
         "topic": "kv-events",
     }
     return launch_server(
-        "--model-path",
-        tiny_model_dir("llama"),
-        "--dtype",
-        "float32",
-        "--max-total-tokens",
-        "2048",
+        *tiny_server_flags(tiny_model_dir("llama")),
         "--page-size",
         str(PAGE),
         "--kv-events-config",

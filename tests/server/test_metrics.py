@@ -16,6 +16,7 @@ import httpx
 import pytest
 import yaml
 from fastapi import FastAPI
+from launch_helpers import tiny_server_flags
 from prometheus_client.parser import text_string_to_metric_families
 
 from radixrt.server.http_metrics import add_http_metrics
@@ -40,12 +41,7 @@ Samples = dict[tuple[str, frozenset], float]
 def server(launch_server, tiny_model_dir):
     # A pool of 256 tokens: a few prompts of ~100 tokens push older cache pages out.
     return launch_server(
-        "--model-path",
-        tiny_model_dir("llama"),
-        "--dtype",
-        "float32",
-        "--max-total-tokens",
-        "256",
+        *tiny_server_flags(tiny_model_dir("llama"), 256),
         "--enable-kv-checks",
         "--log-level",
         "warning",

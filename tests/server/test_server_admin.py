@@ -7,6 +7,7 @@ import time
 
 import httpx
 import pytest
+from launch_helpers import tiny_server_flags
 
 from radixrt.zmq_client import FrontendError, ZmqClient
 
@@ -19,12 +20,7 @@ def guarded(launch_server, tiny_model_dir):
     # A long context, so that LONG requests run for seconds.
     path = tiny_model_dir("llama", max_position_embeddings=32768)
     return launch_server(
-        "--model-path",
-        path,
-        "--dtype",
-        "float32",
-        "--max-total-tokens",
-        "8192",
+        *tiny_server_flags(path, 8192),
         "--max-running-requests",
         "1",
         "--max-queued-requests",

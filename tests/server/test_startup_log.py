@@ -8,6 +8,7 @@ import time
 
 import httpx
 import pytest
+from launch_helpers import tiny_server_flags
 
 API_KEY = "sk-startup-log-test"
 LINE = re.compile(
@@ -28,12 +29,7 @@ PHASES = [  # in the order they happen
 @pytest.fixture(scope="module")
 def server(launch_server, tiny_model_dir):
     server = launch_server(
-        "--model-path",
-        tiny_model_dir("llama"),
-        "--dtype",
-        "float32",
-        "--max-total-tokens",
-        "2048",
+        *tiny_server_flags(tiny_model_dir("llama")),
         "--log-requests",
         api_key=API_KEY,
     )
