@@ -51,6 +51,7 @@ from radixrt.server.metrics import ServerMetrics
 from radixrt.server.native_info import NATIVE_BODIES, add_native_info_routes
 from radixrt.server.openai_api import add_openai_routes
 from radixrt.server.openai_protocol import ChatCompletionRequest, CompletionRequest
+from radixrt.server.responses_protocol import ResponsesRequest
 from radixrt.server_args import ServerArgs
 
 # With --incremental-streaming-output, these meta_info lists carry only the chunk's entries.
@@ -217,7 +218,7 @@ def _declare_bodies(app: FastAPI) -> None:
     """/openapi.json describes every request body: the handlers read the raw body (their
     errors keep the OpenAI shape), so the schemas are added to the document's components."""
     components = pydantic_components(
-        ChatCompletionRequest, CompletionRequest, AbortReq, *NATIVE_BODIES
+        ChatCompletionRequest, CompletionRequest, ResponsesRequest, AbortReq, *NATIVE_BODIES
     )
     components.update(_generate_components())
     build = app.openapi

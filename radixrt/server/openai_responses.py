@@ -32,6 +32,7 @@ from radixrt.server.http_utils import (
     error_response,
     event_stream,
     exception_response,
+    json_body,
     json_response,
     read_json,
 )
@@ -60,7 +61,8 @@ def add_responses_routes(app: FastAPI, api: Any) -> None:
     """Register the Responses routes on `app`, served through `api` (openai_api's
     OpenAIServing: its model names and its chat path)."""
     serving = ResponsesServing(api)
-    app.add_api_route("/v1/responses", serving.create, methods=["POST"])
+    body = json_body("ResponsesRequest")
+    app.add_api_route("/v1/responses", serving.create, methods=["POST"], openapi_extra=body)
     app.add_api_route("/v1/responses/{response_id}", serving.retrieve, methods=["GET"])
     app.add_api_route("/v1/responses/{response_id}", serving.delete, methods=["DELETE"])
 
