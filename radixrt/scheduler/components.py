@@ -110,7 +110,8 @@ def build_components(
         backend,
         table,
         device,
-        disable_cuda_graph=args.disable_cuda_graph,
+        # The collectives of a sharded model have not been captured in a graph on a GPU yet.
+        disable_cuda_graph=args.disable_cuda_graph or args.tp_size > 1,
         cuda_graph_max_bs=args.cuda_graph_max_bs,
     )
     if runner.graph_runner is not None:
