@@ -30,6 +30,11 @@ class AbortReq(msgspec.Struct, tag="abort"):
     rid: str
 
 
+# The abort finish reason's message for a request an AbortReq ended (the metrics' "abort"
+# label keys on it; every other abort is a failure, "error").
+CLIENT_ABORT_MESSAGE = "aborted by the client"
+
+
 class FlushCacheReq(msgspec.Struct, tag="flush_cache"):
     pass
 

@@ -18,7 +18,7 @@ from typing import Protocol
 import torch
 
 from radixrt.cache.allocator import PageAllocator
-from radixrt.scheduler.step_metrics import KVBlockTimings
+from radixrt.cache.block_timings import KVBlockTimings
 
 
 class CacheNode(Protocol):

@@ -30,7 +30,7 @@ import torch
 
 from radixrt.cache.allocator import PageAllocator
 from radixrt.cache.base import CacheNode, MatchResult, PrefixCache, Published
-from radixrt.scheduler.step_metrics import KVBlockTimings
+from radixrt.cache.block_timings import KVBlockTimings
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
 

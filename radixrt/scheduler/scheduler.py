@@ -16,6 +16,7 @@ import torch
 
 from radixrt.cache.invariants import check_kv_accounting
 from radixrt.messages import (
+    CLIENT_ABORT_MESSAGE,
     AbortReq,
     BatchOutput,
     ControlReply,
@@ -345,12 +346,10 @@ class Scheduler:
         if not held:
             self.waiting.append(req)
 
-    def _admit_compiled(self, compiled: Compiled | None = None) -> None:
+    def _admit_compiled(self, compiled: Compiled) -> None:
         """Requests whose grammar has compiled join the waiting queue; those whose constraint
         did not compile in time, or admits no token, end here (the frontend refuses both;
         other frontends may not)."""
-        if compiled is None:
-            compiled = self.structured.take_compiled()
         self.waiting.extend(compiled.ready)
         for req, message in compiled.failed:
             self._send_abort(req.rid, len(req.origin_input_ids), message)
@@ -359,13 +358,13 @@ class Scheduler:
         if self.tp is not None:
             self.tp.cancel_held(rid)
         for held in self.structured.cancel(rid):
-            self._send_abort(rid, len(held.origin_input_ids), "aborted by the client")
+            self._send_abort(rid, len(held.origin_input_ids), CLIENT_ABORT_MESSAGE)
         for queue_ in (self.waiting, self.running):
             for req in [r for r in queue_ if r.rid == rid]:
                 if queue_ is self.running:
                     self.kv.release(req)
                 queue_.remove(req)
-                req.finish_reason = {"type": "abort", "message": "aborted by the client"}
+                req.finish_reason = {"type": "abort", "message": CLIENT_ABORT_MESSAGE}
                 self.transport.send(encode(BatchOutput([make_output(req)])))
 
     def _send_abort(self, rid: str, prompt_tokens: int, message: str) -> None:

@@ -21,7 +21,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from radixrt.messages import ReqOutput
+from radixrt.messages import CLIENT_ABORT_MESSAGE, ReqOutput
 from radixrt.request_state import ReqState
 from radixrt.server.metrics_scheduler import SchedulerCollector
 
@@ -53,7 +53,6 @@ _LATENCY_BUCKETS = (
 # the scheduler, a grammar that did not compile, an internal error), "abort" one the client
 # (or /abort_request) ended.
 FINISHED_REASONS = ("stop", "length", "abort", "error")
-_CLIENT_ABORT = "aborted by the client"  # the scheduler's message for an AbortReq
 
 
 def finished_reason(reason: dict[str, Any] | None) -> str:
@@ -61,7 +60,7 @@ def finished_reason(reason: dict[str, Any] | None) -> str:
     kind = (reason or {}).get("type")
     if kind in ("stop", "length"):
         return kind
-    if kind == "abort" and (reason or {}).get("message") == _CLIENT_ABORT:
+    if kind == "abort" and (reason or {}).get("message") == CLIENT_ABORT_MESSAGE:
         return "abort"
     return "error"
 

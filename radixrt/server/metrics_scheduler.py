@@ -1,6 +1,6 @@
 """The metrics only the scheduler knows, fetched over one control round trip when Prometheus
 scrapes: gauges of the batch and the KV pool, its counters, and its histograms (bucket counts
-kept in the scheduler process by radixrt/scheduler/step_metrics.py)."""
+kept in the scheduler process in radixrt/histogram.py buckets)."""
 
 from __future__ import annotations
 

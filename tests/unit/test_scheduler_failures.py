@@ -45,7 +45,7 @@ def run(scheduler, front, *msgs: GenerateReq) -> dict[str, dict]:
     deadline = time.monotonic() + 60
     while scheduler.running or scheduler.waiting or scheduler.structured.compiling:
         assert time.monotonic() < deadline, "the scheduler did not finish"
-        scheduler._admit_compiled()
+        scheduler._take_turn(0)  # what arrived (nothing here) and the compiled grammars
         if scheduler.running or scheduler.waiting:
             scheduler.step()
     outs: dict[str, dict] = {}

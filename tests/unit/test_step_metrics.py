@@ -9,8 +9,10 @@ import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
 from radixrt.cache.allocator import PageAllocator
+from radixrt.cache.block_timings import KVBlockTimings
 from radixrt.cache.radix_cache import RadixCache
-from radixrt.scheduler.step_metrics import FixedHistogram, KVBlockTimings, StepMetrics
+from radixrt.histogram import FixedHistogram
+from radixrt.scheduler.step_metrics import StepMetrics
 from radixrt.server.metrics import ServerMetrics, finished_reason
 
 
