@@ -35,6 +35,7 @@ def _f(
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "lof", "random")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZATIONS = ("auto", "none", "int8", "int4")
 
 
 @dataclass
@@ -50,6 +51,13 @@ class ServerArgs:
         "auto",
         "weights and activations dtype; auto: bfloat16 on an AVX-512 CPU or CUDA, else float32",
         DTYPES,
+    )
+    quantization: str = _f(
+        "auto",
+        "weight format of the linear layers; auto: the checkpoint's own packed format where a "
+        "CPU kernel runs it (GGUF Q4_*: int4, Q8_0: int8), else the dtype; none: dequantize; "
+        "int8/int4: weight-only, groupwise (see the README)",
+        QUANTIZATIONS,
     )
     device: str | None = _f(None, "cpu or cuda; default: cuda if available, else cpu")
     context_length: int | None = _f(None, "max tokens per sequence; default: the model's")
@@ -87,6 +95,10 @@ class ServerArgs:
         group="Execution",
     )
     num_threads: int | None = _f(None, "torch CPU threads; default: torch's choice")
+    enable_torch_compile: bool = _f(
+        False, "compile the model forward with torch.compile (inductor) on the CPU"
+    )
+    torch_compile_max_bs: int = _f(32, "largest decode batch run through the compiled forward")
     disable_cuda_graph: bool = _f(False, "run CUDA decode steps without CUDA graphs")
     cuda_graph_max_bs: int = _f(64, "largest decode batch captured in a CUDA graph")
     tp_size: int = _f(
@@ -207,7 +219,7 @@ class ServerArgs:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
         if self.max_queued_requests is not None and self.max_queued_requests < 0:
             raise ValueError(f"max_queued_requests must be >= 0, got {self.max_queued_requests}")
-        for name in ("tp_size", "dp_size", "nnodes"):
+        for name in ("tp_size", "dp_size", "nnodes", "torch_compile_max_bs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.node_rank < self.nnodes:

@@ -31,6 +31,8 @@ class ModelRunner:
         device: str,
         disable_cuda_graph: bool = False,
         cuda_graph_max_bs: int = 64,
+        enable_torch_compile: bool = False,
+        torch_compile_max_bs: int = 32,
     ) -> None:
         self.model = model
         self.kv_pool = kv_pool

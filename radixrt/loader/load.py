@@ -28,6 +28,7 @@ def load_model(
     dtype: torch.dtype | str,
     device: str | torch.device,
     group: TPGroup | None = None,
+    quantization: str = "none",
 ) -> tuple[CausalLM, ModelConfig]:
     """Build the model for `model_path` and load its weights, in `dtype` on `device`.
 

@@ -86,7 +86,7 @@ def build_components(
         torch.set_num_threads(args.num_threads)
     model_path = args.model_path or default_model_path()
     # FileNotFoundError names a bad path. With a group: this rank's shard of the model.
-    model, cfg = load_model(model_path, dtype, device, group)
+    model, cfg = load_model(model_path, dtype, device, group, quantization=args.quantization)
     kv_heads = model.num_local_kv_heads
     context_length = args.context_length or cfg.context_length
     tokens = pool_size_tokens(args, cfg, dtype, device, kv_heads)
@@ -113,6 +113,8 @@ def build_components(
         # The collectives of a sharded model have not been captured in a graph on a GPU yet.
         disable_cuda_graph=args.disable_cuda_graph or args.tp_size > 1,
         cuda_graph_max_bs=args.cuda_graph_max_bs,
+        enable_torch_compile=args.enable_torch_compile,
+        torch_compile_max_bs=args.torch_compile_max_bs,
     )
     if runner.graph_runner is not None:
         logger.info("warm-up: CUDA graphs captured in %.1f s", time.monotonic() - start)
