@@ -1,0 +1,221 @@
+"""The per-engine halves of scripts/bench_cpu.py: each runs in that engine's own virtual
+environment, one process per engine, so this module imports only the standard library at its
+top; an engine's packages are imported inside its worker.
+
+    PYTHON scripts/bench_cpu_workers.py ENGINE SPEC.json RESULT.json
+    PYTHON scripts/bench_cpu_workers.py convert MODEL.gguf HF_DIR
+
+SPEC.json (written by bench_cpu.py): gguf, hf_dir, threads, max_len, engine_args, warmup
+(token ids) and workloads (name, prompts, new_tokens). RESULT.json: engine, version, dtype and,
+per workload, seconds, prompt_tokens, output_tokens and cached_tokens (None where the engine
+does not say). Model load and the warm-up request are not timed. A worker that cannot do what
+was asked raises; the driver reports its error instead of a figure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+# One workload, run to completion: (prompts, new tokens each) -> (tokens generated per prompt,
+# prompt tokens served from the engine's cache or None where it does not say).
+RunFn = Callable[[list[list[int]], int], tuple[list[int], int | None]]
+
+
+def time_workloads(spec: dict[str, Any], run: RunFn) -> dict[str, dict[str, Any]]:
+    run([spec["warmup"]], 4)
+    results = {}
+    for w in spec["workloads"]:
+        prompts, new = w["prompts"], w["new_tokens"]
+        start = time.perf_counter()
+        lengths, cached = run(prompts, new)
+        seconds = time.perf_counter() - start
+        short = [n for n in lengths if n != new]
+        if len(lengths) != len(prompts) or short:
+            raise RuntimeError(f"{w['name']}: asked {new} new tokens, got {short or lengths}")
+        results[w["name"]] = {
+            "seconds": seconds,
+            "prompt_tokens": sum(len(p) for p in prompts),
+            "output_tokens": sum(lengths),
+            "cached_tokens": cached,
+        }
+    return results
+
+
+# -- radixrt (the project's own venv) ----------------------------------------------------------
+def radixrt_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    import radixrt
+
+    engine = radixrt.Engine(
+        model_path=spec["gguf"],
+        device="cpu",
+        log_level="warning",
+        num_threads=spec["threads"],
+        **spec["engine_args"],
+    )
+
+    def run(prompts: list[list[int]], new: int) -> tuple[list[int], int | None]:
+        params = {"temperature": 0, "max_new_tokens": new, "ignore_eos": True}
+        outs = engine.generate(input_ids=prompts, sampling_params=params)
+        metas = [o["meta_info"] for o in outs]
+        return [m["completion_tokens"] for m in metas], sum(m["cached_tokens"] for m in metas)
+
+    try:
+        timed = time_workloads(spec, run)
+        dtype = engine.get_server_info()["dtype"]
+        quant = engine.server_args.quantization
+    finally:
+        engine.shutdown()
+    return {"version": radixrt.__version__, "dtype": f"{dtype}, {quant}", "workloads": timed}
+
+
+# -- vLLM (its CPU build) -----------------------------------------------------------------------
+def vllm_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    import vllm
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    dtype = spec["engine_args"].get("dtype", "bfloat16")
+    llm = LLM(
+        model=spec["hf_dir"],
+        skip_tokenizer_init=True,
+        enable_prefix_caching=True,
+        max_model_len=spec["max_len"],
+        dtype=dtype,
+        seed=0,
+    )
+
+    def run(prompts: list[list[int]], new: int) -> tuple[list[int], int | None]:
+        params = SamplingParams(
+            max_tokens=new, min_tokens=new, ignore_eos=True, temperature=0, detokenize=False
+        )
+        inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+        outs = llm.generate(inputs, params, use_tqdm=False)
+        cached = sum(o.num_cached_tokens or 0 for o in outs)
+        return [len(o.outputs[0].token_ids) for o in outs], cached
+
+    return {"version": vllm.__version__, "dtype": dtype, "workloads": time_workloads(spec, run)}
+
+
+# -- llama.cpp (llama-cpp-python) ---------------------------------------------------------------
+def llamacpp_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    import llama_cpp
+
+    threads = spec["threads"]
+    llm = llama_cpp.Llama(
+        model_path=spec["gguf"],
+        n_ctx=spec["max_len"],
+        n_batch=512,
+        n_threads=threads,
+        n_threads_batch=threads,
+        seed=0,
+        verbose=False,
+    )
+
+    def one(prompt: list[int], new: int) -> tuple[int, int]:
+        # generate() keeps the KV of the longest common prefix with the previous sequence
+        # (its reset=True path), so a shared prefix is evaluated once: count what it kept.
+        kept = common_prefix(llm.input_ids[: llm.n_tokens].tolist(), prompt)
+        made = 0
+        for _ in llm.generate(prompt, temp=0.0, top_k=1, repeat_penalty=1.0):
+            made += 1
+            if made == new:
+                break
+        return made, kept
+
+    def run(prompts: list[list[int]], new: int) -> tuple[list[int], int | None]:
+        done = [one(p, new) for p in prompts]  # its Python API runs one sequence at a time
+        return [made for made, _ in done], sum(kept for _, kept in done)
+
+    timed = time_workloads(spec, run)
+    return {"version": llama_cpp.__version__, "dtype": "GGUF Q4_1", "workloads": timed}
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+# -- transformers -------------------------------------------------------------------------------
+def transformers_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    torch.set_num_threads(spec["threads"])
+    model = transformers.AutoModelForCausalLM.from_pretrained(spec["hf_dir"], dtype=torch.float32)
+    model.eval()
+
+    def run(prompts: list[list[int]], new: int) -> tuple[list[int], int | None]:
+        # Prompts within a workload have one length: one batch, no padding.
+        ids = torch.tensor(prompts, dtype=torch.long)
+        with torch.inference_mode():
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=False,
+                pad_token_id=model.config.eos_token_id,
+            )
+        return [out.shape[1] - ids.shape[1]] * len(prompts), None
+
+    version = f"{transformers.__version__} (torch {torch.__version__})"
+    return {"version": version, "dtype": "float32", "workloads": time_workloads(spec, run)}
+
+
+# -- the HF folder vLLM and transformers load -------------------------------------------------
+def convert(gguf_path: str, out_dir: str) -> None:
+    """Dequantize the GGUF into a float32 safetensors folder (config, no tokenizer: every engine
+    takes token ids). transformers marks a GGUF-loaded model unsaveable, so the weights and
+    config are written by hand, without the GGUF quantization entry."""
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path), dtype=torch.float32
+    )
+    tied = model.config.tie_word_embeddings
+    weights = {
+        k: v.contiguous()
+        for k, v in model.state_dict().items()
+        if not (tied and k == "lm_head.weight")
+    }
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    config["architectures"] = [type(model).__name__]
+    config["torch_dtype"] = "float32"
+    os.makedirs(out_dir, exist_ok=True)
+    save_file(weights, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    # Last: the driver takes a folder with a config.json as a finished conversion.
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=2, default=str)
+
+
+WORKERS = {
+    "radixrt": radixrt_worker,
+    "vllm": vllm_worker,
+    "llamacpp": llamacpp_worker,
+    "transformers": transformers_worker,
+}
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) == 3 and argv[0] == "convert":
+        convert(argv[1], argv[2])
+        return
+    if len(argv) != 3 or argv[0] not in WORKERS:
+        sys.exit(f"usage: {sys.argv[0]} {{{','.join(WORKERS)}}} SPEC.json RESULT.json")
+    with open(argv[1]) as f:
+        spec = json.load(f)
+    result = WORKERS[argv[0]](spec)
+    with open(argv[2], "w") as f:
+        json.dump({"engine": argv[0], **result}, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
