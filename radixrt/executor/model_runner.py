@@ -3,6 +3,7 @@ request-to-token table, forwards, returns the logits of the rows the step needs.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import torch
@@ -10,17 +11,22 @@ import torch
 from radixrt.attention.base import AttentionBackend
 from radixrt.cache.kv_pool import KVPool
 from radixrt.cache.req_to_token import ReqToTokenTable
+from radixrt.executor.compiled_forward import CompiledDecoderForward, can_compile
 from radixrt.executor.cuda_graph import CudaGraphRunner
 from radixrt.executor.forward_batch import ForwardBatch, StepInput
 
 if TYPE_CHECKING:
     from radixrt.models.base import CausalLM
 
+logger = logging.getLogger(__name__)
+
 
 class ModelRunner:
     """Decode steps run from CUDA graphs when the model is on CUDA, the backend supports them,
     and `disable_cuda_graph` is off (graphs for batches of up to `cuda_graph_max_bs`, captured
-    here); everything else runs eagerly."""
+    here). On the CPU, `enable_torch_compile` runs steps of up to `torch_compile_max_bs` new
+    tokens (decode batches of that size, short chunks) through torch.compile'd graphs
+    (compiled_forward.py, built here); everything else runs eagerly."""
 
     def __init__(
         self,
@@ -48,6 +54,10 @@ class ModelRunner:
             self.graph_runner = CudaGraphRunner(
                 model, kv_pool, attn_backend, table, cuda_graph_max_bs, self.device
             )
+        self.compiled: CompiledDecoderForward | None = None
+        self.torch_compile_max_bs = torch_compile_max_bs
+        if enable_torch_compile:
+            self.compiled = _compiled_forward(model, self.device, torch_compile_max_bs)
 
     def build_batch(self, step: StepInput) -> ForwardBatch:
         """The step's ForwardBatch: lengths and tokens come from the host (a few small copies),
@@ -89,9 +99,33 @@ class ModelRunner:
         else:
             fb = self.build_batch(step)
             self.attn_backend.init_forward_metadata(fb)
-            hidden = self.model(fb.input_ids, fb.positions, fb)
+            hidden = self._forward_model(fb)
         rows = torch.tensor(step.logit_rows, dtype=torch.int64, device=hidden.device)
         return self.model.compute_logits(hidden.index_select(0, rows))
+
+    def _forward_model(self, fb: ForwardBatch) -> torch.Tensor:
+        compiled = self.compiled
+        if compiled is not None and len(fb.input_ids) <= self.torch_compile_max_bs:
+            return compiled(fb.input_ids, fb.positions, fb)
+        hidden: torch.Tensor = self.model(fb.input_ids, fb.positions, fb)
+        return hidden
+
+
+def _compiled_forward(
+    model: CausalLM, device: torch.device, max_tokens: int
+) -> CompiledDecoderForward | None:
+    """The compiled forward, warmed up; None (with a warning) where it does not apply."""
+    if device.type != "cpu":
+        # CUDA keeps its CUDA graphs; compiling the kernels they capture is not done here.
+        logger.warning("--enable-torch-compile is ignored on %s: it compiles CPU steps", device)
+        return None
+    if not can_compile(model):
+        name = type(model).__name__
+        logger.warning("--enable-torch-compile is ignored: %s is not the shared decoder", name)
+        return None
+    compiled = CompiledDecoderForward(model)
+    compiled.warm_up(max_tokens)
+    return compiled
 
 
 def _indptr(lengths: list[int], device: torch.device) -> torch.Tensor:
