@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixrt.distributed import TPGroup
+from radixrt.layers.quantized import GGUFWeight
 from radixrt.layers.sharding import Narrow, vocab_split
 
 
@@ -54,6 +55,7 @@ class LMHead(nn.Module):
     """
 
     weight: nn.Parameter | None
+    packed: GGUFWeight | None  # set after loading (quantization): used instead of W
 
     def __init__(
         self, hidden_size: int, vocab_size: int, tied: bool, group: TPGroup | None = None
@@ -67,6 +69,7 @@ class LMHead(nn.Module):
             rows = vocab_split(vocab_size, self.group)[1]
             self.weight = nn.Parameter(torch.empty(rows, hidden_size))
         self.checkpoint_narrows = _vocab_narrows(vocab_size, self.group)
+        self.packed = None
 
     def forward(
         self, hidden: torch.Tensor, embedding: VocabParallelEmbedding | nn.Embedding
@@ -74,7 +77,7 @@ class LMHead(nn.Module):
         """[N, hidden] -> [N, vocab] float32."""
         weight = embedding.weight if self.weight is None else self.weight
         # The matmul in the model dtype like the reference, then float32 for sampling.
-        logits = F.linear(hidden, weight)
+        logits = F.linear(hidden, weight) if self.packed is None else self.packed(hidden)
         if self.group.size > 1:
             logits = self.group.all_gather(logits, dim=-1)[:, : self.vocab_size]
         return logits.float()

@@ -10,10 +10,38 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixrt.distributed import TPGroup
+from radixrt.layers.quantized import GGUFWeight
 from radixrt.layers.sharding import Narrow, even_split
 
 
-class MergedLinear(nn.Linear):
+class PackableLinear(nn.Linear):
+    """nn.Linear whose weight may be swapped for GGUF blocks after loading (`pack`)."""
+
+    packed: GGUFWeight | None
+
+    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
+        super().__init__(in_features, out_features, bias)
+        self.packed = None  # an instance attribute: nn.Module keeps submodules in _modules
+
+    def pack(self, weight: GGUFWeight) -> None:
+        """Use `weight` from now on and drop the dense parameter."""
+        if (weight.out_features, weight.in_features) != (self.out_features, self.in_features):
+            raise ValueError(f"packed weight {weight} does not fit {self}")
+        self.packed = weight
+        del self.weight
+        self.register_parameter("weight", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x, self.bias)
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.packed is None:
+            return F.linear(x, self.weight, bias)
+        y = self.packed(x)
+        return y if bias is None else y + bias
+
+
+class MergedLinear(PackableLinear):
     """y = x @ W.T (+ b) with W = cat(W_a, W_b, ...) along the output rows.
 
     One matmul instead of several (q/k/v, gate/up). `shard_names` are the checkpoint's names of
@@ -63,7 +91,7 @@ class MergedLinear(nn.Linear):
         return param.narrow(0, start, self.shard_sizes[index])
 
 
-class RowParallelLinear(nn.Linear):
+class RowParallelLinear(PackableLinear):
     """y = x @ W.T (+ b), each rank holding the input columns of W its (sharded) input x
     carries: partial products summed by an all-reduce, the bias added once after it.
 
@@ -80,6 +108,6 @@ class RowParallelLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.group.size == 1:
-            return super().forward(x)
-        y = self.group.all_reduce(F.linear(x, self.weight))
+            return self.linear(x, self.bias)
+        y = self.group.all_reduce(self.linear(x, None))
         return y if self.bias is None else y + self.bias

@@ -15,6 +15,8 @@ import numpy as np
 import torch
 from transformers import PretrainedConfig
 
+from radixrt.layers.quantized import q4_0_to_q4_1
+
 # GGUF general.architecture -> (transformers model_type, HF architecture name).
 _ARCHS = {
     "llama": ("llama", "LlamaForCausalLM"),
@@ -167,6 +169,29 @@ class GGUFCheckpoint:
             elif self.gguf_arch == "llama" and ".k_proj." in name:
                 weight = unpermute_qk(weight, kv_heads)
             yield name, weight
+
+    def packed_blocks(self, hf_config: PretrainedConfig) -> dict[str, tuple[str, torch.Tensor]]:
+        """HF name -> (format, uint8 [out, bytes]) for each tensor stored as Q4_0, Q4_1 (both
+        as int4 = Q4_1) or Q8_0 (int8): the file's own bytes, rows in HF order (llama q/k
+        unpermuted). Other tensors are left out."""
+        from gguf import GGMLQuantizationType as T
+
+        heads = hf_config.num_attention_heads
+        kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+        out = {}
+        for tensor in self._reader.tensors:
+            if tensor.tensor_type not in (T.Q4_0, T.Q4_1, T.Q8_0):
+                continue
+            name = hf_tensor_name(tensor.name)
+            blocks = torch.from_numpy(np.array(tensor.data, dtype=np.uint8))  # a copy
+            if tensor.tensor_type == T.Q4_0:
+                blocks = q4_0_to_q4_1(blocks)
+            if self.gguf_arch == "llama" and ".q_proj." in name:
+                blocks = unpermute_qk(blocks, heads)
+            elif self.gguf_arch == "llama" and ".k_proj." in name:
+                blocks = unpermute_qk(blocks, kv_heads)
+            out[name] = ("int8" if tensor.tensor_type == T.Q8_0 else "int4", blocks.contiguous())
+        return out
 
 
 def hf_tensor_name(gguf_name: str) -> str:

@@ -13,6 +13,7 @@ from transformers import AutoConfig, PretrainedConfig
 from radixrt.distributed import TPGroup
 from radixrt.layers.sharding import CheckpointTensor
 from radixrt.loader.model_config import ModelConfig, architecture_of, resolve_dtype
+from radixrt.loader.quantize import apply_quantization
 from radixrt.loader.weights import iter_safetensors, safetensors_files
 from radixrt.log_setup import format_bytes
 from radixrt.models.base import CausalLM
@@ -58,6 +59,7 @@ def load_model(
     model = model.to(dtype=resolved).to_empty(device=device)
     model.load_weights(weights)
     model.eval().requires_grad_(False)
+    apply_quantization(model, quantization, path, hf_config, torch.device(device), group.size)
     logger.info(
         "loaded weights: %s in %.1f s",
         format_bytes(_weight_bytes(model)),
@@ -84,4 +86,5 @@ def _open_checkpoint(path: Path, lazy: bool) -> tuple[PretrainedConfig, Weights,
 
 
 def _weight_bytes(model: torch.nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)

@@ -1,0 +1,197 @@
+// y = x @ W.T for W stored as llama.cpp's GGUF blocks of 32 weights, read as they are stored:
+//   Q4_1: [fp16 d][fp16 m][16 bytes: element j in the low nibble of byte j, j + 16 in the high
+//          one], w = d * q + m, q in 0..15
+//   Q8_0: [fp16 d][32 x int8 q], w = d * q
+// Each block's dot product is d * sum(q * x) (+ m * sum(x) for Q4_1), so the weights are never
+// written out as floats: a decode step reads 20 or 34 bytes per 32 weights, not 128.
+// Wide inputs (prefill chunks) are compute-bound instead: there the weights are expanded to
+// float32 once per call and handed to the BLAS matmul.
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define RADIXRT_AVX2 1
+#endif
+
+namespace {
+
+constexpr int64_t kBlock = 32;
+constexpr int64_t kQ4_1 = 0;  // the `kind` argument
+constexpr int64_t kQ8_0 = 1;
+
+int64_t block_bytes(int64_t kind) { return kind == kQ4_1 ? 20 : 34; }
+
+float half_to_float(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+#ifdef RADIXRT_AVX2
+  return _cvtsh_ss(h);
+#else
+  return c10::detail::fp16_ieee_to_fp32_value(h);
+#endif
+}
+
+// The 32 weights of one block as floats (the reference; also the wide-input path).
+void dequantize_block(const uint8_t* blk, int64_t kind, float* out) {
+  const float d = half_to_float(blk);
+  if (kind == kQ4_1) {
+    const float m = half_to_float(blk + 2);
+    const uint8_t* qs = blk + 4;
+    for (int j = 0; j < 16; ++j) {
+      out[j] = d * static_cast<float>(qs[j] & 0xF) + m;
+      out[j + 16] = d * static_cast<float>(qs[j] >> 4) + m;
+    }
+  } else {
+    const int8_t* qs = reinterpret_cast<const int8_t*>(blk + 2);
+    for (int j = 0; j < 32; ++j) out[j] = d * static_cast<float>(qs[j]);
+  }
+}
+
+#ifdef RADIXRT_AVX2
+float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// The 32 quantized values of a block (without d, m) as four vectors of 8 floats.
+void load_q(const uint8_t* blk, int64_t kind, __m256 q[4]) {
+  if (kind == kQ4_1) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 4));
+    const __m128i mask = _mm_set1_epi8(0xF);
+    const __m128i lo = _mm_and_si128(bytes, mask);
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+    q[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+    q[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+    q[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+    q[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+  } else {
+    const uint8_t* qs = blk + 2;
+    for (int i = 0; i < 4; ++i) {
+      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + 8 * i));
+      q[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+    }
+  }
+}
+#endif
+
+// Rows [n0, n1) of y for the M (few) rows of x; xsum[r * nb + b]: sum of x's block b in row r.
+template <int M>
+void narrow_rows(const float* x, const float* xsum, const uint8_t* w, int64_t kind, int64_t K,
+                 int64_t N, int64_t n0, int64_t n1, float* y) {
+  const int64_t nb = K / kBlock, bb = block_bytes(kind);
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w + n * nb * bb;
+    float mins[M] = {};
+#ifdef RADIXRT_AVX2
+    __m256 acc[M];
+    for (int r = 0; r < M; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = row + b * bb;
+      __m256 q[4];
+      load_q(blk, kind, q);
+      const __m256 d = _mm256_set1_ps(half_to_float(blk));
+      for (int r = 0; r < M; ++r) {
+        const float* xb = x + r * K + b * kBlock;
+        __m256 t = _mm256_mul_ps(q[0], _mm256_loadu_ps(xb));
+        t = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xb + 8), t);
+        t = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(xb + 16), t);
+        t = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xb + 24), t);
+        acc[r] = _mm256_fmadd_ps(d, t, acc[r]);
+      }
+      if (kind == kQ4_1) {
+        const float m = half_to_float(blk + 2);
+        for (int r = 0; r < M; ++r) mins[r] += m * xsum[r * nb + b];
+      }
+    }
+    for (int r = 0; r < M; ++r) y[r * N + n] = hsum(acc[r]) + mins[r];
+#else
+    float acc[M] = {};
+    float wb[kBlock];
+    for (int64_t b = 0; b < nb; ++b) {
+      dequantize_block(row + b * bb, kind, wb);
+      for (int r = 0; r < M; ++r)
+        for (int j = 0; j < kBlock; ++j) acc[r] += wb[j] * x[r * K + b * kBlock + j];
+    }
+    for (int r = 0; r < M; ++r) y[r * N + n] = acc[r] + mins[r];
+#endif
+  }
+}
+
+using RowsFn = void (*)(const float*, const float*, const uint8_t*, int64_t, int64_t, int64_t,
+                        int64_t, int64_t, float*);
+
+RowsFn rows_fn(int64_t m) {
+  switch (m) {
+    case 1: return narrow_rows<1>;
+    case 2: return narrow_rows<2>;
+    case 3: return narrow_rows<3>;
+    default: return narrow_rows<4>;
+  }
+}
+
+void check_args(const at::Tensor& blocks, int64_t kind, int64_t K) {
+  TORCH_CHECK(kind == kQ4_1 || kind == kQ8_0, "gguf_linear: kind must be 0 (Q4_1) or 1 (Q8_0)");
+  TORCH_CHECK(K % kBlock == 0, "gguf_linear: in_features must be a multiple of 32, got ", K);
+  TORCH_CHECK(blocks.dtype() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous(),
+              "gguf_linear: blocks must be a contiguous uint8 [N, K / 32 * block bytes]");
+  TORCH_CHECK(blocks.size(1) == K / kBlock * block_bytes(kind), "gguf_linear: blocks have ",
+              blocks.size(1), " bytes per row, expected ", K / kBlock * block_bytes(kind));
+}
+
+at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t kind, int64_t K) {
+  check_args(blocks, kind, K);
+  const int64_t N = blocks.size(0), nb = K / kBlock, bb = block_bytes(kind);
+  at::Tensor out = at::empty({N, K}, blocks.options().dtype(at::kFloat));
+  const uint8_t* w = blocks.data_ptr<uint8_t>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, N * nb, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) dequantize_block(w + i * bb, kind, o + i * kBlock);
+  });
+  return out;
+}
+
+// x [M, K] float32 (contiguous) -> [M, N] float32.
+at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t kind,
+                       int64_t dense_from_rows) {
+  TORCH_CHECK(x.dtype() == at::kFloat && x.dim() == 2, "gguf_linear: x must be float32 [M, K]");
+  const int64_t M = x.size(0), K = x.size(1), N = blocks.size(0);
+  check_args(blocks, kind, K);
+  if (M >= dense_from_rows) return at::matmul(x, gguf_dequantize(blocks, kind, K).t());
+  at::Tensor xc = x.contiguous();
+  at::Tensor y = at::empty({M, N}, x.options());
+  const int64_t nb = K / kBlock;
+  at::Tensor xsum = xc.view({M, nb, kBlock}).sum(-1).contiguous();
+  const uint8_t* w = blocks.data_ptr<uint8_t>();
+  // Four input rows at a time share each block's unpacked weights.
+  for (int64_t r0 = 0; r0 < M; r0 += 4) {
+    const int64_t m = std::min<int64_t>(4, M - r0);
+    const float* xr = xc.data_ptr<float>() + r0 * K;
+    const float* sr = xsum.data_ptr<float>() + r0 * nb;
+    float* yr = y.data_ptr<float>() + r0 * N;
+    RowsFn fn = rows_fn(m);
+    at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+      fn(xr, sr, w, kind, K, N, n0, n1, yr);
+    });
+  }
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(radixrt, m) {
+  m.def("gguf_linear(Tensor x, Tensor blocks, int kind, int dense_from_rows) -> Tensor");
+  m.def("gguf_dequantize(Tensor blocks, int kind, int in_features) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(radixrt, CPU, m) {
+  m.impl("gguf_linear", gguf_linear);
+  m.impl("gguf_dequantize", gguf_dequantize);
+}

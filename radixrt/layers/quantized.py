@@ -1,0 +1,148 @@
+"""Weights kept in llama.cpp's GGUF block formats, and the matmul that reads them as stored.
+
+Two formats, blocks of 32 consecutive weights of a row (along the input features):
+- int4 = Q4_1: an fp16 scale d and minimum m, then 16 bytes of 4-bit codes q (element j in the
+  low nibble of byte j, element j + 16 in the high one); w = d * q + m.
+- int8 = Q8_0: an fp16 scale d, then 32 int8 codes; w = d * q.
+A GGUF file's Q4_1 and Q8_0 tensors are these bytes exactly (Q4_0 converts to Q4_1 without
+loss); `quantize` makes them from float weights for any other checkpoint.
+
+The matmul is radixrt/csrc/gguf_linear.cpp when the native build is available (it computes each
+block's d * sum(q * x) without writing the weights out), else plain torch: dequantize, then
+F.linear (correct, and as slow as the dense layer it replaces).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+BLOCK = 32
+# Format name -> (the kernel's `kind` argument, bytes per block of 32 weights).
+FORMATS = {"int4": (0, 20), "int8": (1, 34)}
+# Inputs of at least this many rows (prefill chunks) expand the weights to float32 once per
+# call and use the BLAS matmul: there the step is compute-bound (scripts/bench_gguf_linear.py).
+DENSE_FROM_ROWS = 32
+
+
+class GGUFWeight(nn.Module):
+    """An [out_features, in_features] weight as GGUF blocks (`blocks`: uint8 [out, bytes])."""
+
+    def __init__(self, blocks: torch.Tensor, fmt: str, in_features: int) -> None:
+        super().__init__()
+        kind, block_bytes = FORMATS[fmt]
+        if in_features % BLOCK or blocks.shape[1] != in_features // BLOCK * block_bytes:
+            raise ValueError(
+                f"{fmt} blocks of shape {tuple(blocks.shape)} do not hold {in_features} inputs"
+            )
+        self.fmt, self.kind = fmt, kind
+        self.in_features, self.out_features = in_features, blocks.shape[0]
+        self.register_buffer("blocks", blocks.contiguous(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., in] -> x @ W.T [..., out], in x's dtype (computed in float32)."""
+        flat = x.reshape(-1, self.in_features).float()
+        if native_ops_loaded() and flat.device.type == "cpu":
+            y = torch.ops.radixrt.gguf_linear(flat, self.blocks, self.kind, DENSE_FROM_ROWS)
+        else:
+            y = F.linear(flat, self.dequantize())
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def dequantize(self) -> torch.Tensor:
+        """The weight as float32 [out, in]: exactly d * q + m (Q4_1) or d * q (Q8_0)."""
+        return dequantize(self.blocks, self.fmt, self.in_features)
+
+    def extra_repr(self) -> str:
+        return f"{self.fmt}, in_features={self.in_features}, out_features={self.out_features}"
+
+
+@functools.cache
+def native_ops_loaded() -> bool:
+    """Whether radixrt's compiled CPU ops are registered (radixrt.native loads them)."""
+    from radixrt.native import load_native
+
+    if load_native() is None:
+        return False
+    _register_fakes()
+    return True
+
+
+def _register_fakes() -> None:
+    # Output shapes without running the kernels: what torch.compile traces the ops with.
+    @torch.library.register_fake("radixrt::gguf_linear")
+    def _(x: torch.Tensor, blocks: torch.Tensor, kind: int, dense_from_rows: int) -> torch.Tensor:
+        return x.new_empty(x.shape[0], blocks.shape[0])
+
+    @torch.library.register_fake("radixrt::gguf_dequantize")
+    def _(blocks: torch.Tensor, kind: int, in_features: int) -> torch.Tensor:
+        return blocks.new_empty(blocks.shape[0], in_features, dtype=torch.float32)
+
+
+def dequantize(blocks: torch.Tensor, fmt: str, in_features: int) -> torch.Tensor:
+    """Blocks [N, bytes] -> float32 [N, in_features], in torch (the kernels' reference)."""
+    n = blocks.shape[0]
+    b = blocks.reshape(n, in_features // BLOCK, FORMATS[fmt][1])
+    d = _halves(b[..., 0:2])
+    if fmt == "int4":
+        m = _halves(b[..., 2:4])
+        qs = b[..., 4:20]
+        q = torch.cat([qs & 0xF, qs >> 4], dim=-1).float()  # elements 0..15, then 16..31
+        w = d * q + m
+    else:
+        w = d * b[..., 2:34].contiguous().view(torch.int8).float()
+    return w.reshape(n, in_features)
+
+
+def quantize(weight: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Float weight [N, K] (K a multiple of 32) -> GGUF blocks uint8 [N, K / 32 * bytes].
+
+    int4 (Q4_1): per block, d = (max - min) / 15 and m = min, both rounded to fp16 first, then
+    q = round((w - m) / d) in 0..15. int8 (Q8_0): d = max|w| / 127 (fp16), q = round(w / d).
+    """
+    n, k = weight.shape
+    if k % BLOCK:
+        raise ValueError(f"quantization needs in_features divisible by {BLOCK}, got {k}")
+    w = weight.detach().float().reshape(n, k // BLOCK, BLOCK)
+    if fmt == "int4":
+        lo, hi = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
+        d, m = ((hi - lo) / 15).half(), lo.half()
+        inv = _safe_inverse(d.float())
+        q = ((w - m.float()) * inv).round().clamp(0, 15).to(torch.uint8)
+        packed = q[..., :16] | (q[..., 16:] << 4)
+        out = torch.cat([_half_bytes(d), _half_bytes(m), packed], dim=-1)
+    elif fmt == "int8":
+        d = (w.abs().amax(-1, keepdim=True) / 127).half()
+        q = (w * _safe_inverse(d.float())).round().clamp(-127, 127).to(torch.int8)
+        out = torch.cat([_half_bytes(d), q.view(torch.uint8)], dim=-1)
+    else:
+        raise ValueError(f"quantization format must be one of {sorted(FORMATS)}, got {fmt!r}")
+    return out.reshape(n, -1).contiguous()
+
+
+def q4_0_to_q4_1(blocks: torch.Tensor) -> torch.Tensor:
+    """GGUF Q4_0 blocks (fp16 d, 16 code bytes; w = d * (q - 8)) as Q4_1 (m = -8 d: exact in
+    fp16, a power-of-two multiple)."""
+    n = blocks.shape[0]
+    b = blocks.reshape(n, -1, 18)
+    d = _halves(b[..., 0:2])
+    m = (-8 * d.half()).half()
+    out = torch.cat([b[..., 0:2], _half_bytes(m), b[..., 2:18]], dim=-1)
+    return out.reshape(n, -1).contiguous()
+
+
+def _halves(two_bytes: torch.Tensor) -> torch.Tensor:
+    """[..., 2] uint8 little-endian fp16 -> [..., 1] float32."""
+    return two_bytes.contiguous().view(torch.float16).float()
+
+
+def _half_bytes(values: torch.Tensor) -> torch.Tensor:
+    """[..., 1] float16 -> [..., 2] uint8."""
+    return values.contiguous().view(torch.uint8)
+
+
+def _safe_inverse(d: torch.Tensor) -> torch.Tensor:
+    # A block of equal weights has d = 0: its codes are 0 and its value is m (or 0).
+    return torch.where(d == 0, torch.zeros_like(d), 1.0 / d)

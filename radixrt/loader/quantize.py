@@ -1,0 +1,122 @@
+"""--quantization: after loading, swap the dense weights of the linear layers and the LM head
+for GGUF blocks (radixrt/layers/quantized.py) that the CPU matmul reads as stored.
+
+- auto: a GGUF file's own Q4_0/Q4_1 (int4) and Q8_0 (int8) tensors, on the CPU at one rank;
+  anything else (F16/F32 or K-quant tensors, safetensors checkpoints, CUDA) stays dense.
+- none: dense everywhere (every weight dequantized to the dtype: the reference).
+- int4 / int8: every linear layer and the LM head, from the file's blocks where they are
+  already in that format, else quantized here from the loaded float weights.
+The token embedding stays dense: a lookup reads one row per token.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+from radixrt.layers.embedding import LMHead, VocabParallelEmbedding
+from radixrt.layers.linear import MergedLinear, PackableLinear
+from radixrt.layers.quantized import BLOCK, GGUFWeight, quantize
+
+METHODS = ("auto", "none", "int8", "int4")
+logger = logging.getLogger("radixrt.loader")
+
+Blocks = dict[str, tuple[str, torch.Tensor]]  # checkpoint name -> (format, uint8 blocks)
+
+
+def apply_quantization(
+    model: nn.Module,
+    method: str,
+    path: Path,
+    hf_config: PretrainedConfig,
+    device: torch.device,
+    tp_size: int,
+) -> dict[str, int]:
+    """Pack `model`'s linear layers as `method` says; returns {format: layers packed}.
+
+    ValueError naming --quantization for an unknown method, or int4/int8 off the CPU.
+    """
+    if method not in METHODS:
+        raise ValueError(f"quantization must be one of {list(METHODS)}, got {method!r}")
+    if method == "none" or (method == "auto" and (device.type != "cpu" or tp_size > 1)):
+        return {}
+    if device.type != "cpu":
+        raise ValueError(f"--quantization {method} runs on the CPU only; use auto or none")
+    # A rank of a tensor-parallel group holds slices: it quantizes those instead.
+    file_blocks = _file_blocks(path, hf_config) if tp_size == 1 else {}
+    counts: dict[str, int] = {}
+    for module, names, dense in _packable(model):
+        packed = _packed_weight(dense, names, file_blocks, method)
+        if packed is None:
+            continue
+        _pack(module, packed)
+        counts[packed.fmt] = counts.get(packed.fmt, 0) + 1
+    if counts:
+        logger.info("quantization %s: %s", method, _describe(counts))
+    return counts
+
+
+def _file_blocks(path: Path, hf_config: PretrainedConfig) -> Blocks:
+    if not path.is_file():
+        return {}
+    from radixrt.loader.gguf_loader import GGUFCheckpoint
+
+    return GGUFCheckpoint(path).packed_blocks(hf_config)
+
+
+def _packable(model: nn.Module) -> Iterator[tuple[nn.Module, list[str], torch.Tensor]]:
+    """(module, the checkpoint names of its weight in row order, its dense weight) for each
+    linear layer and the LM head (named by, and reading, the embedding's matrix when tied)."""
+    embedding_name, embedding = next(
+        (name, m) for name, m in model.named_modules() if isinstance(m, VocabParallelEmbedding)
+    )
+    for prefix, module in model.named_modules():
+        if isinstance(module, MergedLinear):
+            parent = prefix.rpartition(".")[0]
+            names = [f"{parent}.{shard}.weight" for shard in module.shard_names]
+            yield module, names, module.weight
+        elif isinstance(module, PackableLinear):
+            yield module, [f"{prefix}.weight"], module.weight
+        elif isinstance(module, LMHead) and module.weight is None:
+            yield module, [f"{embedding_name}.weight"], embedding.weight
+        elif isinstance(module, LMHead):
+            yield module, [f"{prefix}.weight"], module.weight
+
+
+def _packed_weight(
+    dense: torch.Tensor, names: list[str], file_blocks: Blocks, method: str
+) -> GGUFWeight | None:
+    in_features = dense.shape[1]
+    if in_features % BLOCK:
+        logger.info(
+            "not quantized (in_features %d, not a multiple of %d): %s", in_features, BLOCK, names
+        )
+        return None
+    formats = {file_blocks[n][0] for n in names if n in file_blocks}
+    all_in_file = all(n in file_blocks for n in names) and len(formats) == 1
+    if all_in_file and (method == "auto" or formats == {method}):
+        blocks = torch.cat([file_blocks[n][1] for n in names])
+        return GGUFWeight(blocks, formats.pop(), in_features)
+    if method == "auto":
+        return None
+    return GGUFWeight(quantize(dense, method), method, in_features)
+
+
+def _pack(module: nn.Module, packed: GGUFWeight) -> None:
+    if isinstance(module, PackableLinear):
+        module.pack(packed)
+    else:
+        assert isinstance(module, LMHead)
+        module.packed = packed
+        if module.weight is not None:
+            del module.weight
+            module.register_parameter("weight", None)
+
+
+def _describe(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} layers as {fmt}" for fmt, n in sorted(counts.items()))

@@ -1,0 +1,100 @@
+"""The default model's linear layers at one step, per kernel and batch rows: which matmul to use
+for GGUF-block weights on this CPU (the README's kernel table; radixrt/layers/quantized.py).
+
+    python scripts/bench_gguf_linear.py [--rows 1,4,16,32,64,256] [--threads 2]
+
+Every kernel runs the same 30 layers x 4 projections of SmolLM2-135M's shapes plus the LM head
+(random weights, so no layer stays in cache between repeats, as in a real step) and reports
+milliseconds per step:
+- dense fp32: F.linear on float32 weights (today's `--quantization none` on this CPU);
+- gguf blocks: radixrt's native kernel on Q4_1 blocks (Q8_0 for the LM head), read as stored;
+- gguf expand + BLAS: the same blocks expanded to float32 per call, then the BLAS matmul
+  (what radixrt does from `DENSE_FROM_ROWS` rows on);
+- aten int4pack / int8pack: torch's `_weight_int4pack_mm_for_cpu` (group 32) and
+  `_weight_int8pack_mm` (per row), bfloat16 activations, as the issue proposed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from radixrt.layers.quantized import GGUFWeight, quantize
+from radixrt.native import load_native
+
+LAYER_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # qkv, o, gate_up, down
+LM_HEAD = (49152, 576)
+
+
+def weights(kind: str) -> list[tuple[int, Callable[[torch.Tensor], torch.Tensor]]]:
+    """(in_features, x -> y) for every matmul of one step."""
+    shapes = LAYER_SHAPES * 30 + [LM_HEAD]
+    out = []
+    for i, (n, k) in enumerate(shapes):
+        w = torch.randn(n, k) * 0.05
+        lm_head = i == len(shapes) - 1
+        out.append((k, _kernel(kind, w, lm_head)))
+    return out
+
+
+def _kernel(kind: str, w: torch.Tensor, lm_head: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+    n, k = w.shape
+    if kind == "dense fp32":
+        return lambda x: F.linear(x, w)
+    if kind.startswith("gguf"):
+        fmt = "int8" if lm_head else "int4"
+        packed = GGUFWeight(quantize(w, fmt), fmt, k)
+        dense_from = 1 << 30 if kind == "gguf blocks" else 0
+        return lambda x: torch.ops.radixrt.gguf_linear(x, packed.blocks, packed.kind, dense_from)
+    if kind == "aten int4pack":
+        codes = torch.randint(0, 16, (n, k), dtype=torch.int32)
+        packed4 = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+        scales = torch.randn(k // 32, n, 2).bfloat16()
+        return lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x.bfloat16(), packed4, 32, scales
+        ).float()
+    codes8 = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+    scale8 = torch.rand(n).bfloat16()
+    return lambda x: torch.ops.aten._weight_int8pack_mm(x.bfloat16(), codes8, scale8).float()
+
+
+def ms_per_step(kind: str, rows: int, repeats: int) -> float:
+    matmuls = weights(kind)
+    inputs = {k: torch.randn(rows, k) for k in {k for k, _ in matmuls}}
+
+    def step() -> None:
+        for k, f in matmuls:
+            f(inputs[k])
+
+    step()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        step()
+    return (time.perf_counter() - start) / repeats * 1000
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rows", default="1,4,16,32,64,256")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    if load_native() is None:
+        raise SystemExit("radixrt's native CPU ops did not build; see docs/cpu_kernels.md")
+    kinds = ["dense fp32", "gguf blocks", "gguf expand + BLAS", "aten int4pack", "aten int8pack"]
+    rows = [int(r) for r in args.rows.split(",")]
+    print(f"ms per step (30 layers + LM head), {args.threads} threads")
+    print("| rows | " + " | ".join(kinds) + " |")
+    print("|---|" + "---|" * len(kinds))
+    for m in rows:
+        times = [ms_per_step(kind, m, args.repeats) for kind in kinds]
+        print(f"| {m} | " + " | ".join(f"{t:.1f}" for t in times) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""GGUF-block weights (radixrt/layers/quantized.py): the byte layout against the gguf package's
+own (de)quantizers, the native matmul against the float reference, and --quantization's rules."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize as gguf_dequantize
+from gguf.quants import quantize as gguf_quantize
+
+from radixrt.layers import quantized
+from radixrt.layers.quantized import GGUFWeight, dequantize, q4_0_to_q4_1, quantize
+from radixrt.native import load_native
+
+GGUF_TYPE = {"int4": T.Q4_1, "int8": T.Q8_0}
+# The native kernel sums each row in float32 in its own order: relative to the float64
+# reference its error is a few float32 ulps of the largest output.
+KERNEL_RTOL = 2e-6
+
+needs_native = pytest.mark.skipif(
+    load_native() is None, reason="radixrt's native CPU ops did not build (no compiler?)"
+)
+
+
+def _weights(n: int, k: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * 0.05
+    w[0, :32] = 0.25  # a block of equal weights: d = 0
+    return w
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+def test_our_blocks_read_as_gguf_reads_them(fmt):
+    blocks = quantize(_weights(6, 96), fmt)
+    theirs = gguf_dequantize(blocks.numpy(), GGUF_TYPE[fmt])
+    assert torch.equal(dequantize(blocks, fmt, 96), torch.from_numpy(np.asarray(theirs)))
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+def test_gguf_files_blocks_read_as_gguf_reads_them(fmt):
+    w = _weights(5, 64, seed=1).numpy()
+    blocks = gguf_quantize(w, GGUF_TYPE[fmt])
+    ours = dequantize(torch.from_numpy(blocks), fmt, 64)
+    assert torch.equal(ours, torch.from_numpy(gguf_dequantize(blocks, GGUF_TYPE[fmt])))
+
+
+def test_q4_0_converts_to_q4_1_exactly():
+    w = _weights(4, 128, seed=2).numpy()
+    q4_0 = gguf_quantize(w, T.Q4_0)
+    converted = q4_0_to_q4_1(torch.from_numpy(q4_0))
+    expected = torch.from_numpy(gguf_dequantize(q4_0, T.Q4_0))
+    assert torch.equal(dequantize(converted, "int4", 128), expected)
+
+
+@pytest.mark.parametrize("fmt, levels", [("int4", 15), ("int8", 254)])
+def test_quantization_error_is_at_most_half_a_step(fmt, levels):
+    w = _weights(8, 256, seed=3)
+    back = dequantize(quantize(w, fmt), fmt, 256)
+    blocks = w.reshape(8, -1, 32)
+    step = (blocks.amax(-1) - blocks.amin(-1)) / levels if fmt == "int4" else None
+    if fmt == "int8":
+        step = 2 * blocks.abs().amax(-1) / levels
+    err = (back - w).abs().reshape(8, -1, 32).amax(-1)
+    # Half a step, plus the fp16 rounding of the scale (and minimum) applied to 15 or 127 codes.
+    assert bool((err <= step * 0.5 + step * 2e-3 + 1e-7).all())
+
+
+def test_quantize_rejects_bad_shapes_and_formats():
+    with pytest.raises(ValueError, match="divisible by 32"):
+        quantize(torch.zeros(2, 40), "int4")
+    with pytest.raises(ValueError, match=r"must be one of \['int4', 'int8'\]"):
+        quantize(torch.zeros(2, 64), "int2")
+    with pytest.raises(ValueError, match="do not hold 96 inputs"):
+        GGUFWeight(quantize(torch.zeros(2, 64), "int4"), "int4", 96)
+
+
+@needs_native
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 31, 32, 70])
+def test_native_matmul_matches_the_float_reference(fmt, rows):
+    # rows < DENSE_FROM_ROWS: the block kernel (1-4 rows at a time); from it on: expand + BLAS.
+    w = _weights(40, 160, seed=rows)
+    weight = GGUFWeight(quantize(w, fmt), fmt, 160)
+    x = torch.randn(rows, 160, generator=torch.Generator().manual_seed(7))
+    ref = x.double() @ weight.dequantize().double().T
+    y = weight(x)
+    assert y.dtype == torch.float32 and y.shape == (rows, 40)
+    assert (y.double() - ref).abs().max() <= KERNEL_RTOL * ref.abs().max()
+
+
+@needs_native
+def test_native_matmul_keeps_the_input_dtype_and_leading_dims():
+    weight = GGUFWeight(quantize(_weights(16, 64), "int4"), "int4", 64)
+    x = torch.randn(2, 3, 64).bfloat16()
+    y = weight(x)
+    assert y.dtype == torch.bfloat16 and y.shape == (2, 3, 16)
+    ref = F.linear(x.float(), weight.dequantize())
+    assert (y.float() - ref).abs().max() <= 0.02 * ref.abs().max()  # bfloat16's rounding
+
+
+def test_torch_fallback_equals_dequantize_then_linear(monkeypatch):
+    monkeypatch.setattr(quantized, "native_ops_loaded", lambda: False)
+    weight = GGUFWeight(quantize(_weights(16, 64), "int8"), "int8", 64)
+    x = torch.randn(3, 64)
+    assert torch.equal(weight(x), F.linear(x, weight.dequantize()))
+
+
+@needs_native
+def test_native_op_names_bad_arguments():
+    blocks = quantize(_weights(4, 64), "int4")
+    with pytest.raises(RuntimeError, match="kind must be 0"):
+        torch.ops.radixrt.gguf_linear(torch.randn(1, 64), blocks, 5, 32)
+    with pytest.raises(RuntimeError, match="bytes per row"):
+        torch.ops.radixrt.gguf_linear(torch.randn(1, 96), blocks, 0, 32)
