@@ -5,6 +5,10 @@ token, or a few after a cached prefix: a checked jump-forward proposal, a short 
 extend sequences (a longer prefill chunk after an optional cached prefix) and builds their
 index tables once. Per layer, all decode-like sequences go through one padded SDPA call; extend
 sequences, few per step, go one by one.
+
+On the CPU, when radixrt's native kernels are built (radixrt/native.py), the whole batch goes
+through one unpadded paged-attention kernel instead (radixrt/attention/cpu_native.py); the
+SDPA path stays as the fallback and as the reference the kernel is tested against.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ import torch
 import torch.nn.functional as F
 
 from radixrt.attention.base import AttentionBackend
+from radixrt.attention.cpu_native import NativePlan, can_run_native, native_attention, plan_native
 from radixrt.executor.forward_batch import ForwardBatch
+from radixrt.native import load_native
 
 # Decode sequences whose page tables start with the same slots (a radix-cache hit shared by
 # the whole batch) attend to that common prefix once, as one dense block, and to their own
@@ -85,14 +91,17 @@ class TorchAttentionMetadata:
     decode: DecodeMetadata | None
     extends: list[ExtendMetadata]
     shared_extend: SharedExtendMetadata | None = None
+    native: NativePlan | None = None  # set when the native CPU kernel runs this batch
 
 
 class TorchAttentionBackend(AttentionBackend):
     """Paged attention with `torch.nn.functional.scaled_dot_product_attention`."""
 
     def __init__(self, **kwargs: object) -> None:
-        # Constructor options of other backends (page size, device...) are not needed here.
-        del kwargs
+        # Other backends' constructor options (page size...) are not needed here. The native
+        # kernels build (or load from their cache) now, not in the first request's forward.
+        on_cpu = str(kwargs.get("device", "cpu")).startswith("cpu")
+        self._native = load_native() if on_cpu else None
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         """Build the decode table and the per-extend-sequence data; sets `fb.attn_metadata`."""
@@ -108,7 +117,10 @@ class TorchAttentionBackend(AttentionBackend):
         shared = _shared_extend_metadata(extends)
         if shared is not None:
             extends = [e for e in extends if e.prefix_len == 0]
-        fb.attn_metadata = TorchAttentionMetadata(decode, extends, shared)
+        native = None
+        if self._native is not None and fb.kv_indices.device.type == "cpu":
+            native = _native_plan(fb, decode_ids, decode, extend_ids, shared)
+        fb.attn_metadata = TorchAttentionMetadata(decode, extends, shared, native)
 
     def forward(
         self,
@@ -124,6 +136,11 @@ class TorchAttentionBackend(AttentionBackend):
         meta = fb.attn_metadata
         assert isinstance(meta, TorchAttentionMetadata), "init_forward_metadata did not run"
         k_cache, v_cache = fb.kv_pool.get_kv(layer_id)
+        if meta.native is not None and can_run_native(q, k_cache, v_cache):
+            return native_attention(
+                self._native, q, k_cache, v_cache, meta.native, scaling,
+                _shared_prefix_attention, _merge,
+            )  # fmt: skip
         dec = meta.decode
         if dec is not None and dec.token_idx is None:
             return _decode(q, k_cache, v_cache, dec, scaling)  # decode-only batch
@@ -139,6 +156,27 @@ class TorchAttentionBackend(AttentionBackend):
         if meta.shared_extend is not None:
             _shared_extend(q, k_cache, v_cache, meta.shared_extend, scaling, out)
         return out
+
+
+def _native_plan(
+    fb: ForwardBatch,
+    decode_ids: list[int],
+    decode: DecodeMetadata | None,
+    extend_ids: list[int],
+    shared: SharedExtendMetadata | None,
+) -> NativePlan:
+    """The same cascades as the torch path (a prefix shared by the decode-like sequences, one
+    shared by the extends with a cached prefix); every other key goes to the kernel."""
+    skip = [0] * fb.batch_size
+    cascades = []
+    if decode is not None and decode.prefix_slots is not None:
+        cascades.append((decode_ids, decode.prefix_slots))
+    if shared is not None:
+        cascades.append(([i for i in extend_ids if fb.prefix_lens_cpu[i] > 0], shared.prefix_slots))
+    for ids, prefix_slots in cascades:
+        for i in ids:
+            skip[i] = prefix_slots.numel()
+    return plan_native(fb, skip, cascades)
 
 
 def _offsets(lengths: list[int]) -> list[int]:

@@ -1,0 +1,114 @@
+"""The torch backend's native CPU path: the whole batch in one `radixrt::paged_attention` call.
+
+The kernel (radixrt/csrc/paged_attention.cpp) reads each sequence's keys in place from the pool
+by slot, with a bottom-right causal mask, so decodes, short extends after a cached prefix and
+prefill chunks all go through it together, with no padding and no gathered copy of a prefix.
+A prefix shared by several sequences keeps the cascade of the torch path: the kernel covers each
+sequence's own keys (after the shared slots) and returns their log-sum-exp, which is merged with
+one dense attention over the shared slots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from radixrt.executor.forward_batch import ForwardBatch
+
+
+@dataclass(frozen=True)
+class Cascade:
+    """Batch rows whose sequences all start with `prefix_slots`, left out of their kernel keys."""
+
+    rows: torch.Tensor  # [N] int64 rows of the batch's tokens
+    prefix_slots: torch.Tensor  # [P]
+
+
+@dataclass(frozen=True)
+class NativePlan:
+    """The kernel's view of the batch: sequence i's rows qo_indptr[i]:qo_indptr[i+1] (the
+    batch's, in order) attend to kv_indices[kv_indptr[i]:kv_indptr[i+1]]."""
+
+    qo_indptr: torch.Tensor
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor
+    cascades: list[Cascade]
+
+
+def plan_native(
+    fb: ForwardBatch, skip: list[int], cascades: list[tuple[list[int], torch.Tensor]]
+) -> NativePlan:
+    """skip[i]: leading slots of sequence i that a cascade covers instead of the kernel;
+    cascades: (its sequences, its shared slots)."""
+    qo_starts = _offsets(fb.extend_lens_cpu)
+    rows = [
+        Cascade(_rows(qo_starts, fb.extend_lens_cpu, ids, fb.qo_indptr.device), prefix)
+        for ids, prefix in cascades
+    ]
+    if not any(skip):
+        return NativePlan(fb.qo_indptr, fb.kv_indptr, fb.kv_indices, rows)
+    kv_starts = _offsets(fb.seq_lens_cpu)
+    own = [
+        fb.kv_indices[start + s : start + n]
+        for start, s, n in zip(kv_starts, skip, fb.seq_lens_cpu, strict=True)
+    ]
+    lens = [n - s for n, s in zip(fb.seq_lens_cpu, skip, strict=True)]
+    kv_indptr = torch.tensor([0, *lens], dtype=torch.int64).cumsum(0)
+    return NativePlan(fb.qo_indptr, kv_indptr.to(fb.kv_indptr.device), torch.cat(own), rows)
+
+
+def _offsets(lengths: list[int]) -> list[int]:
+    out, total = [], 0
+    for n in lengths:
+        out.append(total)
+        total += n
+    return out
+
+
+def _rows(starts: list[int], lens: list[int], ids: list[int], device: torch.device) -> torch.Tensor:
+    return torch.cat([torch.arange(starts[i], starts[i] + lens[i], device=device) for i in ids])
+
+
+def native_attention(
+    ops: Any,
+    q: torch.Tensor,  # [T, Hq, D]
+    k_cache: torch.Tensor,  # [pool, Hkv, D]
+    v_cache: torch.Tensor,
+    plan: NativePlan,
+    scaling: float,
+    shared_prefix_attention: Any,
+    merge: Any,
+) -> torch.Tensor:  # [T, Hq, D]
+    """Attention of every row of the batch; `shared_prefix_attention` and `merge` are the torch
+    backend's cascade helpers (passed in: this module must not import the backend)."""
+    out, lse = ops.paged_attention(
+        q, k_cache, v_cache, plan.qo_indptr, plan.kv_indptr, plan.kv_indices, scaling
+    )
+    t, hq, d = q.shape
+    hkv = k_cache.shape[1]
+    g = hq // hkv
+    for cascade in plan.cascades:
+        n = cascade.rows.numel()
+        qg = q.index_select(0, cascade.rows).view(n, hkv, g, d)
+        o_pre, lse_pre = shared_prefix_attention(
+            qg, k_cache, v_cache, cascade.prefix_slots, scaling
+        )
+        o_own = out.index_select(0, cascade.rows).view(n, hkv, g, d)
+        lse_own = lse.index_select(0, cascade.rows).view(n, hkv, g)
+        merged = merge(o_pre, lse_pre, o_own, lse_own)
+        out.index_copy_(0, cascade.rows, merged.to(out.dtype).reshape(n, hq, d))
+    return out
+
+
+def can_run_native(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """The kernel's layout and dtype requirements (else the torch path runs)."""
+    return (
+        q.device.type == "cpu"
+        and q.dtype == k_cache.dtype == v_cache.dtype
+        and q.dtype in (torch.float32, torch.bfloat16, torch.float16)
+        and k_cache.stride(2) == 1
+        and k_cache.stride() == v_cache.stride()
+        and q.shape[-1] % 2 == 0
+    )

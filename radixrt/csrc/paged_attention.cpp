@@ -1,0 +1,326 @@
+// Paged attention on the CPU: every new token of a ragged batch against its sequence's keys,
+// read in place from the KV pool by slot index (no gather copy, no padding to the longest).
+//
+// Sequence b owns q rows qo_indptr[b]:qo_indptr[b+1] (n new tokens) and keys at the pool slots
+// kv_indices[kv_indptr[b]:kv_indptr[b+1]] (L keys, position order). New token t sits at
+// position L - n + t and sees keys 0..L - n + t (bottom-right aligned causal), so one kernel
+// covers decode (n = 1), a few tokens after a cached prefix, and a prefill chunk.
+//
+// Layout of the work: a tile is up to 32 query rows that share one kv head (tokens x the G
+// query heads of that kv head, GQA), held transposed so that one SIMD lane is one row. Scores,
+// the online softmax and the P @ V update are then all lane-parallel: each K/V element is
+// loaded once per tile and broadcast against 8 rows at a time, and no horizontal reduction is
+// needed. Tiles are scheduled longest first over OpenMP threads, which balances unequal lengths.
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+// GCC/Clang vector extensions: AVX2 registers with -march=native, SSE pairs elsewhere.
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+constexpr int kLanes = 8;
+constexpr int kMaxRows = 32;   // rows per tile: 4 vectors, leaving registers for accumulators
+constexpr int kKeyBlock = 64;  // keys scored per online-softmax step
+
+inline v8f splat(float x) { return v8f{} + x; }
+
+// exp(x) = 2^n * exp(r) with n = round(x / ln2), |r| <= ln2 / 2, exp(r) by its degree-6 Taylor
+// polynomial (relative error ~2e-7); exactly 0 below -87 (a masked score is -inf).
+inline v8f vexp(v8f x) {
+  const v8f lo = splat(-87.0f), hi = splat(88.0f);
+  v8f xc = x < lo ? lo : x;
+  xc = xc > hi ? hi : xc;
+  const v8f magic = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+  v8f n = (xc * splat(1.44269504f) + magic) - magic;
+  v8f r = xc - n * splat(0.693359375f) + n * splat(2.12194440e-4f);
+  v8f p = splat(1.0f / 720);
+  p = p * r + splat(1.0f / 120);
+  p = p * r + splat(1.0f / 24);
+  p = p * r + splat(1.0f / 6);
+  p = p * r + splat(0.5f);
+  p = p * r + splat(1.0f);
+  p = p * r + splat(1.0f);
+  v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
+  v8f scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return x < lo ? splat(0.0f) : p * scale;
+}
+
+inline v8f vmax(v8f a, v8f b) { return a > b ? a : b; }
+
+struct Args {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;
+  float* lse;
+  const int64_t* qo_indptr;
+  const int64_t* kv_indptr;
+  const int64_t* kv_indices;
+  int64_t q_stride_t, q_stride_h;  // q and out share their layout: [T, Hq, D] contiguous
+  int64_t kv_stride_slot, kv_stride_head;
+  int64_t hq, hkv, group, head_dim;
+  float scale;
+};
+
+// Rows of one tile: tokens t0..t0+tokens-1 of sequence seq, query heads h0..h0+heads-1 of
+// kv head kv_head's group; row r = (token t0 + r / heads, head h0 + r % heads).
+struct Tile {
+  int64_t seq, kv_head, h0, heads, t0, tokens;
+  double cost;
+};
+
+// Per-thread buffers, [index][row vector]: Qt is [D][NR] (q transposed), St [kKeyBlock][NR]
+// (scores, then probabilities), Ot [D][NR] (the unnormalized output).
+struct Scratch {
+  std::vector<v8f> qt, st, ot;
+  explicit Scratch(int64_t d)
+      : qt(d * kMaxRows / kLanes), st(kKeyBlock * kMaxRows / kLanes), ot(d * kMaxRows / kLanes) {}
+};
+
+template <typename T>
+inline float to_float(T x) {
+  return static_cast<float>(x);
+}
+
+// Scores of keys j0..j0+kb-1 for the tile's rows: St[j][rv] = sum_d K[j][d] * Qt[d][rv].
+template <typename T, int NR>
+void score_block(const T* const* kp, int kb, int64_t d_len, const v8f* qt, v8f* st) {
+  for (int j = 0; j < kb; j += 2) {
+    const T* k0 = kp[j];
+    const T* k1 = kp[j + 1 < kb ? j + 1 : j];
+    v8f a0[NR], a1[NR];
+    for (int r = 0; r < NR; ++r) a0[r] = a1[r] = splat(0.0f);
+    for (int64_t d = 0; d < d_len; ++d) {
+      const v8f b0 = splat(to_float(k0[d])), b1 = splat(to_float(k1[d]));
+      for (int r = 0; r < NR; ++r) {
+        a0[r] += b0 * qt[d * NR + r];
+        a1[r] += b1 * qt[d * NR + r];
+      }
+    }
+    for (int r = 0; r < NR; ++r) st[j * NR + r] = a0[r];
+    if (j + 1 < kb)
+      for (int r = 0; r < NR; ++r) st[(j + 1) * NR + r] = a1[r];
+  }
+}
+
+// Ot[d][rv] = Ot[d][rv] * alpha[rv] + sum_j V[j][d] * St[j][rv].
+template <typename T, int NR>
+void accumulate_block(const T* const* vp, int kb, int64_t d_len, const v8f* st, const v8f* alpha,
+                      v8f* ot) {
+  for (int64_t d = 0; d < d_len; d += 2) {
+    v8f a0[NR], a1[NR];
+    for (int r = 0; r < NR; ++r) {
+      a0[r] = ot[d * NR + r] * alpha[r];
+      a1[r] = ot[(d + 1) * NR + r] * alpha[r];
+    }
+    for (int j = 0; j < kb; ++j) {
+      const v8f b0 = splat(to_float(vp[j][d])), b1 = splat(to_float(vp[j][d + 1]));
+      for (int r = 0; r < NR; ++r) {
+        a0[r] += b0 * st[j * NR + r];
+        a1[r] += b1 * st[j * NR + r];
+      }
+    }
+    for (int r = 0; r < NR; ++r) {
+      ot[d * NR + r] = a0[r];
+      ot[(d + 1) * NR + r] = a1[r];
+    }
+  }
+}
+
+// Online softmax over one block of scores: masks keys past each row's position, updates the
+// running max m and sum l, turns St into probabilities and returns the rescale of the old ones.
+template <int NR>
+void softmax_block(int kb, int64_t j0, bool needs_mask, const v8f* limit, v8f* st, v8f* m,
+                   v8f* l, v8f* alpha) {
+  const v8f neg_inf = splat(-INFINITY);
+  for (int r = 0; r < NR; ++r) {
+    v8f block_max = neg_inf;
+    for (int j = 0; j < kb; ++j) {
+      v8f s = st[j * NR + r];
+      if (needs_mask) s = splat(static_cast<float>(j0 + j)) <= limit[r] ? s : neg_inf;
+      st[j * NR + r] = s;
+      block_max = vmax(block_max, s);
+    }
+    const v8f m_new = vmax(m[r], block_max);
+    alpha[r] = vexp(m[r] - m_new);
+    v8f sum = splat(0.0f);
+    for (int j = 0; j < kb; ++j) {
+      const v8f p = vexp(st[j * NR + r] - m_new);
+      st[j * NR + r] = p;
+      sum += p;
+    }
+    l[r] = l[r] * alpha[r] + sum;
+    m[r] = m_new;
+  }
+}
+
+template <typename T, int NR>
+void attend_tile(const Args& a, const Tile& tile, Scratch& s) {
+  const int64_t d_len = a.head_dim;
+  const int64_t n_new = a.qo_indptr[tile.seq + 1] - a.qo_indptr[tile.seq];
+  const int64_t kv_len = a.kv_indptr[tile.seq + 1] - a.kv_indptr[tile.seq];
+  const int64_t* slots = a.kv_indices + a.kv_indptr[tile.seq];
+  const int64_t first_pos = kv_len - n_new + tile.t0;  // position of the tile's first token
+  const int rows = static_cast<int>(tile.heads * tile.tokens);
+  const T* q = static_cast<const T*>(a.q);
+  const T* k = static_cast<const T*>(a.k);
+  const T* v = static_cast<const T*>(a.v);
+
+  auto q_offset = [&](int r) {
+    const int64_t t = a.qo_indptr[tile.seq] + tile.t0 + r / tile.heads;
+    const int64_t h = tile.kv_head * a.group + tile.h0 + r % tile.heads;
+    return t * a.q_stride_t + h * a.q_stride_h;
+  };
+  // Transposed, pre-scaled queries; padding lanes are zero and copy the last row's position.
+  float* qt = reinterpret_cast<float*>(s.qt.data());
+  v8f limit[NR], m[NR], l[NR], alpha[NR];
+  float* lim = reinterpret_cast<float*>(limit);
+  for (int r = 0; r < NR * kLanes; ++r) {
+    const int rr = std::min(r, rows - 1);
+    lim[r] = static_cast<float>(first_pos + rr / tile.heads);
+    const T* src = q + q_offset(rr);
+    for (int64_t d = 0; d < d_len; ++d)
+      qt[d * NR * kLanes + r] = r < rows ? to_float(src[d]) * a.scale : 0.0f;
+  }
+  for (int r = 0; r < NR; ++r) {
+    m[r] = splat(-INFINITY);
+    l[r] = splat(0.0f);
+  }
+  std::fill(s.ot.begin(), s.ot.begin() + d_len * NR, splat(0.0f));
+
+  const int64_t key_end = first_pos + tile.tokens;  // one past the last token's position
+  const T* kp[kKeyBlock];
+  const T* vp[kKeyBlock];
+  for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
+    const int kb = static_cast<int>(std::min<int64_t>(kKeyBlock, key_end - j0));
+    for (int j = 0; j < kb; ++j) {
+      const int64_t off = slots[j0 + j] * a.kv_stride_slot + tile.kv_head * a.kv_stride_head;
+      kp[j] = k + off;
+      vp[j] = v + off;
+    }
+    score_block<T, NR>(kp, kb, d_len, s.qt.data(), s.st.data());
+    softmax_block<NR>(kb, j0, j0 + kb - 1 > first_pos, limit, s.st.data(), m, l, alpha);
+    accumulate_block<T, NR>(vp, kb, d_len, s.st.data(), alpha, s.ot.data());
+  }
+
+  const float* ot = reinterpret_cast<const float*>(s.ot.data());
+  const float* lf = reinterpret_cast<const float*>(l);
+  const float* mf = reinterpret_cast<const float*>(m);
+  T* out = static_cast<T*>(a.out);
+  for (int r = 0; r < rows; ++r) {
+    const int64_t off = q_offset(r);
+    const float inv = 1.0f / lf[r];
+    for (int64_t d = 0; d < d_len; ++d) out[off + d] = static_cast<T>(ot[d * NR * kLanes + r] * inv);
+    a.lse[off / d_len] = mf[r] + std::log(lf[r]);
+  }
+}
+
+template <typename T>
+void attend(const Args& a, const Tile& tile, Scratch& s) {
+  switch ((tile.heads * tile.tokens + kLanes - 1) / kLanes) {
+    case 1: return attend_tile<T, 1>(a, tile, s);
+    case 2: return attend_tile<T, 2>(a, tile, s);
+    case 3: return attend_tile<T, 3>(a, tile, s);
+    default: return attend_tile<T, 4>(a, tile, s);
+  }
+}
+
+// Tiles of at most kMaxRows rows, longest (rows x visible keys) first.
+std::vector<Tile> plan_tiles(const Args& a, int64_t batch) {
+  const int64_t heads = std::min<int64_t>(a.group, kMaxRows);
+  const int64_t tokens_per_tile = std::max<int64_t>(1, kMaxRows / heads);
+  std::vector<Tile> tiles;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t n = a.qo_indptr[b + 1] - a.qo_indptr[b];
+    const int64_t len = a.kv_indptr[b + 1] - a.kv_indptr[b];
+    for (int64_t kv = 0; kv < a.hkv; ++kv)
+      for (int64_t h0 = 0; h0 < a.group; h0 += heads)
+        for (int64_t t0 = 0; t0 < n; t0 += tokens_per_tile) {
+          const int64_t hc = std::min(heads, a.group - h0);
+          const int64_t tc = std::min(tokens_per_tile, n - t0);
+          const double keys = static_cast<double>(len - n + t0 + tc);
+          tiles.push_back({b, kv, h0, hc, t0, tc, keys * static_cast<double>(hc * tc + 8)});
+        }
+  }
+  std::sort(tiles.begin(), tiles.end(),
+            [](const Tile& x, const Tile& y) { return x.cost > y.cost; });
+  return tiles;
+}
+
+void check_inputs(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                  const at::Tensor& qo_indptr, const at::Tensor& kv_indptr,
+                  const at::Tensor& kv_indices) {
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && v_cache.dim() == 3,
+              "paged_attention: q [T, Hq, D], k_cache/v_cache [pool, Hkv, D]");
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "paged_attention: k_cache and v_cache differ");
+  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type(),
+              "paged_attention: q, k_cache and v_cache must share one dtype");
+  TORCH_CHECK(k_cache.size(2) == q.size(2) && q.size(2) % 2 == 0,
+              "paged_attention: head_dim must match and be even");
+  TORCH_CHECK(q.size(1) % k_cache.size(1) == 0, "paged_attention: Hq must be a multiple of Hkv");
+  TORCH_CHECK(k_cache.stride(2) == 1 && v_cache.stride(2) == 1 &&
+                  k_cache.strides() == v_cache.strides(),
+              "paged_attention: k_cache/v_cache need unit stride in head_dim and equal strides");
+  for (const auto* t : {&qo_indptr, &kv_indptr, &kv_indices})
+    TORCH_CHECK(t->scalar_type() == at::kLong && t->dim() == 1 && t->is_contiguous(),
+                "paged_attention: qo_indptr, kv_indptr, kv_indices must be contiguous int64");
+  TORCH_CHECK(qo_indptr.numel() == kv_indptr.numel() && qo_indptr.numel() >= 1,
+              "paged_attention: qo_indptr and kv_indptr must both be [B+1]");
+}
+
+std::tuple<at::Tensor, at::Tensor> paged_attention(const at::Tensor& q_in,
+                                                   const at::Tensor& k_cache,
+                                                   const at::Tensor& v_cache,
+                                                   const at::Tensor& qo_indptr,
+                                                   const at::Tensor& kv_indptr,
+                                                   const at::Tensor& kv_indices, double scale) {
+  check_inputs(q_in, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices);
+  const at::Tensor q = q_in.contiguous();
+  at::Tensor out = at::empty_like(q);
+  at::Tensor lse = at::empty({q.size(0), q.size(1)}, q.options().dtype(at::kFloat));
+  Args a{q.data_ptr(),           k_cache.data_ptr(),         v_cache.data_ptr(),
+         out.data_ptr(),         lse.data_ptr<float>(),      qo_indptr.data_ptr<int64_t>(),
+         kv_indptr.data_ptr<int64_t>(), kv_indices.data_ptr<int64_t>(), q.stride(0),
+         q.stride(1),            k_cache.stride(0),          k_cache.stride(1),
+         q.size(1),              k_cache.size(1),            q.size(1) / k_cache.size(1),
+         q.size(2),              static_cast<float>(scale)};
+  const std::vector<Tile> tiles = plan_tiles(a, qo_indptr.numel() - 1);
+  const int64_t count = static_cast<int64_t>(tiles.size());
+  const int threads = static_cast<int>(std::clamp<int64_t>(count, 1, at::get_num_threads()));
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+#pragma omp parallel num_threads(threads)
+    {
+      Scratch s(a.head_dim);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t i = 0; i < count; ++i) attend<T>(a, tiles[i], s);
+    }
+  };
+  switch (q.scalar_type()) {
+    case at::kFloat: run(float{}); break;
+    case at::kBFloat16: run(c10::BFloat16{}); break;
+    case at::kHalf: run(c10::Half{}); break;
+    default: TORCH_CHECK(false, "paged_attention: dtype must be float32, bfloat16 or float16");
+  }
+  return {out, lse};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(radixrt, m) {
+  m.def(
+      "paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor qo_indptr, "
+      "Tensor kv_indptr, Tensor kv_indices, float scale) -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(radixrt, CPU, m) { m.impl("paged_attention", paged_attention); }
