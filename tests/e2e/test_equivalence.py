@@ -1,5 +1,5 @@
 """Greedy output equals Hugging Face transformers' (float32, one prompt at a time), whatever the
-batching, caching, chunking, paging or preemption did."""
+batching, caching, chunking, paging or preemption did, with dense weights (--quantization none)."""
 
 from __future__ import annotations
 
@@ -98,6 +98,7 @@ def test_greedy_matches_transformers(model_case, setting, hf_loader):
     engine = radixrt.Engine(
         model_path=path,
         dtype="float32",
+        quantization="none",  # packed weights: test_quantized_equivalence.py
         device="cpu",
         in_process=True,
         enable_kv_checks=True,
@@ -136,6 +137,7 @@ def test_logprobs_match_transformers(model_case, hf_loader):
     engine = radixrt.Engine(
         model_path=path,
         dtype="float32",
+        quantization="none",  # packed weights: test_quantized_equivalence.py
         device="cpu",
         in_process=True,
         enable_kv_checks=True,

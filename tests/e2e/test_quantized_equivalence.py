@@ -1,0 +1,121 @@
+"""Packed weights against Hugging Face transformers run on the same dequantized values.
+
+The reference model gets exactly the weights our blocks hold (d * q + m per 32-block), so the
+only difference left is float32 summation order: logits agree to LOGIT_ATOL, and greedy tokens
+agree except after a near-tie (hf_reference.TIE_GAP). For the default model, `auto` runs the
+GGUF file's own Q4_1/Q8_0 blocks, which are what transformers dequantizes when it loads the
+file: the plain GGUF reference is the reference.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hf_reference import assert_same_greedy, hf_greedy
+from test_equivalence import TINY_OVERRIDES, prompt_sets
+
+import radixrt
+from radixrt.layers.quantized import dequantize, quantize
+from radixrt.loader.load import load_model
+from radixrt.native import load_native
+
+LOGIT_ATOL = 1e-4  # float32 logits of size ~10; the orders of summation differ
+MAX_NEW = 10
+# Each projection of a transformers Llama-family layer, as our linear layers pack them.
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+pytestmark = pytest.mark.skipif(
+    load_native() is None, reason="radixrt's native CPU ops did not build (no compiler?)"
+)
+
+
+def dequantized_reference(hf_model, fmt: str):
+    """The transformers model with every linear weight and the LM head replaced by its
+    quantize -> dequantize round trip (the embedding stays as it was; the head is untied)."""
+    with torch.no_grad():
+        for name, module in hf_model.named_modules():
+            if name.rpartition(".")[2] in PROJECTIONS:
+                w = module.weight
+                module.weight = torch.nn.Parameter(_round_trip(w, fmt))
+        head = hf_model.lm_head
+        head.weight = torch.nn.Parameter(_round_trip(head.weight, fmt))
+    hf_model.config.tie_word_embeddings = False
+    return hf_model
+
+
+def _round_trip(w: torch.Tensor, fmt: str) -> torch.Tensor:
+    return dequantize(quantize(w, fmt), fmt, w.shape[1]).to(w.dtype)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+def arch(request) -> str:
+    return request.param
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+def test_quantized_tiny_model_matches_transformers_on_its_dequantized_weights(
+    arch, fmt, tiny_model_dir, prefill_logits
+):
+    from transformers import AutoModelForCausalLM
+
+    path = str(tiny_model_dir(arch, **TINY_OVERRIDES.get(arch, {})))
+    hf = dequantized_reference(AutoModelForCausalLM.from_pretrained(path).eval(), fmt)
+    model, cfg = load_model(path, torch.float32, "cpu", quantization=fmt)
+    assert any(m.__class__.__name__ == "GGUFWeight" for m in model.modules())
+    tokens = prompt_sets(cfg.vocab_size)["mixed"][1]
+    ours = prefill_logits(model, cfg, tokens)
+    with torch.no_grad():
+        ref = hf(torch.tensor([tokens])).logits[0]
+    assert (ours - ref).abs().max() < LOGIT_ATOL
+    engine = radixrt.Engine(
+        model_path=path, quantization=fmt, dtype="float32", device="cpu", in_process=True,
+        skip_tokenizer_init=True, enable_kv_checks=True, chunked_prefill_size=7,
+        max_total_tokens=4096,
+    )  # fmt: skip
+    try:
+        sets = prompt_sets(cfg.vocab_size)
+        prompts = sets["mixed"] + sets["shared"]
+        params = {"temperature": 0, "max_new_tokens": MAX_NEW, "ignore_eos": True}
+        outs = engine.generate(input_ids=prompts, sampling_params=params)
+        for i, (prompt, out) in enumerate(zip(prompts, outs, strict=True)):
+            ref_run = hf_greedy(hf, prompt, MAX_NEW)
+            assert_same_greedy(out["output_ids"], ref_run, f"{arch}/{fmt}[{i}]")
+    finally:
+        engine.shutdown()
+
+
+def test_auto_on_the_default_model_runs_the_files_blocks_and_matches_transformers(
+    hf_loader, default_tokenizer_dir
+):
+    from radixrt.loader.default_model import default_model_path
+
+    path = default_model_path()
+    engine = radixrt.Engine(
+        model_path=path, tokenizer_path=default_tokenizer_dir, dtype="float32", device="cpu",
+        in_process=True, enable_kv_checks=True, page_size=16, chunked_prefill_size=7,
+        max_total_tokens=8192,
+    )  # fmt: skip
+    assert engine.server_args.quantization == "auto"
+    try:
+        sets = prompt_sets(engine.info.vocab_size, engine.tokenizer.encode)
+        prompts = sets["mixed"] + sets["shared"]
+        params = {"temperature": 0, "max_new_tokens": MAX_NEW, "ignore_eos": True}
+        outs = engine.generate(input_ids=prompts, sampling_params=params)
+        hf = hf_loader(path)
+        for i, (prompt, out) in enumerate(zip(prompts, outs, strict=True)):
+            assert_same_greedy(out["output_ids"], hf_greedy(hf, prompt, MAX_NEW), f"auto[{i}]")
+    finally:
+        engine.shutdown()
+
+
+def test_auto_packs_the_default_models_q4_1_and_q8_0_tensors_unchanged():
+    from radixrt.loader.default_model import default_model_path
+
+    model, _ = load_model(default_model_path(), torch.float32, "cpu", quantization="auto")
+    packed = {name: m for name, m in model.named_modules() if m.__class__.__name__ == "GGUFWeight"}
+    formats = {m.fmt for m in packed.values()}
+    assert formats == {"int4", "int8"}  # the file: Q4_1 projections, a Q8_0 (tied) LM head
+    assert len(packed) == 30 * 4 + 1
+    dense, _ = load_model(default_model_path(), torch.float32, "cpu", quantization="none")
+    qkv = dense.model.layers[3].self_attn.qkv_proj.weight
+    assert torch.equal(packed["model.layers.3.self_attn.qkv_proj.packed"].dequantize(), qkv)
