@@ -153,6 +153,7 @@ class CompiledDecoderForward:
         for i, layer in enumerate(layers):
             attn = layer.self_attn
             out = batch.attn_backend.forward(q, k, v, attn.layer_id, batch, attn.scaling)
+            out = _canonical_layout(out)
             if i + 1 == len(layers):
                 return self.tail(self.decoder, layer, out, residual)
             (q, k, v), residual = self.middle(layer, layers[i + 1], out, residual, cos, sin)
@@ -180,6 +181,15 @@ class CompiledDecoderForward:
             time.monotonic() - start,
             os.environ.get("TORCHINDUCTOR_CACHE_DIR", "torch's default"),
         )
+
+
+def _canonical_layout(out: torch.Tensor) -> torch.Tensor:
+    """Backends return [T, Hq, D] in layouts that vary by path (a transposed SDPA output for
+    decodes; with T = 1 any stride counts as contiguous); the graphs guard on strides, so
+    they get the one row-major layout (a copy of T * Hq * D values when needed)."""
+    if out.stride() == (out.shape[1] * out.shape[2], out.shape[2], 1):
+        return out
+    return out.clone(memory_format=torch.contiguous_format)
 
 
 def _compile(fn: Callable[P, R]) -> Callable[P, R]:
