@@ -168,13 +168,18 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t ki
   at::Tensor xc = x.contiguous();
   at::Tensor y = at::empty({M, N}, x.options());
   const int64_t nb = K / kBlock;
-  at::Tensor xsum = xc.view({M, nb, kBlock}).sum(-1).contiguous();
+  // Block sums of x, for Q4_1's m * sum(x) terms (a plain loop: an aten sum per call would
+  // cost as much as a small layer's matmul).
+  std::vector<float> xsum(M * nb, 0.0f);
+  const float* xp = xc.data_ptr<float>();
+  for (int64_t i = 0; kind == kQ4_1 && i < M * nb; ++i)
+    for (int64_t j = 0; j < kBlock; ++j) xsum[i] += xp[i * kBlock + j];
   const uint8_t* w = blocks.data_ptr<uint8_t>();
   // Four input rows at a time share each block's unpacked weights.
   for (int64_t r0 = 0; r0 < M; r0 += 4) {
     const int64_t m = std::min<int64_t>(4, M - r0);
     const float* xr = xc.data_ptr<float>() + r0 * K;
-    const float* sr = xsum.data_ptr<float>() + r0 * nb;
+    const float* sr = xsum.data() + r0 * nb;
     float* yr = y.data_ptr<float>() + r0 * N;
     RowsFn fn = rows_fn(m);
     at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
