@@ -12,6 +12,8 @@ import torch
 
 from radixrt import native
 from radixrt.attention.torch_backend import TorchAttentionBackend
+from radixrt.cache.kv_pool import KVPool
+from radixrt.executor.forward_batch import ForwardBatch
 
 OPS = native.load_native()
 needs_native = pytest.mark.skipif(
@@ -93,6 +95,54 @@ def test_mismatched_dtypes_are_refused(paged_kv):
             kv.q.bfloat16(), kv.k_buffer, kv.v_buffer, kv.qo_indptr, kv.kv_indptr,
             kv.kv_indices, 0.125,
         )  # fmt: skip
+
+
+def mixed_batch(pool: KVPool, backend: TorchAttentionBackend) -> ForwardBatch:
+    """Three decodes and a 4-token extend sharing 40 slots, two 20-token extends sharing 30,
+    and a prefill; the other slots scattered over the pool."""
+    decode_prefix, extend_prefix = list(range(100, 140)), list(range(200, 230))
+    perm = (torch.randperm(2000, generator=torch.Generator().manual_seed(5)) + 300).tolist()
+    seqs = [(decode_prefix + [perm.pop() for _ in range(n)], 1) for n in (3, 30, 7)]
+    seqs += [(extend_prefix + [perm.pop() for _ in range(n)], 20) for n in (25, 40)]
+    seqs += [
+        (decode_prefix + [perm.pop() for _ in range(14)], 4),
+        ([perm.pop() for _ in range(50)], 50),
+    ]
+    new = [n for _, n in seqs]
+    lens = [len(slots) for slots, _ in seqs]
+
+    def t(x: list[int]) -> torch.Tensor:
+        return torch.tensor(x, dtype=torch.int64)
+
+    return ForwardBatch(
+        input_ids=t([0] * sum(new)), positions=t(sum((list(range(n - e, n)) for n, e in
+        zip(lens, new, strict=True)), [])), out_cache_loc=t(sum((s[-e:] for s, e in seqs), [])),
+        qo_indptr=t([0, *new]).cumsum(0), kv_indices=t(sum((s for s, _ in seqs), [])),
+        kv_indptr=t([0, *lens]).cumsum(0), seq_lens=t(lens), extend_lens=t(new),
+        seq_lens_cpu=lens, extend_lens_cpu=new, prefix_lens_cpu=[n - e for n, e in
+        zip(lens, new, strict=True)], kv_pool=pool, attn_backend=backend,
+    )  # fmt: skip
+
+
+@needs_native
+def test_backend_native_path_matches_its_torch_path():
+    """The whole backend, cascades included, against its own SDPA path on the same batch."""
+    pool = KVPool(2400, 1, 3, 64, torch.float32, "cpu")
+    pool.k_buffer[0].normal_()
+    pool.v_buffer[0].normal_()
+    backend = TorchAttentionBackend()
+    fb = mixed_batch(pool, backend)
+    t = fb.input_ids.numel()
+    q, k, v = torch.randn(t, 9, 64), torch.randn(t, 3, 64), torch.randn(t, 3, 64)
+    backend.init_forward_metadata(fb)
+    assert fb.attn_metadata.native is not None and len(fb.attn_metadata.native.cascades) == 2
+    native_out = backend.forward(q, k, v, 0, fb, 0.125)
+    backend._native = None
+    backend.init_forward_metadata(fb)
+    assert fb.attn_metadata.native is None
+    torch.testing.assert_close(
+        native_out, backend.forward(q, k, v, 0, fb, 0.125), atol=2e-5, rtol=0
+    )
 
 
 def test_disabled_native_falls_back_to_torch(monkeypatch):
