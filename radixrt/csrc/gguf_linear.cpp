@@ -146,15 +146,37 @@ void check_args(const at::Tensor& blocks, int64_t kind, int64_t K) {
               blocks.size(1), " bytes per row, expected ", K / kBlock * block_bytes(kind));
 }
 
+void dequantize_rows(const uint8_t* w, int64_t kind, int64_t nb, int64_t rows, float* out) {
+  const int64_t bb = block_bytes(kind);
+  at::parallel_for(0, rows * nb, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) dequantize_block(w + i * bb, kind, out + i * kBlock);
+  });
+}
+
+// Many input rows: expand a tile of weight rows at a time into a reused buffer (about 2 MiB,
+// cache-sized; fresh memory for the whole weight would cost more in page faults than the
+// expansion itself) and multiply it with the BLAS into those columns of y.
+at::Tensor wide_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t kind) {
+  const int64_t M = x.size(0), K = x.size(1), N = blocks.size(0), nb = K / kBlock;
+  const int64_t tile = std::max<int64_t>(64, (int64_t{1} << 19) / K / 64 * 64);
+  at::Tensor y = at::empty({M, N}, x.options());
+  at::Tensor scratch = at::empty({std::min(tile, N), K}, x.options());
+  const uint8_t* w = blocks.data_ptr<uint8_t>();
+  for (int64_t n0 = 0; n0 < N; n0 += tile) {
+    const int64_t rows = std::min(tile, N - n0);
+    at::Tensor wt = scratch.narrow(0, 0, rows);
+    dequantize_rows(w + n0 * nb * block_bytes(kind), kind, nb, rows, wt.data_ptr<float>());
+    at::Tensor out = y.narrow(1, n0, rows);
+    at::mm_out(out, x, wt.t());
+  }
+  return y;
+}
+
 at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t kind, int64_t K) {
   check_args(blocks, kind, K);
-  const int64_t N = blocks.size(0), nb = K / kBlock, bb = block_bytes(kind);
+  const int64_t N = blocks.size(0), nb = K / kBlock;
   at::Tensor out = at::empty({N, K}, blocks.options().dtype(at::kFloat));
-  const uint8_t* w = blocks.data_ptr<uint8_t>();
-  float* o = out.data_ptr<float>();
-  at::parallel_for(0, N * nb, 256, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) dequantize_block(w + i * bb, kind, o + i * kBlock);
-  });
+  dequantize_rows(blocks.data_ptr<uint8_t>(), kind, nb, N, out.data_ptr<float>());
   return out;
 }
 
@@ -164,7 +186,7 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t ki
   TORCH_CHECK(x.dtype() == at::kFloat && x.dim() == 2, "gguf_linear: x must be float32 [M, K]");
   const int64_t M = x.size(0), K = x.size(1), N = blocks.size(0);
   check_args(blocks, kind, K);
-  if (M >= dense_from_rows) return at::matmul(x, gguf_dequantize(blocks, kind, K).t());
+  if (M >= dense_from_rows) return wide_linear(x.contiguous(), blocks, kind);
   at::Tensor xc = x.contiguous();
   at::Tensor y = at::empty({M, N}, x.options());
   const int64_t nb = K / kBlock;
