@@ -43,6 +43,7 @@ def load_native() -> Any | None:
     if native_disabled():
         logger.info("native CPU kernels disabled by %s", DISABLE_ENV)
         return None
+    _put_pip_ninja_on_path()
     missing = [tool for tool in ("ninja", _compiler()) if shutil.which(tool) is None]
     if missing:
         logger.warning("native CPU kernels unavailable (not found: %s)", ", ".join(missing))
@@ -69,6 +70,18 @@ def load_native() -> Any | None:
         return None
     logger.info("native CPU kernels ready in %.1f s (%s)", time.perf_counter() - start, build_dir)
     return torch.ops.radixrt
+
+
+def _put_pip_ninja_on_path() -> None:
+    # The `ninja` dependency installs its binary into the venv's bin/, which is not on PATH
+    # when the venv's python is run without activating it (as `make test` does).
+    try:
+        import ninja
+    except ImportError:
+        return
+    bin_dir = str(ninja.BIN_DIR)
+    if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
 
 
 def _compiler() -> str:

@@ -6,9 +6,9 @@
 // written out as floats: a decode step reads 20 or 34 bytes per 32 weights, not 128.
 // Wide inputs (prefill chunks) are compute-bound instead: there the weights are expanded to
 // float32 once per call and handed to the BLAS matmul.
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
-#include <torch/torch.h>
 
 #include <cstdint>
 #include <cstring>

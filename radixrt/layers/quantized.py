@@ -31,6 +31,8 @@ DENSE_FROM_ROWS = 32
 class GGUFWeight(nn.Module):
     """An [out_features, in_features] weight as GGUF blocks (`blocks`: uint8 [out, bytes])."""
 
+    blocks: torch.Tensor
+
     def __init__(self, blocks: torch.Tensor, fmt: str, in_features: int) -> None:
         super().__init__()
         kind, block_bytes = FORMATS[fmt]

@@ -84,7 +84,7 @@ def _packable(model: nn.Module) -> Iterator[tuple[nn.Module, list[str], torch.Te
             yield module, [f"{prefix}.weight"], module.weight
         elif isinstance(module, LMHead) and module.weight is None:
             yield module, [f"{embedding_name}.weight"], embedding.weight
-        elif isinstance(module, LMHead):
+        elif isinstance(module, LMHead) and module.weight is not None:
             yield module, [f"{prefix}.weight"], module.weight
 
 
