@@ -43,11 +43,13 @@ class GGUFWeight(nn.Module):
         self.fmt, self.kind = fmt, kind
         self.in_features, self.out_features = in_features, blocks.shape[0]
         self.register_buffer("blocks", blocks.contiguous(), persistent=False)
+        # Decided here, not per call: torch.compile must not trace the loader's file checks.
+        self.native = native_ops_loaded()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] -> x @ W.T [..., out], in x's dtype (computed in float32)."""
         flat = x.reshape(-1, self.in_features).float()
-        if native_ops_loaded() and flat.device.type == "cpu":
+        if self.native and flat.device.type == "cpu":
             y = torch.ops.radixrt.gguf_linear(flat, self.blocks, self.kind, DENSE_FROM_ROWS)
         else:
             y = F.linear(flat, self.dequantize())
