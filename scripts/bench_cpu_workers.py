@@ -95,7 +95,8 @@ def vllm_worker(spec: dict[str, Any]) -> dict[str, Any]:
         )
         inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
         outs = llm.generate(inputs, params, use_tqdm=False)
-        cached = sum(o.num_cached_tokens or 0 for o in outs)
+        counts = [o.num_cached_tokens for o in outs]
+        cached = None if None in counts else sum(counts)
         return [len(o.outputs[0].token_ids) for o in outs], cached
 
     return {"version": vllm.__version__, "dtype": dtype, "workloads": time_workloads(spec, run)}
