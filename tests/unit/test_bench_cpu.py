@@ -1,0 +1,80 @@
+"""scripts/bench_cpu.py: its workloads, its table and ratios, and one real shrunk run of the
+radixrt worker beside a peer whose venv is missing (reported, never given a figure)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+SCRIPTS = os.path.join(os.path.dirname(__file__), "..", "..", "scripts")
+sys.path.insert(0, SCRIPTS)
+import bench_cpu  # noqa: E402
+
+
+def test_workloads_are_seeded_sized_and_independent_of_the_selection():
+    full = bench_cpu.build_workloads(list(bench_cpu.SHAPES), quick=False)
+    again = bench_cpu.build_workloads(["long", "shared_prefix"], quick=False)
+    by_name = {w.name: w for w in full}
+    assert [w.prompts for w in again] == [by_name["long"].prompts, by_name["shared_prefix"].prompts]
+    sizes = {w.name: (len(w.prompts), len(w.prompts[0]), w.new_tokens) for w in full}
+    assert sizes == {
+        "decode": (1, 16, 256),
+        "prefill": (1, 2000, 1),
+        "unrelated": (64, 128, 128),
+        "shared_prefix": (64, 1016, 32),
+        "long": (8, 4000, 64),
+    }
+    shared = by_name["shared_prefix"].prompts
+    assert all(p[:1000] == shared[0][:1000] for p in shared)
+    assert len({tuple(p[1000:]) for p in shared}) == 64
+    unrelated = by_name["unrelated"].prompts
+    assert len({p[0] for p in unrelated}) > 32  # not one prompt repeated
+    low, high = bench_cpu.TOKEN_RANGE
+    assert all(low <= t < high for w in full for p in w.prompts for t in p)
+
+
+def test_the_table_counts_the_right_tokens_and_divides_the_right_way():
+    decode, prefill = bench_cpu.build_workloads(["decode", "prefill"], quick=False)
+    ours = {"workloads": {"decode": _fig(2.0, 0), "prefill": _fig(4.0, 0)}}
+    peer = {"workloads": {"decode": _fig(8.0, None), "prefill": _fig(2.0, 1000)}}
+    results = {"radixrt": ours, "llama.cpp": peer, "vLLM": {"error": "not installed"}}
+    table = bench_cpu.markdown_table([decode, prefill], results, ["radixrt"])
+    rows = table.splitlines()
+    assert rows[0].split(" | ")[-2:] == ["radixrt ÷ llama.cpp", "radixrt ÷ vLLM |"]
+    assert "| 128.0 | 32.0 | not installed |" in rows[2]  # 256 tokens in 2 s and in 8 s
+    assert "4.00×" in rows[2] and rows[2].endswith("| — |")
+    assert "prompt tok/s | 500.0 | 1,000.0 |" in rows[3]  # the prefill counts its 2,000
+    assert "0.50×" in rows[3] and "llama.cpp 50%" in rows[3]
+
+
+def _fig(seconds: float, cached: int | None) -> dict:
+    return {"seconds": seconds, "cached_tokens": cached, "prompt_tokens": 2000}
+
+
+def test_engine_args_parse_as_the_cli_spells_them():
+    got = bench_cpu.parse_engine_args("--quantization none --enable-torch-compile --page-size 16")
+    assert got == {"quantization": "none", "enable_torch_compile": True, "page_size": 16}
+    with pytest.raises(SystemExit, match="expected --flag"):
+        bench_cpu.parse_engine_args("none")
+
+
+def test_unknown_engines_are_refused_with_the_allowed_names(capsys):
+    with pytest.raises(SystemExit):
+        bench_cpu.parse_args(["--engines", "radixrt,ollama"])
+    assert "allowed: radixrt,vllm,llamacpp,transformers" in capsys.readouterr().err
+
+
+@pytest.mark.default_model
+def test_a_quick_run_measures_radixrt_and_reports_a_missing_peer(tmp_path):
+    report = bench_cpu.main(
+        ["--quick", "--engines", "radixrt,llamacpp", "--workloads", "decode,shared_prefix",
+         "--venvs", str(tmp_path), "--markdown", str(tmp_path / "t.md")]
+    )  # fmt: skip
+    ours = report["results"]["radixrt"]
+    assert ours["workloads"]["decode"]["seconds"] > 0
+    shared = ours["workloads"]["shared_prefix"]
+    assert shared["cached_tokens"] >= 3 * 100  # the other three prompts hit the 100 shared
+    assert "not installed" in report["results"]["llama.cpp"]["error"]
+    assert "not installed" in (tmp_path / "t.md").read_text()
