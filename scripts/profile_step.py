@@ -4,7 +4,7 @@ torch.compile warm-up time and decode steps at batch 1 and 32, eager against com
 same process (interleaved, best of 5), and the host side of a batch-64 decode step
 (ModelRunner.build_batch + the attention metadata), in microseconds.
 
-    python scripts/profile_step.py [--dtype bfloat16] [--rows 8] [--compile]
+    python scripts/profile_step.py [--dtype bfloat16] [--quantization auto] [--rows 8] [--compile]
 """
 
 from __future__ import annotations
@@ -87,9 +87,10 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     parser.add_argument("--rows", type=int, default=8, help="operators listed per table")
     parser.add_argument("--compile", action="store_true", help="eager vs torch.compile")
+    parser.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "int4"])
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
-    model, cfg = load_model(default_model_path(), dtype, "cpu")
+    model, cfg = load_model(default_model_path(), dtype, "cpu", quantization=args.quantization)
     if args.compile:
         compare_compile(model, cfg, dtype)
         return
