@@ -42,14 +42,14 @@ def plan_native(
 ) -> NativePlan:
     """skip[i]: leading slots of sequence i that a cascade covers instead of the kernel;
     cascades: (its sequences, its shared slots)."""
-    qo_starts = _offsets(fb.extend_lens_cpu)
+    qo_starts = offsets(fb.extend_lens_cpu)
     rows = [
         Cascade(_rows(qo_starts, fb.extend_lens_cpu, ids, fb.qo_indptr.device), prefix)
         for ids, prefix in cascades
     ]
     if not any(skip):
         return NativePlan(fb.qo_indptr, fb.kv_indptr, fb.kv_indices, rows)
-    kv_starts = _offsets(fb.seq_lens_cpu)
+    kv_starts = offsets(fb.seq_lens_cpu)
     own = [
         fb.kv_indices[start + s : start + n]
         for start, s, n in zip(kv_starts, skip, fb.seq_lens_cpu, strict=True)
@@ -59,7 +59,8 @@ def plan_native(
     return NativePlan(fb.qo_indptr, kv_indptr.to(fb.kv_indptr.device), torch.cat(own), rows)
 
 
-def _offsets(lengths: list[int]) -> list[int]:
+def offsets(lengths: list[int]) -> list[int]:
+    """Where each of consecutive runs of these lengths starts."""
     out, total = [], 0
     for n in lengths:
         out.append(total)

@@ -19,7 +19,13 @@ import torch
 import torch.nn.functional as F
 
 from radixrt.attention.base import AttentionBackend
-from radixrt.attention.cpu_native import NativePlan, can_run_native, native_attention, plan_native
+from radixrt.attention.cpu_native import (
+    NativePlan,
+    can_run_native,
+    native_attention,
+    offsets,
+    plan_native,
+)
 from radixrt.executor.forward_batch import ForwardBatch
 from radixrt.native import load_native
 
@@ -112,7 +118,7 @@ class TorchAttentionBackend(AttentionBackend):
         decode_ids = [i for i, b in enumerate(batched) if b]
         extend_ids = [i for i, b in enumerate(batched) if not b]
         decode = _decode_metadata(fb, decode_ids) if decode_ids else None
-        starts, kv_starts = _offsets(fb.extend_lens_cpu), _offsets(fb.seq_lens_cpu)
+        starts, kv_starts = offsets(fb.extend_lens_cpu), offsets(fb.seq_lens_cpu)
         extends = [_extend_metadata(fb, i, starts[i], kv_starts[i]) for i in extend_ids]
         shared = _shared_extend_metadata(extends)
         if shared is not None:
@@ -177,14 +183,6 @@ def _native_plan(
         for i in ids:
             skip[i] = prefix_slots.numel()
     return plan_native(fb, skip, cascades)
-
-
-def _offsets(lengths: list[int]) -> list[int]:
-    out, total = [], 0
-    for n in lengths:
-        out.append(total)
-        total += n
-    return out
 
 
 def _decode_metadata(fb: ForwardBatch, ids: list[int]) -> DecodeMetadata:
