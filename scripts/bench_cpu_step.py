@@ -1,0 +1,73 @@
+"""One model-runner step on the default model, per --quantization setting: batch-1 decode,
+batch-64 decode and a 1,000-token prefill, in milliseconds (the README's "Speed on the CPU").
+
+    python scripts/bench_cpu_step.py [--quantization auto,none] [--threads 2] [--compile]
+
+Run it under other OpenMP settings (GOMP_SPINCOUNT=0 ...) or beside a busy process to see how
+a step degrades under contention. float32; the model load is not timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from radixrt.attention.torch_backend import TorchAttentionBackend
+from radixrt.cache.kv_pool import KVPool
+from radixrt.cache.req_to_token import ReqToTokenTable
+from radixrt.executor.forward_batch import SimpleStep
+from radixrt.executor.model_runner import ModelRunner
+from radixrt.loader.default_model import default_model_path
+from radixrt.loader.load import load_model
+
+ROWS, ROW_LEN = 64, 1024  # table rows (requests) and their slots
+
+
+def make_runner(quantization: str, compile_: bool) -> ModelRunner:
+    model, cfg = load_model(default_model_path(), torch.float32, "cpu", quantization=quantization)
+    pool = KVPool(
+        ROWS * ROW_LEN, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, torch.float32, "cpu"
+    )
+    table = ReqToTokenTable(ROWS, ROW_LEN, "cpu")
+    for r in range(ROWS):
+        table.write(r, 0, torch.arange(r * ROW_LEN, (r + 1) * ROW_LEN))
+    return ModelRunner(
+        model, pool, TorchAttentionBackend(), table, "cpu",
+        enable_torch_compile=compile_, torch_compile_max_bs=ROWS,
+    )  # fmt: skip
+
+
+def ms(runner: ModelRunner, step: SimpleStep, repeats: int) -> float:
+    runner.forward(step)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        runner.forward(step)
+    return (time.perf_counter() - start) / repeats * 1000
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quantization", default="auto,none")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--compile", action="store_true", help="--enable-torch-compile")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    decode_1 = SimpleStep([0], [100], [1], [5], [0])
+    rows = list(range(ROWS))
+    decode_64 = SimpleStep(rows, [200] * ROWS, [1] * ROWS, [5] * ROWS, rows)
+    prefill = SimpleStep([0], [0], [1000], [7] * 1000, [999])
+    for q in args.quantization.split(","):
+        runner = make_runner(q, args.compile)
+        print(
+            f"quantization={q} threads={args.threads} compile={args.compile}: "
+            f"decode bs1 {ms(runner, decode_1, 30):.1f} ms, "
+            f"bs64 {ms(runner, decode_64, 5):.1f} ms, "
+            f"prefill 1000 {ms(runner, prefill, 2):.0f} ms",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
