@@ -22,8 +22,8 @@ from transformers import PretrainedConfig
 from radixrt.layers.embedding import LMHead, VocabParallelEmbedding
 from radixrt.layers.linear import MergedLinear, PackableLinear
 from radixrt.layers.quantized import BLOCK, GGUFWeight, quantize
+from radixrt.server_args import QUANTIZATIONS
 
-METHODS = ("auto", "none", "int8", "int4")
 logger = logging.getLogger("radixrt.loader")
 
 Blocks = dict[str, tuple[str, torch.Tensor]]  # checkpoint name -> (format, uint8 blocks)
@@ -41,8 +41,8 @@ def apply_quantization(
 
     ValueError naming --quantization for an unknown method, or int4/int8 off the CPU.
     """
-    if method not in METHODS:
-        raise ValueError(f"quantization must be one of {list(METHODS)}, got {method!r}")
+    if method not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {list(QUANTIZATIONS)}, got {method!r}")
     if method == "none" or (method == "auto" and (device.type != "cpu" or tp_size > 1)):
         return {}
     if device.type != "cpu":

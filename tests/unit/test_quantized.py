@@ -60,8 +60,9 @@ def test_quantization_error_is_at_most_half_a_step(fmt, levels):
     w = _weights(8, 256, seed=3)
     back = dequantize(quantize(w, fmt), fmt, 256)
     blocks = w.reshape(8, -1, 32)
-    step = (blocks.amax(-1) - blocks.amin(-1)) / levels if fmt == "int4" else None
-    if fmt == "int8":
+    if fmt == "int4":
+        step = (blocks.amax(-1) - blocks.amin(-1)) / levels
+    else:
         step = 2 * blocks.abs().amax(-1) / levels
     err = (back - w).abs().reshape(8, -1, 32).amax(-1)
     # Half a step, plus the fp16 rounding of the scale (and minimum) applied to 15 or 127 codes.
