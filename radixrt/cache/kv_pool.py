@@ -7,7 +7,11 @@ request lists its slots in position order.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+
+from radixrt.native import load_native
 
 
 class KVPool:
@@ -29,9 +33,14 @@ class KVPool:
         shape = (size, num_kv_heads, head_dim)
         self.k_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # On the CPU one native call stores a step's K and V (two index_puts otherwise).
+        self._native: Any | None = load_native() if self.device.type == "cpu" else None
 
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write new K/V ([T, num_kv_heads, head_dim]) into slots `loc` ([T]) of one layer."""
+        if self._native is not None and _native_storable(loc, k, v, self.dtype):
+            self._native.store_kv(self.k_buffer[layer_id], self.v_buffer[layer_id], loc, k, v)
+            return
         self.k_buffer[layer_id][loc] = k.to(self.dtype)
         self.v_buffer[layer_id][loc] = v.to(self.dtype)
 
@@ -44,3 +53,16 @@ class KVPool:
     ) -> int:
         itemsize = torch.tensor([], dtype=dtype).element_size()
         return 2 * num_layers * num_kv_heads * head_dim * itemsize
+
+
+def _native_storable(
+    loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype
+) -> bool:
+    # The native store copies each token's heads as one run of memory, in the pool's dtype.
+    return (
+        loc.dtype == torch.int64
+        and loc.is_contiguous()
+        and k.dtype == v.dtype == dtype
+        and all(t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in (k, v))
+        and not torch.compiler.is_compiling()
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from radixrt.layers.fused import use_triton
+from radixrt.layers.fused import native_cpu, use_triton
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -14,5 +14,8 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
         from radixrt.kernels.fused_layers import silu_and_mul as fused
 
         return fused(gate_up)
+    ops = native_cpu(gate_up)
+    if ops is not None and gate_up.dim() == 2 and gate_up.stride(1) == 1:
+        return ops.silu_and_mul(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from radixrt.layers.fused import use_triton
+from radixrt.layers.fused import native_cpu, use_triton
 
 
 class RMSNorm(nn.Module):
@@ -26,16 +26,23 @@ class RMSNorm(nn.Module):
             from radixrt.kernels.fused_layers import rmsnorm
 
             return rmsnorm(x, self.weight, self.eps)[0]
+        ops = native_cpu(x)
+        if ops is not None and x.dim() == 2 and x.dtype == self.weight.dtype:
+            return ops.rms_norm(x, self.weight, self.eps)
         return self._norm(x)
 
     def add_and_norm(
         self, x: torch.Tensor, residual: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:  # ([T, hidden] normalized, [T, hidden] x + residual)
-        """Add the residual stream, then normalize; one fused kernel on CUDA."""
+        """Add the residual stream, then normalize; one fused kernel on CUDA and the CPU."""
         if use_triton(x):
             from radixrt.kernels.fused_layers import rmsnorm
 
             return rmsnorm(x, self.weight, self.eps, residual)
+        ops = native_cpu(x)
+        if ops is not None and x.dim() == 2 and x.dtype == residual.dtype == self.weight.dtype:
+            normed, summed = ops.add_rms_norm(x, residual, self.weight, self.eps)
+            return normed, summed
         h = x + residual
         return self._norm(h), h
 

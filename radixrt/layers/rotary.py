@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from radixrt.layers.fused import use_triton
+from radixrt.layers.fused import native_cpu, use_triton
 from radixrt.models.config import RopeConfig
 
 
@@ -74,10 +74,14 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 def rotate_qk(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """apply_rotary for the model: on CUDA the fused kernel rotates qk [T, H, D] in place (a view
-    into the qkv projection: no copy) and returns it; elsewhere a new tensor."""
+    """apply_rotary for the model: on CUDA and the CPU a fused kernel rotates qk [T, H, D] in
+    place (a view into the qkv projection: no copy) and returns it; else a new tensor."""
     if use_triton(qk):
         from radixrt.kernels.fused_layers import rotary_inplace
 
         return rotary_inplace(qk, cos, sin)
+    ops = native_cpu(qk)
+    if ops is not None and qk.stride(-1) == 1 and cos.dtype == qk.dtype:
+        ops.rotary_(qk, cos.contiguous(), sin.contiguous())
+        return qk
     return apply_rotary(qk, cos, sin)

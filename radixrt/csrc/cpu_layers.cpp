@@ -1,0 +1,199 @@
+// The small per-layer ops of a decoder step on the CPU, one call each instead of 5-20 aten ops:
+// RMSNorm (with the residual add folded in), the rotary embedding in place, SwiGLU, and the
+// store of new keys and values into the KV pool. At batch 1 a step runs ~60 of these ops per
+// layer in torch, each a few microseconds of dispatch for a few hundred floats of work.
+//
+// Each op rounds where its torch reference (radixrt/layers/*.py) rounds: products and sums in
+// the activation dtype, the norm's statistics in float32. Floating-point contraction is off
+// so that a * b - c * d is two rounded products and a rounded difference, as in torch; only
+// the order of the norm's sum of squares differs (a few ulps, tests/kernels/test_cpu_layers.py).
+// Small batches run on the calling thread: waking OpenMP's workers costs more than the work.
+#pragma GCC optimize("fp-contract=off")
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <tuple>
+
+namespace {
+
+constexpr int64_t kGrain = 1 << 15;  // elements per thread before the work is split
+
+// Rows [0, rows) split over threads only when there is enough work.
+template <typename F>
+void for_rows(int64_t rows, int64_t row_size, const F& body) {
+  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(row_size, 1));
+  if (rows <= grain) {
+    body(0, rows);
+  } else {
+    at::parallel_for(0, rows, grain, body);
+  }
+}
+
+void check_rows(const at::Tensor& x, const char* op) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, op, ": expected [T, hidden] with unit stride");
+}
+
+// y = w * (x / sqrt(mean(x^2) + eps)) of one row, with the norm cast to scalar_t before the
+// weight multiply (transformers' order).
+template <typename scalar_t>
+void norm_row(const scalar_t* x, const scalar_t* w, int64_t n, float eps, scalar_t* y) {
+  float acc[8] = {};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int l = 0; l < 8; ++l) {
+      const float v = static_cast<float>(x[j + l]);
+      acc[l] += v * v;
+    }
+  float sum = 0.0f;
+  for (; j < n; ++j) sum += static_cast<float>(x[j]) * static_cast<float>(x[j]);
+  for (int l = 0; l < 8; ++l) sum += acc[l];
+  const float inv = 1.0f / std::sqrt(sum / static_cast<float>(n) + eps);
+  for (j = 0; j < n; ++j) {
+    const scalar_t normed = static_cast<scalar_t>(static_cast<float>(x[j]) * inv);
+    y[j] = static_cast<scalar_t>(w[j] * normed);
+  }
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_rows(x, "rms_norm");
+  TORCH_CHECK(weight.dtype() == x.dtype() && weight.is_contiguous(), "rms_norm: bad weight");
+  at::Tensor y = at::empty({x.size(0), x.size(1)}, x.options());
+  const int64_t n = x.size(1), xs = x.stride(0);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    const scalar_t* wp = weight.data_ptr<scalar_t>();
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    for_rows(x.size(0), n, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) norm_row(xp + r * xs, wp, n, float(eps), yp + r * n);
+    });
+  });
+  return y;
+}
+
+// (norm(x + residual), x + residual): the residual stream and the next block's input.
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+                                                const at::Tensor& weight, double eps) {
+  check_rows(x, "add_rms_norm");
+  check_rows(residual, "add_rms_norm");
+  TORCH_CHECK(residual.sizes() == x.sizes() && residual.dtype() == x.dtype(),
+              "add_rms_norm: residual must match x");
+  TORCH_CHECK(weight.dtype() == x.dtype() && weight.is_contiguous(), "add_rms_norm: bad weight");
+  const int64_t n = x.size(1);
+  at::Tensor sum = at::empty({x.size(0), n}, x.options());
+  at::Tensor y = at::empty_like(sum);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "add_rms_norm", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    const scalar_t* rp = residual.data_ptr<scalar_t>();
+    const scalar_t* wp = weight.data_ptr<scalar_t>();
+    scalar_t* sp = sum.data_ptr<scalar_t>();
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    for_rows(x.size(0), n, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        scalar_t* s = sp + r * n;
+        for (int64_t j = 0; j < n; ++j) s[j] = xp[r * x.stride(0) + j] + rp[r * residual.stride(0) + j];
+        norm_row(s, wp, n, float(eps), yp + r * n);
+      }
+    });
+  });
+  return {y, sum};
+}
+
+// Neox rotary, in place: x [T, H, D] (a view: any token and head strides, unit inner stride),
+// cos/sin [T, 1, D/2] contiguous. (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin).
+void rotary_(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1, "rotary_: expected x [T, H, D], unit stride");
+  const int64_t t = x.size(0), h = x.size(1), half = x.size(2) / 2;
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.numel() == t * half &&
+                  sin.numel() == t * half && cos.dtype() == x.dtype() && sin.dtype() == x.dtype(),
+              "rotary_: cos and sin must be contiguous [T, 1, D/2] in x's dtype");
+  const int64_t ts = x.stride(0), hs = x.stride(1);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rotary_", [&] {
+    scalar_t* xp = x.data_ptr<scalar_t>();
+    const scalar_t* cp = cos.data_ptr<scalar_t>();
+    const scalar_t* sp = sin.data_ptr<scalar_t>();
+    for_rows(t, h * half * 2, [&](int64_t t0, int64_t t1) {
+      for (int64_t i = t0; i < t1; ++i)
+        for (int64_t k = 0; k < h; ++k) {
+          scalar_t* a = xp + i * ts + k * hs;
+          scalar_t* b = a + half;
+          const scalar_t* c = cp + i * half;
+          const scalar_t* s = sp + i * half;
+          for (int64_t j = 0; j < half; ++j) {
+            const scalar_t x1 = a[j], x2 = b[j];
+            const scalar_t p = x1 * c[j], q = x2 * s[j], u = x2 * c[j], v = x1 * s[j];
+            a[j] = p - q;
+            b[j] = u + v;
+          }
+        }
+    });
+  });
+}
+
+// silu(gate) * up for gate_up [T, 2I] -> [T, I]; silu in float32, rounded to the dtype.
+at::Tensor silu_and_mul(const at::Tensor& gate_up) {
+  check_rows(gate_up, "silu_and_mul");
+  const int64_t t = gate_up.size(0), n = gate_up.size(1) / 2, gs = gate_up.stride(0);
+  at::Tensor y = at::empty({t, n}, gate_up.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, y.scalar_type(), "silu_and_mul", [&] {
+    const scalar_t* g = gate_up.data_ptr<scalar_t>();
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    for_rows(t, n, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t j = 0; j < n; ++j) {
+          const float a = static_cast<float>(g[r * gs + j]);
+          const scalar_t silu = static_cast<scalar_t>(a / (1.0f + std::exp(-a)));
+          yp[r * n + j] = silu * g[r * gs + n + j];
+        }
+    });
+  });
+  return y;
+}
+
+// k_cache[loc[i]] = k[i], v_cache[loc[i]] = v[i]: caches [S, H, D] contiguous, k/v [T, H, D]
+// with unit strides inside a token (the qkv projection's views), loc int64 [T].
+void store_kv(at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& loc, const at::Tensor& k,
+              const at::Tensor& v) {
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k.dtype() == k_cache.dtype() &&
+                  v.dtype() == v_cache.dtype() && loc.dtype() == at::kLong && loc.is_contiguous(),
+              "store_kv: caches must be contiguous, k/v in their dtype, loc int64");
+  const int64_t t = loc.numel(), row = k_cache.size(1) * k_cache.size(2), slots = k_cache.size(0);
+  TORCH_CHECK(k.numel() == t * row && v.numel() == t * row, "store_kv: k/v do not fit loc");
+  TORCH_CHECK(k.stride(2) == 1 && k.stride(1) == k.size(2) && v.stride(2) == 1 &&
+                  v.stride(1) == v.size(2),
+              "store_kv: each token's heads must be contiguous");
+  const int64_t* lp = loc.data_ptr<int64_t>();
+  const int64_t bytes = row * k.element_size();
+  auto* kc = static_cast<char*>(k_cache.data_ptr());
+  auto* vc = static_cast<char*>(v_cache.data_ptr());
+  const auto* kp = static_cast<const char*>(k.data_ptr());
+  const auto* vp = static_cast<const char*>(v.data_ptr());
+  const int64_t ks = k.stride(0) * k.element_size(), vs = v.stride(0) * v.element_size();
+  for (int64_t i = 0; i < t; ++i) {
+    TORCH_CHECK(lp[i] >= 0 && lp[i] < slots, "store_kv: slot ", lp[i], " outside the pool");
+    std::memcpy(kc + lp[i] * bytes, kp + i * ks, bytes);
+    std::memcpy(vc + lp[i] * bytes, vp + i * vs, bytes);
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(radixrt, m) {
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
+  m.def("rotary_(Tensor(a!) x, Tensor cos, Tensor sin) -> ()");
+  m.def("silu_and_mul(Tensor gate_up) -> Tensor");
+  m.def("store_kv(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor loc, Tensor k, Tensor v) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(radixrt, CPU, m) {
+  m.impl("rms_norm", rms_norm);
+  m.impl("add_rms_norm", add_rms_norm);
+  m.impl("rotary_", rotary_);
+  m.impl("silu_and_mul", silu_and_mul);
+  m.impl("store_kv", store_kv);
+}

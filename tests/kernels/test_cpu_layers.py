@@ -1,0 +1,92 @@
+"""radixrt's native CPU layer ops (radixrt/csrc/cpu_layers.cpp) against the torch paths of the
+layers they replace (the reference: transformers' order of operations).
+
+Exactness: the rotary, the residual add, SwiGLU's product and the KV store round exactly where
+torch rounds, so they must be bit-identical in float32 and bfloat16 (SwiGLU's exp may differ
+from torch's vectorized exp by an ulp, so a few float32 ulps after the product). RMSNorm sums
+the squares in another order: the normalizer may differ by a few float32 ulps, which after the
+cast is at most one step of the output dtype.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixrt import native
+from radixrt.cache.kv_pool import KVPool
+from radixrt.layers import activation, norm, rotary
+from radixrt.layers.norm import RMSNorm
+from radixrt.models.config import RopeConfig
+
+OPS = native.load_native()
+pytestmark = pytest.mark.skipif(
+    OPS is None, reason="native CPU kernels unavailable (no compiler/ninja, or disabled)"
+)
+DTYPES = [torch.float32, torch.bfloat16]
+# One unit in the last place, relative: an upper bound over a binade (a step of the dtype).
+ULP = {torch.float32: 2.0**-23, torch.bfloat16: 2.0**-7}
+
+
+def torch_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    for module in (norm, rotary, activation):
+        monkeypatch.setattr(module, "native_cpu", lambda x: None)
+
+
+def within_ulps(out: torch.Tensor, ref: torch.Tensor, ulps: float) -> bool:
+    bound = ulps * ULP[ref.dtype] * ref.float().abs().clamp_min(1e-3)
+    return bool(((out.float() - ref.float()).abs() <= bound).all())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens", [1, 3, 700])  # 700: split over threads
+def test_rms_norm_and_residual_add_match_torch(dtype, tokens, monkeypatch):
+    layer = RMSNorm(576, eps=1e-5).to(dtype)
+    layer.weight.data = torch.randn(576).to(dtype)
+    x, residual = torch.randn(tokens, 576, dtype=dtype), torch.randn(tokens, 576, dtype=dtype)
+    out, (normed, summed) = layer(x), layer.add_and_norm(x, residual)
+    torch_only(monkeypatch)
+    ref, (ref_normed, ref_summed) = layer(x), layer.add_and_norm(x, residual)
+    assert torch.equal(summed, ref_summed)
+    assert within_ulps(out, ref, 1 if dtype == torch.bfloat16 else 8)
+    assert within_ulps(normed, ref_normed, 1 if dtype == torch.bfloat16 else 8)
+    assert not torch.equal(out, x)  # the op did something
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens", [1, 5, 300])
+def test_rotary_in_place_on_the_qkv_view_matches_torch(dtype, tokens):
+    heads, kv_heads, d = 9, 3, 64
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d, dtype=dtype)
+    qk = qkv[:, : (heads + kv_heads) * d].view(tokens, -1, d)  # strided, as in the model
+    rope = rotary.RotaryEmbedding(d, RopeConfig(theta=10000.0))
+    cos, sin = rope.cos_sin(torch.arange(tokens) * 7, dtype)
+    expected = rotary.apply_rotary(qk.clone(), cos, sin)
+    v_before = qkv[:, (heads + kv_heads) * d :].clone()
+    out = rotary.rotate_qk(qk, cos, sin)
+    assert out.data_ptr() == qk.data_ptr()  # in place
+    assert torch.equal(out, expected)
+    assert torch.equal(qkv[:, (heads + kv_heads) * d :], v_before)  # v untouched
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens", [1, 40])
+def test_silu_and_mul_matches_torch(dtype, tokens, monkeypatch):
+    gate_up = torch.randn(tokens, 2 * 1536, dtype=dtype) * 4
+    out = activation.silu_and_mul(gate_up)
+    torch_only(monkeypatch)
+    ref = activation.silu_and_mul(gate_up)
+    assert out.shape == ref.shape == (tokens, 1536)
+    assert within_ulps(out, ref, 4)
+
+
+def test_store_kv_writes_the_slots_and_rejects_a_slot_outside_the_pool():
+    pool = KVPool(32, 2, 3, 8, torch.float32, "cpu")
+    qkv = torch.randn(4, 9 * 8)
+    k, v = qkv[:, 24:48].view(4, 3, 8), qkv[:, 48:].view(4, 3, 8)  # strided views
+    loc = torch.tensor([5, 0, 31, 17])
+    pool.set_kv(1, loc, k, v)
+    assert torch.equal(pool.k_buffer[1][loc], k) and torch.equal(pool.v_buffer[1][loc], v)
+    assert pool.k_buffer[0].abs().sum() == 0 and pool.k_buffer[1][1].abs().sum() == 0
+    with pytest.raises(RuntimeError, match="slot 32 outside the pool"):
+        pool.set_kv(0, torch.tensor([3, 32, 1, 2]), k, v)
