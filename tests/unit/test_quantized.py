@@ -93,6 +93,29 @@ def test_native_matmul_matches_the_float_reference(fmt, rows):
 
 
 @needs_native
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+def test_native_dequantize_is_the_reference_bit_for_bit(fmt):
+    # The wide path's AVX2 expansion: d * q + m, a product then a sum, as the reference.
+    blocks = quantize(_weights(37, 1536, seed=4), fmt)
+    native = torch.ops.radixrt.gguf_dequantize(blocks, quantized.FORMATS[fmt][0], 1536)
+    assert torch.equal(native, dequantize(blocks, fmt, 1536))
+
+
+@needs_native
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+@pytest.mark.parametrize("rows, out_features", [(64, 301), (300, 1000)])
+def test_wide_matmul_over_many_tiles_matches_the_float_reference(fmt, rows, out_features):
+    # Several tiles per thread, a last tile shorter than the others, tiles growing with rows;
+    # under inference mode, as the engine runs (the threads writing y must be in it too).
+    weight = GGUFWeight(quantize(_weights(out_features, 1536, seed=5), fmt), fmt, 1536)
+    x = torch.randn(rows, 1536, generator=torch.Generator().manual_seed(8))
+    ref = x.double() @ weight.dequantize().double().T
+    with torch.inference_mode():
+        y = weight(x)
+    assert (y.double() - ref).abs().max() <= KERNEL_RTOL * ref.abs().max()
+
+
+@needs_native
 def test_native_matmul_keeps_the_input_dtype_and_leading_dims():
     weight = GGUFWeight(quantize(_weights(16, 64), "int4"), "int4", 64)
     x = torch.randn(2, 3, 64).bfloat16()
