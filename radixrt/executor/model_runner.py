@@ -4,6 +4,7 @@ request-to-token table, forwards, returns the logits of the rows the step needs.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING
 
 import torch
@@ -14,6 +15,7 @@ from radixrt.cache.req_to_token import ReqToTokenTable
 from radixrt.executor.compiled_forward import CompiledDecoderForward, can_compile
 from radixrt.executor.cuda_graph import CudaGraphRunner
 from radixrt.executor.forward_batch import ForwardBatch, StepInput
+from radixrt.executor.step_threads import StepThreads
 
 if TYPE_CHECKING:
     from radixrt.models.base import CausalLM
@@ -26,7 +28,14 @@ class ModelRunner:
     and `disable_cuda_graph` is off (graphs for batches of up to `cuda_graph_max_bs`, captured
     here). On the CPU, `enable_torch_compile` runs steps of up to `torch_compile_max_bs` new
     tokens (decode batches of that size, short chunks) through torch.compile'd graphs
-    (compiled_forward.py, built here); everything else runs eagerly."""
+    (compiled_forward.py, built here); everything else runs eagerly.
+
+    Eager CPU steps of fewer than `ADAPTIVE_THREADS_BELOW` new tokens (decode batches) run on
+    one thread or on all of torch's, whichever has been faster lately (step_threads.py): under
+    contention one thread is several times faster. Wider steps are compute-bound and keep
+    every thread; compiled steps keep the count their kernels were compiled for."""
+
+    ADAPTIVE_THREADS_BELOW = 32
 
     def __init__(
         self,
@@ -58,6 +67,8 @@ class ModelRunner:
         self.torch_compile_max_bs = torch_compile_max_bs
         if enable_torch_compile:
             self.compiled = _compiled_forward(model, self.device, torch_compile_max_bs)
+        adaptive = self.device.type == "cpu" and self.compiled is None
+        self.step_threads = StepThreads(torch.get_num_threads()) if adaptive else None
 
     def build_batch(self, step: StepInput) -> ForwardBatch:
         """The step's ForwardBatch: lengths and tokens come from the host (a few small copies),
@@ -90,9 +101,23 @@ class ModelRunner:
             attn_backend=self.attn_backend,
         )
 
-    @torch.inference_mode()
     def forward(self, step: StepInput) -> torch.Tensor:
         """Forward the step and return float32 logits [len(step.logit_rows), vocab]."""
+        tokens = len(step.input_ids)
+        policy = self.step_threads
+        if policy is None or tokens >= self.ADAPTIVE_THREADS_BELOW:
+            return self._forward(step)
+        threads = policy.choose(tokens)
+        torch.set_num_threads(threads)
+        start = time.perf_counter()
+        try:
+            return self._forward(step)
+        finally:
+            policy.record(tokens, threads, time.perf_counter() - start)
+            torch.set_num_threads(policy.max_threads)
+
+    @torch.inference_mode()
+    def _forward(self, step: StepInput) -> torch.Tensor:
         if self.graph_runner is not None and self.graph_runner.can_run(step):
             self.table.flush()
             hidden = self.graph_runner.replay(step)
