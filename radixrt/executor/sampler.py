@@ -96,10 +96,10 @@ NO_TOKEN = -1  # the id `sample` gives a row where nothing can be drawn
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """Next token ids [B] int64 from the last-position logits [B, V] float32.
 
-    A row where no token is left to draw (every logit -inf or NaN after the grammar's mask
-    and the penalties: say min_new_tokens bans the end of sequence, the only token a finished
-    grammar allows) gets NO_TOKEN; the caller ends that request. The caller's logits are never
-    modified (penalties work on a copy).
+    A row where no token is left to draw (every logit -inf after the grammar's mask and the
+    penalties: say min_new_tokens bans the end of sequence, the only token a finished grammar
+    allows), or one with a NaN logit, gets NO_TOKEN; the caller ends that request. The
+    caller's logits are never modified (penalties work on a copy).
     """
     assert logits.dim() == 2 and logits.shape[0] == batch.batch_size, logits.shape
     logits = logits.to(torch.float32)
@@ -108,18 +108,20 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         batch.penalties.apply(logits)
     greedy_ids = logits.argmax(dim=-1)
     if batch.all_greedy:
-        return _mark_empty_rows(greedy_ids, logits)
+        return _mark_empty_rows(greedy_ids, logits, greedy_ids)
     probs = torch.softmax(logits / batch.temperatures, dim=-1)  # [B, V]
     probs = filter_probs(probs, batch)
     sampled_ids = (probs / _exponential_noise(probs, batch)).argmax(dim=-1)
-    return _mark_empty_rows(torch.where(batch.greedy, greedy_ids, sampled_ids), logits)
+    return _mark_empty_rows(torch.where(batch.greedy, greedy_ids, sampled_ids), logits, greedy_ids)
 
 
-def _mark_empty_rows(ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """ids, with NO_TOKEN in the rows of logits [B, V] that are -inf or NaN throughout (the
-    argmax there is an arbitrary token, one the grammar would refuse)."""
-    drawable = (logits > float("-inf")).any(dim=-1)  # NaN compares False
-    return torch.where(drawable, ids, torch.full_like(ids, NO_TOKEN))
+def _mark_empty_rows(ids: torch.Tensor, logits: torch.Tensor, argmax: torch.Tensor) -> torch.Tensor:
+    """ids, with NO_TOKEN in the rows of logits [B, V] that are -inf throughout or hold a NaN
+    (the argmax there is an arbitrary token, one the grammar would refuse). Read from the
+    value at each row's argmax, which is NaN when the row has one: a comparison over the
+    whole [B, V] cost more than the LM head at batch 1."""
+    best = logits.gather(1, argmax.unsqueeze(1)).squeeze(1)
+    return torch.where(best > float("-inf"), ids, torch.full_like(ids, NO_TOKEN))
 
 
 def filter_probs(probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

@@ -9,7 +9,7 @@ import torch
 
 from radixrt.executor.logprobs import compute_logprobs
 from radixrt.executor.penalties import build_penalties, token_counts
-from radixrt.executor.sampler import SamplingBatch, sample
+from radixrt.executor.sampler import NO_TOKEN, SamplingBatch, sample
 from radixrt.sampling_params import SamplingParams
 
 V = 16
@@ -57,6 +57,18 @@ def test_greedy_equals_argmax() -> None:
     batch = make_batch([params(temperature=0.0) for _ in range(6)])
     assert batch.all_greedy and batch.penalties is None
     assert torch.equal(sample(logits, batch), logits.argmax(-1))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_rows_with_nothing_to_draw_get_no_token(temperature: float) -> None:
+    logits = random_logits(4)
+    logits[1] = float("-inf")  # everything masked
+    logits[2, 7] = float("nan")  # a broken row
+    logits[3, :-1] = float("-inf")  # one token left
+    batch = make_batch([params(temperature=temperature, seed=1) for _ in range(4)])
+    ids = sample(logits, batch).tolist()
+    assert ids[1] == ids[2] == NO_TOKEN
+    assert ids[3] == V - 1 and ids[0] != NO_TOKEN
 
 
 def test_mixed_batch_greedy_rows_take_argmax() -> None:
