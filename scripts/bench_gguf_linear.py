@@ -1,11 +1,12 @@
 """The default model's linear layers at one step, per kernel and batch rows: which matmul to use
 for GGUF-block weights on this CPU (the README's kernel table; radixrt/layers/quantized.py).
 
-    python scripts/bench_gguf_linear.py [--rows 1,4,16,32,64,256] [--threads 2]
+    python scripts/bench_gguf_linear.py [--rows 1,4,16,32,64,256] [--threads 2] [--repeats 3]
 
 Every kernel runs the same 30 layers x 4 projections of SmolLM2-135M's shapes plus the LM head
 (random weights, so no layer stays in cache between repeats, as in a real step) and reports
-milliseconds per step:
+milliseconds per step, the best of --repeats; the kernels take turns within each repeat, so a
+machine shared with other jobs slows them alike:
 - dense fp32: F.linear on float32 weights (today's `--quantization none` on this CPU);
 - gguf blocks: radixrt's native kernel on Q4_1 blocks (Q8_0 for the LM head), read as stored;
 - gguf expand + BLAS: the same blocks expanded to float32 per call, then the BLAS matmul
@@ -62,19 +63,22 @@ def _kernel(kind: str, w: torch.Tensor, lm_head: bool) -> Callable[[torch.Tensor
     return lambda x: torch.ops.aten._weight_int8pack_mm(x.bfloat16(), codes8, scale8).float()
 
 
-def ms_per_step(kind: str, rows: int, repeats: int) -> float:
-    matmuls = weights(kind)
-    inputs = {k: torch.randn(rows, k) for k in {k for k, _ in matmuls}}
+Matmuls = dict[str, list[tuple[int, Callable[[torch.Tensor], torch.Tensor]]]]
 
-    def step() -> None:
-        for k, f in matmuls:
-            f(inputs[k])
 
-    step()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        step()
-    return (time.perf_counter() - start) / repeats * 1000
+def best_ms_per_step(matmuls: Matmuls, rows: int, repeats: int) -> list[float]:
+    """Each kind's best step time in ms, the kinds interleaved within every repeat."""
+    kinds = list(matmuls)
+    inputs = {k: torch.randn(rows, k) for k in {k for k, _ in matmuls[kinds[0]]}}
+    best = dict.fromkeys(kinds, float("inf"))
+    for repeat in range(repeats + 1):  # the first round warms up
+        for kind in kinds:
+            start = time.perf_counter()
+            for k, f in matmuls[kind]:
+                f(inputs[k])
+            if repeat:
+                best[kind] = min(best[kind], (time.perf_counter() - start) * 1000)
+    return [best[kind] for kind in kinds]
 
 
 def main() -> None:
@@ -88,11 +92,12 @@ def main() -> None:
         raise SystemExit("radixrt's native CPU ops did not build; see docs/cpu_kernels.md")
     kinds = ["dense fp32", "gguf blocks", "gguf expand + BLAS", "aten int4pack", "aten int8pack"]
     rows = [int(r) for r in args.rows.split(",")]
+    matmuls = {kind: weights(kind) for kind in kinds}
     print(f"ms per step (30 layers + LM head), {args.threads} threads")
     print("| rows | " + " | ".join(kinds) + " |")
     print("|---|" + "---|" * len(kinds))
     for m in rows:
-        times = [ms_per_step(kind, m, args.repeats) for kind in kinds]
+        times = best_ms_per_step(matmuls, m, args.repeats)
         print(f"| {m} | " + " | ".join(f"{t:.1f}" for t in times) + " |", flush=True)
 
 
