@@ -51,10 +51,10 @@ class GGUFWeight(nn.Module):
         if self.native and x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu":
             # The common case without the reshapes and casts: ~5 dispatches per call add up
             # to a millisecond over a batch-1 step's 121 matmuls.
-            return torch.ops.radixrt.gguf_linear(x, self.blocks, self.kind, DENSE_FROM_ROWS)
+            return torch.ops.radixrt.gguf_linear.default(x, self.blocks, self.kind, DENSE_FROM_ROWS)
         flat = x.reshape(-1, self.in_features).float()
         if self.native and flat.device.type == "cpu":
-            y = torch.ops.radixrt.gguf_linear(flat, self.blocks, self.kind, DENSE_FROM_ROWS)
+            y = torch.ops.radixrt.gguf_linear.default(flat, self.blocks, self.kind, DENSE_FROM_ROWS)
         else:
             y = F.linear(flat, self.dequantize())
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
