@@ -21,41 +21,14 @@
 #include <cstring>
 #include <vector>
 
+#include "vec8.h"
+
 namespace {
 
-// GCC/Clang vector extensions: AVX2 registers with -march=native, SSE pairs elsewhere.
-typedef float v8f __attribute__((vector_size(32)));
-typedef int32_t v8i __attribute__((vector_size(32)));
+using namespace radixrt_vec8;
 
-constexpr int kLanes = 8;
 constexpr int kMaxRows = 32;   // rows per tile: 4 vectors, leaving registers for accumulators
 constexpr int kKeyBlock = 64;  // keys scored per online-softmax step
-
-inline v8f splat(float x) { return v8f{} + x; }
-
-// exp(x) = 2^n * exp(r) with n = round(x / ln2), |r| <= ln2 / 2, exp(r) by its degree-6 Taylor
-// polynomial (relative error ~2e-7); exactly 0 below -87 (a masked score is -inf).
-inline v8f vexp(v8f x) {
-  const v8f lo = splat(-87.0f), hi = splat(88.0f);
-  v8f xc = x < lo ? lo : x;
-  xc = xc > hi ? hi : xc;
-  const v8f magic = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
-  v8f n = (xc * splat(1.44269504f) + magic) - magic;
-  v8f r = xc - n * splat(0.693359375f) + n * splat(2.12194440e-4f);
-  v8f p = splat(1.0f / 720);
-  p = p * r + splat(1.0f / 120);
-  p = p * r + splat(1.0f / 24);
-  p = p * r + splat(1.0f / 6);
-  p = p * r + splat(0.5f);
-  p = p * r + splat(1.0f);
-  p = p * r + splat(1.0f);
-  v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
-  v8f scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return x < lo ? splat(0.0f) : p * scale;
-}
-
-inline v8f vmax(v8f a, v8f b) { return a > b ? a : b; }
 
 struct Args {
   const void* q;
@@ -87,10 +60,6 @@ struct Scratch {
       : qt(d * kMaxRows / kLanes), st(kKeyBlock * kMaxRows / kLanes), ot(d * kMaxRows / kLanes) {}
 };
 
-template <typename T>
-inline float to_float(T x) {
-  return static_cast<float>(x);
-}
 
 // Scores of keys j0..j0+kb-1 for the tile's rows: St[j][rv] = sum_d K[j][d] * Qt[d][rv].
 template <typename T, int NR>
@@ -225,8 +194,100 @@ void attend_tile(const Args& a, const Tile& tile, Scratch& s) {
   }
 }
 
+// Decode tiles (one new token, the G <= 8 query heads of one kv head) go another way: scores
+// and the output are vectorized over head_dim, so every lane works whatever G is (the rows-in-
+// lanes layout above used 3 lanes of 8 for SmolLM2's G = 3), and each key's K and V vectors
+// are loaded once for all G heads. A decode token sees all of its sequence's keys.
+constexpr int kMaxDecodeHeads = 8;
+
+template <typename T, int DV>  // DV = head_dim / 8
+void decode_tile(const Args& a, const Tile& tile) {
+  const int g_len = static_cast<int>(tile.heads);
+  const int64_t kv_len = a.kv_indptr[tile.seq + 1] - a.kv_indptr[tile.seq];
+  const int64_t* slots = a.kv_indices + a.kv_indptr[tile.seq];
+  const int64_t head0 = tile.kv_head * a.group + tile.h0;
+  const int64_t q_row = a.qo_indptr[tile.seq] * a.q_stride_t;
+  const T* q = static_cast<const T*>(a.q);
+  const T* k = static_cast<const T*>(a.k);
+  const T* v = static_cast<const T*>(a.v);
+  v8f qs[kMaxDecodeHeads][DV], o[kMaxDecodeHeads][DV];
+  float m[kMaxDecodeHeads], l[kMaxDecodeHeads];
+  alignas(32) float p[kMaxDecodeHeads][kKeyBlock];
+  for (int g = 0; g < g_len; ++g) {
+    for (int dv = 0; dv < DV; ++dv) {
+      qs[g][dv] = load8(q + q_row + (head0 + g) * a.q_stride_h + dv * kLanes) * a.scale;
+      o[g][dv] = splat(0.0f);
+    }
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+  }
+  for (int64_t j0 = 0; j0 < kv_len; j0 += kKeyBlock) {
+    const int kb = static_cast<int>(std::min<int64_t>(kKeyBlock, kv_len - j0));
+    for (int j = 0; j < kb; ++j) {  // scores
+      const T* kj = k + slots[j0 + j] * a.kv_stride_slot + tile.kv_head * a.kv_stride_head;
+      v8f kv[DV];
+      for (int dv = 0; dv < DV; ++dv) kv[dv] = load8(kj + dv * kLanes);
+      for (int g = 0; g < g_len; ++g) {
+        v8f acc0 = qs[g][0] * kv[0], acc1 = qs[g][1] * kv[1];
+        for (int dv = 2; dv < DV; dv += 2) {
+          acc0 += qs[g][dv] * kv[dv];
+          acc1 += qs[g][dv + 1] * kv[dv + 1];
+        }
+        p[g][j] = hsum(acc0 + acc1);
+      }
+    }
+    const int padded = (kb + kLanes - 1) / kLanes * kLanes;
+    for (int g = 0; g < g_len; ++g) {  // online softmax; padding keys get probability 0
+      for (int j = kb; j < padded; ++j) p[g][j] = -INFINITY;
+      float block_max = -INFINITY;
+      for (int j = 0; j < kb; ++j) block_max = std::max(block_max, p[g][j]);
+      const float m_new = std::max(m[g], block_max);
+      const float alpha = vexp(splat(m[g] - m_new))[0];
+      v8f sum = splat(0.0f);
+      for (int j = 0; j < padded; j += kLanes) {
+        v8f e = vexp(load8(&p[g][j]) - m_new);
+        std::memcpy(&p[g][j], &e, sizeof(e));
+        sum += e;
+      }
+      l[g] = l[g] * alpha + hsum(sum);
+      m[g] = m_new;
+      for (int dv = 0; dv < DV; ++dv) o[g][dv] *= alpha;
+    }
+    for (int j = 0; j < kb; ++j) {  // P @ V
+      const T* vj = v + slots[j0 + j] * a.kv_stride_slot + tile.kv_head * a.kv_stride_head;
+      v8f vv[DV];
+      for (int dv = 0; dv < DV; ++dv) vv[dv] = load8(vj + dv * kLanes);
+      for (int g = 0; g < g_len; ++g) {
+        const v8f pj = splat(p[g][j]);
+        for (int dv = 0; dv < DV; ++dv) o[g][dv] += pj * vv[dv];
+      }
+    }
+  }
+  T* out = static_cast<T*>(a.out);
+  for (int g = 0; g < g_len; ++g) {
+    const int64_t off = q_row + (head0 + g) * a.q_stride_h;
+    const float inv = 1.0f / l[g];
+    for (int dv = 0; dv < DV; ++dv)
+      for (int i = 0; i < kLanes; ++i) out[off + dv * kLanes + i] = static_cast<T>(o[g][dv][i] * inv);
+    a.lse[off / a.head_dim] = m[g] + std::log(l[g]);
+  }
+}
+
+template <typename T>
+bool try_decode_tile(const Args& a, const Tile& tile) {
+  const bool decode = tile.tokens == 1 && tile.heads <= kMaxDecodeHeads &&
+                      a.qo_indptr[tile.seq + 1] - a.qo_indptr[tile.seq] == 1;
+  if (!decode) return false;
+  switch (a.head_dim) {
+    case 64: decode_tile<T, 8>(a, tile); return true;
+    case 128: decode_tile<T, 16>(a, tile); return true;
+    default: return false;
+  }
+}
+
 template <typename T>
 void attend(const Args& a, const Tile& tile, Scratch& s) {
+  if (try_decode_tile<T>(a, tile)) return;
   switch ((tile.heads * tile.tokens + kLanes - 1) / kLanes) {
     case 1: return attend_tile<T, 1>(a, tile, s);
     case 2: return attend_tile<T, 2>(a, tile, s);
