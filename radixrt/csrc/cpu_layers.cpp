@@ -5,8 +5,8 @@
 //
 // Each op rounds where its torch reference (radixrt/layers/*.py) rounds: products and sums in
 // the activation dtype, the norm's statistics in float32. Floating-point contraction is off
-// so that a * b - c * d is two rounded products and a rounded difference, as in torch; only
-// the order of the norm's sum of squares differs (a few ulps, tests/kernels/test_cpu_layers.py).
+// so that a * b - c * d is two rounded products and a rounded difference, as in torch; the
+// norm's mean of squares is torch's own reduction (its order decides the last bits).
 // Small batches run on the calling thread: waking OpenMP's workers costs more than the work.
 #pragma GCC optimize("fp-contract=off")
 #include <ATen/ATen.h>
@@ -38,22 +38,17 @@ void check_rows(const at::Tensor& x, const char* op) {
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, op, ": expected [T, hidden] with unit stride");
 }
 
+// mean(x^2) per row of x [T, hidden], by torch's own reduction: its summation order is what
+// makes RMSNorm equal transformers' bit for bit (tests/unit/test_model_blocks.py).
+at::Tensor mean_squares(const at::Tensor& x) { return x.to(at::kFloat).pow(2).mean(-1); }
+
 // y = w * (x / sqrt(mean(x^2) + eps)) of one row, with the norm cast to scalar_t before the
 // weight multiply (transformers' order).
 template <typename scalar_t>
-void norm_row(const scalar_t* x, const scalar_t* w, int64_t n, float eps, scalar_t* y) {
-  float acc[8] = {};
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8)
-    for (int l = 0; l < 8; ++l) {
-      const float v = static_cast<float>(x[j + l]);
-      acc[l] += v * v;
-    }
-  float sum = 0.0f;
-  for (; j < n; ++j) sum += static_cast<float>(x[j]) * static_cast<float>(x[j]);
-  for (int l = 0; l < 8; ++l) sum += acc[l];
-  const float inv = 1.0f / std::sqrt(sum / static_cast<float>(n) + eps);
-  for (j = 0; j < n; ++j) {
+void norm_row(const scalar_t* x, const scalar_t* w, int64_t n, float mean_sq, float eps,
+              scalar_t* y) {
+  const float inv = 1.0f / std::sqrt(mean_sq + eps);
+  for (int64_t j = 0; j < n; ++j) {
     const scalar_t normed = static_cast<scalar_t>(static_cast<float>(x[j]) * inv);
     y[j] = static_cast<scalar_t>(w[j] * normed);
   }
@@ -63,13 +58,15 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   check_rows(x, "rms_norm");
   TORCH_CHECK(weight.dtype() == x.dtype() && weight.is_contiguous(), "rms_norm: bad weight");
   at::Tensor y = at::empty({x.size(0), x.size(1)}, x.options());
+  const at::Tensor ms = mean_squares(x);
   const int64_t n = x.size(1), xs = x.stride(0);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
     const scalar_t* wp = weight.data_ptr<scalar_t>();
+    const float* mp = ms.data_ptr<float>();
     scalar_t* yp = y.data_ptr<scalar_t>();
     for_rows(x.size(0), n, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) norm_row(xp + r * xs, wp, n, float(eps), yp + r * n);
+      for (int64_t r = r0; r < r1; ++r) norm_row(xp + r * xs, wp, n, mp[r], float(eps), yp + r * n);
     });
   });
   return y;
@@ -89,15 +86,21 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "add_rms_norm", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
     const scalar_t* rp = residual.data_ptr<scalar_t>();
-    const scalar_t* wp = weight.data_ptr<scalar_t>();
     scalar_t* sp = sum.data_ptr<scalar_t>();
+    for_rows(x.size(0), n, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t j = 0; j < n; ++j)
+          sp[r * n + j] = xp[r * x.stride(0) + j] + rp[r * residual.stride(0) + j];
+    });
+  });
+  const at::Tensor ms = mean_squares(sum);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "add_rms_norm", [&] {
+    const scalar_t* sp = sum.data_ptr<scalar_t>();
+    const scalar_t* wp = weight.data_ptr<scalar_t>();
+    const float* mp = ms.data_ptr<float>();
     scalar_t* yp = y.data_ptr<scalar_t>();
     for_rows(x.size(0), n, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        scalar_t* s = sp + r * n;
-        for (int64_t j = 0; j < n; ++j) s[j] = xp[r * x.stride(0) + j] + rp[r * residual.stride(0) + j];
-        norm_row(s, wp, n, float(eps), yp + r * n);
-      }
+      for (int64_t r = r0; r < r1; ++r) norm_row(sp + r * n, wp, n, mp[r], float(eps), yp + r * n);
     });
   });
   return {y, sum};
