@@ -82,7 +82,6 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
   TORCH_CHECK(weight.dtype() == x.dtype() && weight.is_contiguous(), "add_rms_norm: bad weight");
   const int64_t n = x.size(1);
   at::Tensor sum = at::empty({x.size(0), n}, x.options());
-  at::Tensor y = at::empty_like(sum);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "add_rms_norm", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
     const scalar_t* rp = residual.data_ptr<scalar_t>();
@@ -93,17 +92,7 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
           sp[r * n + j] = xp[r * x.stride(0) + j] + rp[r * residual.stride(0) + j];
     });
   });
-  const at::Tensor ms = mean_squares(sum);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "add_rms_norm", [&] {
-    const scalar_t* sp = sum.data_ptr<scalar_t>();
-    const scalar_t* wp = weight.data_ptr<scalar_t>();
-    const float* mp = ms.data_ptr<float>();
-    scalar_t* yp = y.data_ptr<scalar_t>();
-    for_rows(x.size(0), n, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) norm_row(sp + r * n, wp, n, mp[r], float(eps), yp + r * n);
-    });
-  });
-  return {y, sum};
+  return {rms_norm(sum, weight, eps), sum};
 }
 
 // Neox rotary, in place: x [T, H, D] (a view: any token and head strides, unit inner stride),
