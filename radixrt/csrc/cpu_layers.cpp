@@ -56,7 +56,8 @@ void norm_row(const scalar_t* x, const scalar_t* w, int64_t n, float mean_sq, fl
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   check_rows(x, "rms_norm");
-  TORCH_CHECK(weight.dtype() == x.dtype() && weight.is_contiguous(), "rms_norm: bad weight");
+  TORCH_CHECK(weight.dtype() == x.dtype() && weight.is_contiguous() && weight.numel() == x.size(1),
+              "rms_norm: weight must be contiguous [hidden] in x's dtype");
   at::Tensor y = at::empty({x.size(0), x.size(1)}, x.options());
   const at::Tensor ms = mean_squares(x);
   const int64_t n = x.size(1), xs = x.stride(0);
@@ -79,7 +80,6 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
   check_rows(residual, "add_rms_norm");
   TORCH_CHECK(residual.sizes() == x.sizes() && residual.dtype() == x.dtype(),
               "add_rms_norm: residual must match x");
-  TORCH_CHECK(weight.dtype() == x.dtype() && weight.is_contiguous(), "add_rms_norm: bad weight");
   const int64_t n = x.size(1);
   at::Tensor sum = at::empty({x.size(0), n}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "add_rms_norm", [&] {
@@ -98,7 +98,8 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
 // Neox rotary, in place: x [T, H, D] (a view: any token and head strides, unit inner stride),
 // cos/sin [T, 1, D/2] contiguous. (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin).
 void rotary_(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin) {
-  TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1, "rotary_: expected x [T, H, D], unit stride");
+  TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1 && x.size(2) % 2 == 0,
+              "rotary_: expected x [T, H, D] with unit stride and D even");
   const int64_t t = x.size(0), h = x.size(1), half = x.size(2) / 2;
   TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.numel() == t * half &&
                   sin.numel() == t * half && cos.dtype() == x.dtype() && sin.dtype() == x.dtype(),

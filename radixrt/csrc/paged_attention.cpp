@@ -60,7 +60,6 @@ struct Scratch {
       : qt(d * kMaxRows / kLanes), st(kKeyBlock * kMaxRows / kLanes), ot(d * kMaxRows / kLanes) {}
 };
 
-
 // Scores of keys j0..j0+kb-1 for the tile's rows: St[j][rv] = sum_d K[j][d] * Qt[d][rv].
 template <typename T, int NR>
 void score_block(const T* const* kp, int kb, int64_t d_len, const v8f* qt, v8f* st) {

@@ -18,7 +18,8 @@ def use_triton(x: torch.Tensor) -> bool:
 
 
 def native_cpu(x: torch.Tensor) -> Any | None:
-    """`torch.ops.radixrt` for a CPU tensor when the native ops are built, else None.
+    """The native ops (`radixrt.native.NativeOps`) for a CPU tensor when they are built, else
+    None.
 
     Not under torch.compile: there inductor fuses the torch path itself, and better than an
     opaque call per op would let it."""
