@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -58,6 +59,36 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_port_run(count: int) -> int:
+    """The first of `count` consecutive loopback ports that are free now, below the kernel's
+    ephemeral range: a port from that range can be taken by any outgoing connection's local
+    end between this check and the server's bind (seen once in CI with --dp-size)."""
+    ephemeral_low = _ephemeral_port_low()
+    for _ in range(200):
+        first = random.randrange(10_000, ephemeral_low - count)
+        if all(_bindable(port) for port in range(first, first + count)):
+            return first
+    raise RuntimeError(f"no {count} consecutive free ports below {ephemeral_low}")
+
+
+def _ephemeral_port_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def _bindable(port: int) -> bool:
+    """Whether the server could bind it: the same socket options as launch's own check."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def tiny_server_flags(model_dir: str, max_total_tokens: int = 2048) -> list[str]:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from launch_helpers import LaunchedServer, free_port
+from launch_helpers import LaunchedServer, free_port, free_port_run
 
 from radixrt.server import dp_launch
 from radixrt.server_args import ServerArgs
@@ -220,9 +220,7 @@ def test_killed_worker_drains_to_the_other(gateways, workers):
 
 
 def test_dp_size_starts_replicas_and_stops_them(tiny_model_dir, tmp_path):
-    port = free_port()
-    while any(_port_busy(p) for p in (port, port + 1)):
-        port = free_port()
+    port = free_port_run(2)
     log = tmp_path / "dp.log"
     cmd = [sys.executable, "-m", "radixrt.cli", "launch", "--dp-size", "2", "--device", "cpu"]
     cmd += ["--model-path", tiny_model_dir("llama"), *WORKER_FLAGS, "--port", str(port)]
