@@ -14,10 +14,14 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <tuple>
+#include <type_traits>
+
+#include "vec8.h"
 
 namespace {
 
@@ -86,10 +90,15 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
     const scalar_t* xp = x.data_ptr<scalar_t>();
     const scalar_t* rp = residual.data_ptr<scalar_t>();
     scalar_t* sp = sum.data_ptr<scalar_t>();
+    // The strides are read once: Tensor::stride() in the loop kept it scalar, ~10x slower.
+    const int64_t xs = x.stride(0), rs = residual.stride(0);
     for_rows(x.size(0), n, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r)
-        for (int64_t j = 0; j < n; ++j)
-          sp[r * n + j] = xp[r * x.stride(0) + j] + rp[r * residual.stride(0) + j];
+      for (int64_t r = r0; r < r1; ++r) {
+        const scalar_t* a = xp + r * xs;
+        const scalar_t* b = rp + r * rs;
+        scalar_t* out = sp + r * n;
+        for (int64_t j = 0; j < n; ++j) out[j] = a[j] + b[j];
+      }
     });
   });
   return {rms_norm(sum, weight, eps), sum};
@@ -127,7 +136,37 @@ void rotary_(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin) {
   });
 }
 
-// silu(gate) * up for gate_up [T, 2I] -> [T, I]; silu in float32, rounded to the dtype.
+// silu(a) = a / (1 + exp(-a)) of n floats, eight at a time with radixrt's vector exp (within
+// an ulp or two of torch's), the tail with std::exp.
+void silu_floats(const float* a, int64_t n, float* out) {
+  using namespace radixrt_vec8;
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    const v8f x = load8(a + j);
+    const v8f s = x / (splat(1.0f) + vexp(-x));
+    std::memcpy(out + j, &s, sizeof(s));
+  }
+  for (; j < n; ++j) out[j] = a[j] / (1.0f + std::exp(-a[j]));
+}
+
+// One row of SwiGLU: silu(gate) in float32, rounded to the dtype, times up in the dtype.
+template <typename scalar_t>
+void swiglu_row(const scalar_t* gate, const scalar_t* up, int64_t n, scalar_t* y) {
+  constexpr int64_t kChunk = 256;
+  float a[kChunk], s[kChunk];
+  for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
+    const int64_t len = std::min(kChunk, n - j0);
+    if constexpr (std::is_same_v<scalar_t, float>) {
+      silu_floats(gate + j0, len, s);
+    } else {
+      for (int64_t j = 0; j < len; ++j) a[j] = static_cast<float>(gate[j0 + j]);
+      silu_floats(a, len, s);
+    }
+    for (int64_t j = 0; j < len; ++j) y[j0 + j] = static_cast<scalar_t>(s[j]) * up[j0 + j];
+  }
+}
+
+// silu(gate) * up for gate_up [T, 2I] -> [T, I].
 at::Tensor silu_and_mul(const at::Tensor& gate_up) {
   check_rows(gate_up, "silu_and_mul");
   const int64_t t = gate_up.size(0), n = gate_up.size(1) / 2, gs = gate_up.stride(0);
@@ -136,12 +175,7 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up) {
     const scalar_t* g = gate_up.data_ptr<scalar_t>();
     scalar_t* yp = y.data_ptr<scalar_t>();
     for_rows(t, n, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r)
-        for (int64_t j = 0; j < n; ++j) {
-          const float a = static_cast<float>(g[r * gs + j]);
-          const scalar_t silu = static_cast<scalar_t>(a / (1.0f + std::exp(-a)));
-          yp[r * n + j] = silu * g[r * gs + n + j];
-        }
+      for (int64_t r = r0; r < r1; ++r) swiglu_row(g + r * gs, g + r * gs + n, n, yp + r * n);
     });
   });
   return y;

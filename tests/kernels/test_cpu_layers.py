@@ -80,6 +80,19 @@ def test_silu_and_mul_matches_torch(dtype, tokens, monkeypatch):
     assert within_ulps(out, ref, 4)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul_at_extremes_and_a_width_off_the_vector(dtype, monkeypatch):
+    """Gates far into exp's clamp on both sides, zeros, and 13 columns (8 in vectors, 5 after)."""
+    gate = torch.tensor([-120.0, -89.0, -88.0, -20.0, -1e-3, 0.0, 1e-3, 0.5, 20.0, 87.5, 89.0, 120.0])
+    gate = torch.cat([gate, torch.tensor([-3.0])]).repeat(3, 1)
+    gate_up = torch.cat([gate, torch.randn(3, 13)], dim=1).to(dtype)
+    out = activation.silu_and_mul(gate_up)
+    torch_only(monkeypatch)
+    ref = activation.silu_and_mul(gate_up)
+    assert out.shape == (3, 13)
+    assert within_ulps(out, ref, 4)
+
+
 def test_store_kv_writes_the_slots_and_rejects_a_slot_outside_the_pool():
     pool = KVPool(32, 2, 3, 8, torch.float32, "cpu")
     qkv = torch.randn(4, 9 * 8)
