@@ -29,6 +29,10 @@ using namespace radixrt_vec8;
 
 constexpr int kMaxRows = 32;   // rows per tile: 4 vectors, leaving registers for accumulators
 constexpr int kKeyBlock = 64;  // keys scored per online-softmax step
+// Below this much work (the tiles' summed cost, ~ keys x rows) the batch runs on the calling
+// thread: a batch-1 decode over a short context is a few microseconds of arithmetic, less than
+// waking another thread costs.
+constexpr double kMinParallelCost = 4096;
 
 struct Args {
   const void* q;
@@ -53,11 +57,16 @@ struct Tile {
 };
 
 // Per-thread buffers, [index][row vector]: Qt is [D][NR] (q transposed), St [kKeyBlock][NR]
-// (scores, then probabilities), Ot [D][NR] (the unnormalized output).
+// (scores, then probabilities), Ot [D][NR] (the unnormalized output). Sized on first use:
+// decode tiles need none of them.
 struct Scratch {
   std::vector<v8f> qt, st, ot;
-  explicit Scratch(int64_t d)
-      : qt(d * kMaxRows / kLanes), st(kKeyBlock * kMaxRows / kLanes), ot(d * kMaxRows / kLanes) {}
+  void ensure(int64_t d) {
+    if (!qt.empty()) return;
+    qt.resize(d * kMaxRows / kLanes);
+    st.resize(kKeyBlock * kMaxRows / kLanes);
+    ot.resize(d * kMaxRows / kLanes);
+  }
 };
 
 // Scores of keys j0..j0+kb-1 for the tile's rows: St[j][rv] = sum_d K[j][d] * Qt[d][rv].
@@ -287,6 +296,7 @@ bool try_decode_tile(const Args& a, const Tile& tile) {
 template <typename T>
 void attend(const Args& a, const Tile& tile, Scratch& s) {
   if (try_decode_tile<T>(a, tile)) return;
+  s.ensure(a.head_dim);
   switch ((tile.heads * tile.tokens + kLanes - 1) / kLanes) {
     case 1: return attend_tile<T, 1>(a, tile, s);
     case 2: return attend_tile<T, 2>(a, tile, s);
@@ -356,12 +366,15 @@ std::tuple<at::Tensor, at::Tensor> paged_attention(const at::Tensor& q_in,
          q.size(2),              static_cast<float>(scale)};
   const std::vector<Tile> tiles = plan_tiles(a, qo_indptr.numel() - 1);
   const int64_t count = static_cast<int64_t>(tiles.size());
-  const int threads = static_cast<int>(std::clamp<int64_t>(count, 1, at::get_num_threads()));
+  double cost = 0;
+  for (const Tile& t : tiles) cost += t.cost;
+  const int64_t most = cost < kMinParallelCost ? 1 : at::get_num_threads();
+  const int threads = static_cast<int>(std::clamp<int64_t>(count, 1, most));
   auto run = [&](auto tag) {
     using T = decltype(tag);
 #pragma omp parallel num_threads(threads)
     {
-      Scratch s(a.head_dim);
+      Scratch s;
 #pragma omp for schedule(dynamic, 1)
       for (int64_t i = 0; i < count; ++i) attend<T>(a, tiles[i], s);
     }
