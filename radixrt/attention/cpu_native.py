@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from radixrt.attention.cascade import merge, shared_prefix_attention
 from radixrt.executor.forward_batch import ForwardBatch
 
 
@@ -79,11 +80,9 @@ def native_attention(
     v_cache: torch.Tensor,
     plan: NativePlan,
     scaling: float,
-    shared_prefix_attention: Any,
-    merge: Any,
 ) -> torch.Tensor:  # [T, Hq, D]
-    """Attention of every row of the batch; `shared_prefix_attention` and `merge` are the torch
-    backend's cascade helpers (passed in: this module must not import the backend)."""
+    """Attention of every row of the batch: the kernel, then each cascade's shared prefix
+    merged in."""
     out, lse = ops.paged_attention(
         q, k_cache, v_cache, plan.qo_indptr, plan.kv_indptr, plan.kv_indices, scaling
     )

@@ -149,10 +149,7 @@ class TorchAttentionBackend(AttentionBackend):
         assert isinstance(meta, TorchAttentionMetadata), "init_forward_metadata did not run"
         k_cache, v_cache = fb.kv_pool.get_kv(layer_id)
         if meta.native is not None and can_run_native(q, k_cache, v_cache):
-            return native_attention(
-                self._native, q, k_cache, v_cache, meta.native, scaling,
-                shared_prefix_attention, merge,
-            )  # fmt: skip
+            return native_attention(self._native, q, k_cache, v_cache, meta.native, scaling)
         dec = meta.decode
         if dec is not None and dec.token_idx is None:
             return _decode(q, k_cache, v_cache, dec, scaling)  # decode-only batch
