@@ -83,8 +83,8 @@ def test_silu_and_mul_matches_torch(dtype, tokens, monkeypatch):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_and_mul_at_extremes_and_a_width_off_the_vector(dtype, monkeypatch):
     """Gates far into exp's clamp on both sides, zeros, and 13 columns (8 in vectors, 5 after)."""
-    gate = torch.tensor([-120.0, -89.0, -88.0, -20.0, -1e-3, 0.0, 1e-3, 0.5, 20.0, 87.5, 89.0, 120.0])
-    gate = torch.cat([gate, torch.tensor([-3.0])]).repeat(3, 1)
+    extremes = [-120.0, -89.0, -88.0, -20.0, -1e-3, 0.0, 1e-3, 0.5, 20.0, 87.5, 89.0, 120.0, -3.0]
+    gate = torch.tensor(extremes).repeat(3, 1)
     gate_up = torch.cat([gate, torch.randn(3, 13)], dim=1).to(dtype)
     out = activation.silu_and_mul(gate_up)
     torch_only(monkeypatch)
