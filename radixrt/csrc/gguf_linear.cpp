@@ -54,8 +54,10 @@ float hsum(__m256 v) {
 // fewer shuffles than widening the nibbles from a 128-bit register (~1.35x on one core).
 void load_q(const uint8_t* blk, int64_t kind, __m256 q[4]) {
   if (kind == kQ4_1) {
-    const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 4)));
-    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 12)));
+    const auto* lo8 = reinterpret_cast<const __m128i*>(blk + 4);   // code bytes 0..7
+    const auto* hi8 = reinterpret_cast<const __m128i*>(blk + 12);  // code bytes 8..15
+    const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64(lo8));
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(hi8));
     const __m256i mask = _mm256_set1_epi32(0xF);
     q[0] = _mm256_cvtepi32_ps(_mm256_and_si256(a, mask));
     q[1] = _mm256_cvtepi32_ps(_mm256_and_si256(b, mask));
@@ -152,14 +154,14 @@ void narrow_rows(const float* x, const float* xsum, const uint8_t* w, int64_t K,
     for (int r = 0; r < M; ++r)
       y[r * N + n] = hsum(_mm256_add_ps(acc[0][r], acc[1][r])) + _mm_cvtss_f32(mins[r]);
 #else
-    float acc[M] = {}, mins[M] = {};
+    float acc[M] = {};  // the block's m is in its dequantized weights here
     float wb[kBlock];
     for (int64_t b = 0; b < nb; ++b) {
       dequantize_block(row + b * bb, kind, wb);
       for (int r = 0; r < M; ++r)
         for (int j = 0; j < kBlock; ++j) acc[r] += wb[j] * x[r * K + b * kBlock + j];
     }
-    for (int r = 0; r < M; ++r) y[r * N + n] = acc[r] + mins[r];
+    for (int r = 0; r < M; ++r) y[r * N + n] = acc[r];
 #endif
   }
 }
