@@ -21,6 +21,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "ops.h"
 #include "vec8.h"
 
 namespace {
@@ -79,6 +80,40 @@ void norm_row(const scalar_t* x, const scalar_t* w, int64_t n, float mean_sq, fl
     y[j] = static_cast<scalar_t>(w[j] * normed);
   }
 }
+
+// silu(a) = a / (1 + exp(-a)) of n floats, eight at a time with radixrt's vector exp (within
+// an ulp or two of torch's), the tail with std::exp.
+void silu_floats(const float* a, int64_t n, float* out) {
+  using namespace radixrt_vec8;
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    const v8f x = load8(a + j);
+    const v8f s = x / (splat(1.0f) + vexp(-x));
+    std::memcpy(out + j, &s, sizeof(s));
+  }
+  for (; j < n; ++j) out[j] = a[j] / (1.0f + std::exp(-a[j]));
+}
+
+// One row of SwiGLU: silu(gate) in float32, rounded to the dtype, times up in the dtype.
+template <typename scalar_t>
+void swiglu_row(const scalar_t* gate, const scalar_t* up, int64_t n, scalar_t* y) {
+  constexpr int64_t kChunk = 256;
+  float a[kChunk], s[kChunk];
+  for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
+    const int64_t len = std::min(kChunk, n - j0);
+    if constexpr (std::is_same_v<scalar_t, float>) {
+      silu_floats(gate + j0, len, s);
+    } else {
+      for (int64_t j = 0; j < len; ++j) a[j] = static_cast<float>(gate[j0 + j]);
+      silu_floats(a, len, s);
+    }
+    for (int64_t j = 0; j < len; ++j) y[j0 + j] = static_cast<scalar_t>(s[j]) * up[j0 + j];
+  }
+}
+
+}  // namespace
+
+namespace radixrt {
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   check_rows(x, "rms_norm");
@@ -158,36 +193,6 @@ void rotary_(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin) {
   });
 }
 
-// silu(a) = a / (1 + exp(-a)) of n floats, eight at a time with radixrt's vector exp (within
-// an ulp or two of torch's), the tail with std::exp.
-void silu_floats(const float* a, int64_t n, float* out) {
-  using namespace radixrt_vec8;
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    const v8f x = load8(a + j);
-    const v8f s = x / (splat(1.0f) + vexp(-x));
-    std::memcpy(out + j, &s, sizeof(s));
-  }
-  for (; j < n; ++j) out[j] = a[j] / (1.0f + std::exp(-a[j]));
-}
-
-// One row of SwiGLU: silu(gate) in float32, rounded to the dtype, times up in the dtype.
-template <typename scalar_t>
-void swiglu_row(const scalar_t* gate, const scalar_t* up, int64_t n, scalar_t* y) {
-  constexpr int64_t kChunk = 256;
-  float a[kChunk], s[kChunk];
-  for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
-    const int64_t len = std::min(kChunk, n - j0);
-    if constexpr (std::is_same_v<scalar_t, float>) {
-      silu_floats(gate + j0, len, s);
-    } else {
-      for (int64_t j = 0; j < len; ++j) a[j] = static_cast<float>(gate[j0 + j]);
-      silu_floats(a, len, s);
-    }
-    for (int64_t j = 0; j < len; ++j) y[j0 + j] = static_cast<scalar_t>(s[j]) * up[j0 + j];
-  }
-}
-
 // silu(gate) * up for gate_up [T, 2I] -> [T, I].
 at::Tensor silu_and_mul(const at::Tensor& gate_up) {
   check_rows(gate_up, "silu_and_mul");
@@ -229,7 +234,7 @@ void store_kv(at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& loc, con
   }
 }
 
-}  // namespace
+}  // namespace radixrt
 
 TORCH_LIBRARY_FRAGMENT(radixrt, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
@@ -240,9 +245,9 @@ TORCH_LIBRARY_FRAGMENT(radixrt, m) {
 }
 
 TORCH_LIBRARY_IMPL(radixrt, CPU, m) {
-  m.impl("rms_norm", rms_norm);
-  m.impl("add_rms_norm", add_rms_norm);
-  m.impl("rotary_", rotary_);
-  m.impl("silu_and_mul", silu_and_mul);
-  m.impl("store_kv", store_kv);
+  m.impl("rms_norm", radixrt::rms_norm);
+  m.impl("add_rms_norm", radixrt::add_rms_norm);
+  m.impl("rotary_", radixrt::rotary_);
+  m.impl("silu_and_mul", radixrt::silu_and_mul);
+  m.impl("store_kv", radixrt::store_kv);
 }

@@ -17,6 +17,8 @@
 #include <cstring>
 #include <vector>
 
+#include "ops.h"
+
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define RADIXRT_AVX2 1
@@ -246,6 +248,10 @@ at::Tensor wide_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t ki
   return y;
 }
 
+}  // namespace
+
+namespace radixrt {
+
 at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t kind, int64_t K) {
   check_args(blocks, kind, K);
   const int64_t N = blocks.size(0), nb = K / kBlock;
@@ -267,7 +273,7 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t ki
   return narrow_linear(x.contiguous(), blocks, kind);
 }
 
-}  // namespace
+}  // namespace radixrt
 
 TORCH_LIBRARY_FRAGMENT(radixrt, m) {
   m.def("gguf_linear(Tensor x, Tensor blocks, int kind, int dense_from_rows) -> Tensor");
@@ -275,6 +281,6 @@ TORCH_LIBRARY_FRAGMENT(radixrt, m) {
 }
 
 TORCH_LIBRARY_IMPL(radixrt, CPU, m) {
-  m.impl("gguf_linear", gguf_linear);
-  m.impl("gguf_dequantize", gguf_dequantize);
+  m.impl("gguf_linear", radixrt::gguf_linear);
+  m.impl("gguf_dequantize", radixrt::gguf_dequantize);
 }

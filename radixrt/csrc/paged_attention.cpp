@@ -21,6 +21,7 @@
 #include <cstring>
 #include <vector>
 
+#include "ops.h"
 #include "vec8.h"
 
 namespace {
@@ -348,6 +349,10 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
               "paged_attention: qo_indptr and kv_indptr must both be [B+1]");
 }
 
+}  // namespace
+
+namespace radixrt {
+
 std::tuple<at::Tensor, at::Tensor> paged_attention(const at::Tensor& q_in,
                                                    const at::Tensor& k_cache,
                                                    const at::Tensor& v_cache,
@@ -388,7 +393,7 @@ std::tuple<at::Tensor, at::Tensor> paged_attention(const at::Tensor& q_in,
   return {out, lse};
 }
 
-}  // namespace
+}  // namespace radixrt
 
 TORCH_LIBRARY_FRAGMENT(radixrt, m) {
   m.def(
@@ -396,4 +401,4 @@ TORCH_LIBRARY_FRAGMENT(radixrt, m) {
       "Tensor kv_indptr, Tensor kv_indices, float scale) -> (Tensor, Tensor)");
 }
 
-TORCH_LIBRARY_IMPL(radixrt, CPU, m) { m.impl("paged_attention", paged_attention); }
+TORCH_LIBRARY_IMPL(radixrt, CPU, m) { m.impl("paged_attention", radixrt::paged_attention); }

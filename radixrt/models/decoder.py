@@ -17,6 +17,7 @@ from radixrt.layers.norm import RMSNorm
 from radixrt.layers.rotary import RotaryEmbedding
 from radixrt.models.base import CausalLM, Weights
 from radixrt.models.config import TransformerConfig
+from radixrt.models.native_stack import NativeLayerStack
 from radixrt.models.weight_loader import load_hf_weights
 
 if TYPE_CHECKING:
@@ -36,6 +37,11 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope)
+        # The layers as one native call on the CPU where that computes the same (built at
+        # the first forward, when the weights are final); False keeps the modules always.
+        self.use_native_stack = True
+        self._native_stack: NativeLayerStack | None = None
+        self._native_stack_checked = False
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
@@ -44,12 +50,24 @@ class DecoderModel(nn.Module):
             batch.attn_backend.init_forward_metadata(batch)
         hidden = self.embed_tokens(input_ids)  # [T, hidden]
         cos, sin = self.rotary.cos_sin(positions, hidden.dtype)  # [T, 1, D/2] each, all layers
+        stack = self.native_stack()
+        if stack is not None and stack.can_run(hidden, batch):
+            return stack(hidden, cos, sin, batch)
         residual = None
         for layer in self.layers:
             hidden, residual = layer(hidden, residual, cos, sin, batch)
         if residual is None:  # a model without layers
             return self.norm(hidden)
         return self.norm.add_and_norm(hidden, residual)[0]
+
+    def native_stack(self) -> NativeLayerStack | None:
+        """The layers' native op (models/native_stack.py), or None where it does not apply."""
+        if not self.use_native_stack:
+            return None
+        if not self._native_stack_checked:
+            self._native_stack = NativeLayerStack.build(list(self.layers), self.norm)
+            self._native_stack_checked = True
+        return self._native_stack
 
 
 class DecoderForCausalLM(CausalLM):

@@ -1,0 +1,118 @@
+// A decoder's whole layer stack in one call on the CPU, from the embeddings to the final norm.
+// Through the modules (radixrt/layers/*.py) a layer is ~15 calls from Python (modules, views,
+// ops), ~150 us at batch 1: a third of a 135M model's decode step. Here the same native ops
+// (ops.h) run in the same order on the same tensors, so the output is the modules' bit for bit;
+// radixrt/models/native_stack.py decides when a step can take this path.
+//
+// Layer i, as DecoderLayer does it (the residual add deferred into the next norm):
+//   x, r = norm_in(h) and h (i = 0), else add_rms_norm(h, r)
+//   qkv = x W_qkv; rotary on q and k in place; store k, v at the new tokens' slots
+//   a = paged_attention(q) W_o
+//   x, r = add_rms_norm(a, r);  h = silu_and_mul(x W_gate_up) W_down
+// and at the end add_rms_norm(h, r) with the final norm's weight.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
+#include "ops.h"
+
+namespace {
+
+constexpr int64_t kDense = -1;          // a projection's kind: a dense [out, in] weight
+constexpr int64_t kWeightsPerLayer = 6;  // norm_in, qkv, o, norm_post, gate_up, down
+constexpr int64_t kKindsPerLayer = 4;    // qkv, o, gate_up, down
+
+// y = x W.T for a dense weight (F.linear's op) or GGUF blocks of that kind (gguf_linear.cpp).
+at::Tensor project(const at::Tensor& x, const at::Tensor& w, int64_t kind, int64_t dense_rows) {
+  if (kind == kDense) return at::linear(x, w);
+  return radixrt::gguf_linear(x, w, kind, dense_rows);
+}
+
+// What every layer's attention shares: the batch's slots and index tables, and the shapes.
+struct Step {
+  const at::Tensor& cos;
+  const at::Tensor& sin;
+  const at::Tensor& out_cache_loc;
+  const at::Tensor& qo_indptr;
+  const at::Tensor& kv_indptr;
+  const at::Tensor& kv_indices;
+  int64_t hq, hkv, head_dim, dense_rows;
+  double scale;
+};
+
+// RotaryAttention.forward with the torch backend's native path.
+at::Tensor attention(const Step& s, const at::Tensor& x, const at::Tensor& w_qkv,
+                     const at::Tensor& w_o, const int64_t* kinds, const at::Tensor& k_cache,
+                     const at::Tensor& v_cache) {
+  const at::Tensor qkv = project(x, w_qkv, kinds[0], s.dense_rows);
+  const int64_t t = qkv.size(0), q_size = s.hq * s.head_dim, kv_size = s.hkv * s.head_dim;
+  const at::Tensor qk = qkv.narrow(1, 0, q_size + kv_size).view({t, s.hq + s.hkv, s.head_dim});
+  radixrt::rotary_(qk, s.cos, s.sin);
+  const at::Tensor q = qk.narrow(1, 0, s.hq);
+  const at::Tensor k = qk.narrow(1, s.hq, s.hkv);
+  const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({t, s.hkv, s.head_dim});
+  radixrt::store_kv(k_cache, v_cache, s.out_cache_loc, k, v);
+  const at::Tensor out = std::get<0>(radixrt::paged_attention(
+      q, k_cache, v_cache, s.qo_indptr, s.kv_indptr, s.kv_indices, s.scale));
+  return project(out.reshape({t, q_size}), w_o, kinds[1], s.dense_rows);
+}
+
+void check_lists(at::TensorList weights, at::IntArrayRef kinds, at::TensorList k_caches,
+                 at::TensorList v_caches) {
+  const int64_t layers = static_cast<int64_t>(k_caches.size());
+  TORCH_CHECK(layers > 0 && static_cast<int64_t>(v_caches.size()) == layers,
+              "decoder_layers: one k and one v cache per layer, at least one layer");
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == layers * kWeightsPerLayer + 1,
+              "decoder_layers: weights must be 6 per layer and the final norm's");
+  TORCH_CHECK(static_cast<int64_t>(kinds.size()) == layers * kKindsPerLayer,
+              "decoder_layers: kinds must be 4 per layer (qkv, o, gate_up, down)");
+  TORCH_CHECK(k_caches[0].dim() == 3, "decoder_layers: caches must be [pool, Hkv, D]");
+}
+
+// hidden: the embeddings [T, hidden]; cos/sin [T, 1, D/2] contiguous in hidden's dtype.
+at::Tensor decoder_layers(const at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin,
+                          at::TensorList weights, at::IntArrayRef kinds, at::TensorList k_caches,
+                          at::TensorList v_caches, const at::Tensor& out_cache_loc,
+                          const at::Tensor& qo_indptr, const at::Tensor& kv_indptr,
+                          const at::Tensor& kv_indices, int64_t num_heads, double eps,
+                          double scale, int64_t dense_from_rows) {
+  check_lists(weights, kinds, k_caches, v_caches);
+  const Step s{cos,       sin,
+               out_cache_loc, qo_indptr,
+               kv_indptr, kv_indices,
+               num_heads, k_caches[0].size(1),
+               k_caches[0].size(2), dense_from_rows,
+               scale};
+  at::Tensor h = hidden, residual, x;
+  const int64_t layers = static_cast<int64_t>(k_caches.size());
+  for (int64_t i = 0; i < layers; ++i) {
+    const at::Tensor* w = weights.data() + i * kWeightsPerLayer;
+    const int64_t* kind = kinds.data() + i * kKindsPerLayer;
+    if (i == 0) {
+      residual = h;
+      x = radixrt::rms_norm(h, w[0], eps);
+    } else {
+      std::tie(x, residual) = radixrt::add_rms_norm(h, residual, w[0], eps);
+    }
+    const at::Tensor a = attention(s, x, w[1], w[2], kind, k_caches[i], v_caches[i]);
+    std::tie(x, residual) = radixrt::add_rms_norm(a, residual, w[3], eps);
+    const at::Tensor gate_up = project(x, w[4], kind[2], dense_from_rows);
+    h = project(radixrt::silu_and_mul(gate_up), w[5], kind[3], dense_from_rows);
+  }
+  return std::get<0>(radixrt::add_rms_norm(h, residual, weights.back(), eps));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(radixrt, m) {
+  m.def(
+      "decoder_layers(Tensor hidden, Tensor cos, Tensor sin, Tensor[] weights, int[] kinds, "
+      "Tensor(a!)[] k_caches, Tensor(b!)[] v_caches, Tensor out_cache_loc, Tensor qo_indptr, "
+      "Tensor kv_indptr, Tensor kv_indices, int num_heads, float eps, float scale, "
+      "int dense_from_rows) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(radixrt, CPU, m) { m.impl("decoder_layers", decoder_layers); }

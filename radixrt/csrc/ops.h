@@ -1,0 +1,35 @@
+// radixrt's native CPU ops as C++ functions, for kernels that call others without going
+// through the dispatcher (decoder_layers.cpp runs a whole layer stack this way). Each is also
+// registered as torch.ops.radixrt.<name> by the file that defines it; see that file for what
+// it computes and requires.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <tuple>
+
+namespace radixrt {
+
+// cpu_layers.cpp
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+                                                const at::Tensor& weight, double eps);
+void rotary_(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin);
+at::Tensor silu_and_mul(const at::Tensor& gate_up);
+void store_kv(at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& loc, const at::Tensor& k,
+              const at::Tensor& v);
+
+// gguf_linear.cpp
+at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t kind,
+                       int64_t dense_from_rows);
+at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t kind, int64_t K);
+
+// paged_attention.cpp
+std::tuple<at::Tensor, at::Tensor> paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                                                   const at::Tensor& v_cache,
+                                                   const at::Tensor& qo_indptr,
+                                                   const at::Tensor& kv_indptr,
+                                                   const at::Tensor& kv_indices, double scale);
+
+}  // namespace radixrt

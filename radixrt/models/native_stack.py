@@ -1,0 +1,143 @@
+"""The decoder's layers as one native call on the CPU (`radixrt::decoder_layers`,
+radixrt/csrc/decoder_layers.cpp).
+
+Through the modules a layer is ~15 Python-level calls; at batch 1 on a 135M model that Python
+is a third of the step. The op runs the same native ops the modules would call on the CPU, in
+the same order, so its output equals theirs bit for bit (tests/unit/test_native_stack.py). It
+applies where the modules would take exactly those ops: plain `DecoderLayer`s of
+`RotaryAttention` and `GatedMLP` without biases, one rank, dense or GGUF-packed projections,
+the torch attention backend's native plan without a shared-prefix cascade, and the pool in the
+activations' dtype. Any other model or step keeps the modules.
+
+The weights are collected at the first forward, after loading and packing (which is when
+they are final: nothing swaps a module's weight later).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from radixrt.attention.torch_backend import TorchAttentionMetadata
+from radixrt.cache.kv_pool import KVPool
+from radixrt.layers.attention import RotaryAttention
+from radixrt.layers.decoder import DecoderLayer
+from radixrt.layers.linear import PackableLinear
+from radixrt.layers.mlp import GatedMLP
+from radixrt.layers.quantized import DENSE_FROM_ROWS
+from radixrt.native import load_native
+
+if TYPE_CHECKING:
+    from radixrt.executor.forward_batch import ForwardBatch
+    from radixrt.layers.norm import RMSNorm
+
+DENSE = -1  # the op's kind for a dense weight (GGUF kinds are GGUFWeight.kind)
+
+
+class NativeLayerStack:
+    """The layers' weights as the op takes them: per layer the input norm, qkv, o, the post
+    norm, gate_up and down, then the final norm; `kinds` says per projection whether it is
+    dense or which GGUF format."""
+
+    def __init__(self, layers: list[DecoderLayer], final_norm: RMSNorm) -> None:
+        self.weights: list[torch.Tensor] = []
+        self.kinds: list[int] = []
+        dtypes: set[torch.dtype] = set()  # of the norms and the dense projections
+        for layer in layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            norm_in, norm_post = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
+            projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            w = [_weight(p) for p in projections]
+            self.weights += [norm_in, w[0], w[1], norm_post, w[2], w[3]]
+            self.kinds += [_kind(p) for p in projections]
+            dense = [t for t, p in zip(w, projections, strict=True) if p.packed is None]
+            dtypes |= {t.dtype for t in (norm_in, norm_post, *dense)}
+        self.weights.append(final_norm.weight)
+        self.weight_dtypes = dtypes | {final_norm.weight.dtype}
+        self.quantized = any(kind != DENSE for kind in self.kinds)
+        self.num_heads = layers[0].self_attn.num_heads
+        self.scaling = layers[0].self_attn.scaling
+        self.eps = final_norm.eps
+        self.ops: Any = load_native()
+
+    @classmethod
+    def build(cls, layers: list[Any], final_norm: RMSNorm) -> NativeLayerStack | None:
+        """The stack of these layers, or None unless the op computes exactly what their
+        modules compute."""
+        supported = (
+            len(layers) > 0
+            and load_native() is not None
+            and all(_plain_layer(layer) for layer in layers)
+            and all(norm.eps == final_norm.eps for layer in layers for norm in _norms(layer))
+        )
+        return cls(layers, final_norm) if supported else None
+
+    def can_run(self, hidden: torch.Tensor, batch: ForwardBatch) -> bool:
+        """Whether this step takes the op: where the modules would call the same native ops."""
+        meta = batch.attn_metadata
+        if (
+            hidden.device.type != "cpu"
+            or torch.compiler.is_compiling()
+            or not isinstance(meta, TorchAttentionMetadata)
+            or meta.native is None
+            or meta.native.cascades
+            or type(batch.kv_pool) is not KVPool
+        ):
+            return False
+        k_cache, v_cache = batch.kv_pool.get_kv(0)
+        return (
+            (not self.quantized or hidden.dtype == torch.float32)
+            and self.weight_dtypes == {hidden.dtype}
+            and hidden.dtype in (torch.float32, torch.bfloat16, torch.float16)
+            and k_cache.dtype == v_cache.dtype == hidden.dtype
+            and k_cache.is_contiguous()
+            and v_cache.is_contiguous()
+            and k_cache.shape[-1] % 2 == 0
+            and batch.out_cache_loc.dtype == torch.int64
+        )
+
+    def __call__(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:  # embeddings [T, hidden] -> the final norm's output [T, hidden]
+        meta = batch.attn_metadata
+        assert isinstance(meta, TorchAttentionMetadata) and meta.native is not None
+        plan = meta.native
+        pool = batch.kv_pool
+        return self.ops.decoder_layers(  # type: ignore[no-any-return]
+            hidden, cos, sin, self.weights, self.kinds, pool.k_buffer, pool.v_buffer,
+            batch.out_cache_loc, plan.qo_indptr, plan.kv_indptr, plan.kv_indices,
+            self.num_heads, self.eps, self.scaling, DENSE_FROM_ROWS,
+        )  # fmt: skip
+
+
+def _norms(layer: DecoderLayer) -> tuple[RMSNorm, RMSNorm]:
+    return layer.input_layernorm, layer.post_attention_layernorm
+
+
+def _plain_layer(layer: Any) -> bool:
+    # Exact types: a subclass may change what happens between the ops (Qwen3's q/k norm).
+    if type(layer) is not DecoderLayer or type(layer.self_attn) is not RotaryAttention:
+        return False
+    if type(layer.mlp) is not GatedMLP:
+        return False
+    attn, mlp = layer.self_attn, layer.mlp
+    projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+    one_rank = attn.o_proj.group.size == 1 and mlp.down_proj.group.size == 1
+    return one_rank and all(_plain_projection(p) for p in projections)
+
+
+def _plain_projection(p: PackableLinear) -> bool:
+    if p.bias is not None:
+        return False
+    if p.packed is None:
+        return p.weight is not None
+    return bool(p.packed.native)
+
+
+def _weight(p: PackableLinear) -> torch.Tensor:
+    return p.weight if p.packed is None else p.packed.blocks
+
+
+def _kind(p: PackableLinear) -> int:
+    return DENSE if p.packed is None else p.packed.kind
