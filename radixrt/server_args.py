@@ -49,7 +49,8 @@ class ServerArgs:
     skip_tokenizer_init: bool = _f(False, "serve token ids only; no tokenizer is loaded")
     dtype: str = _f(
         "auto",
-        "weights and activations dtype; auto: bfloat16 on an AVX-512 CPU or CUDA, else float32",
+        "weights and activations dtype; auto: float32 on the CPU with packed weights "
+        "(--quantization), else bfloat16 on CUDA and on a CPU with bf16 units, float32 otherwise",
         DTYPES,
     )
     quantization: str = _f(

@@ -107,6 +107,8 @@ def llamacpp_worker(spec: dict[str, Any]) -> dict[str, Any]:
     import llama_cpp
 
     threads = spec["threads"]
+    if not spec["engine_args"].get("extra_bufts", True):
+        _without_extra_buffers(llama_cpp)
     llm = llama_cpp.Llama(
         model_path=spec["gguf"],
         n_ctx=spec["max_len"],
@@ -133,7 +135,25 @@ def llamacpp_worker(spec: dict[str, Any]) -> dict[str, Any]:
         return [made for made, _ in done], sum(kept for _, kept in done)
 
     timed = time_workloads(spec, run)
-    return {"version": llama_cpp.__version__, "dtype": "GGUF Q4_1", "workloads": timed}
+    dtype = "GGUF Q4_1" + ("" if spec["engine_args"].get("extra_bufts", True) else NO_EXTRA)
+    return {"version": llama_cpp.__version__, "dtype": dtype, "workloads": timed}
+
+
+NO_EXTRA = " (repacked/AMX weight buffers off: with them it crashed on this CPU)"
+
+
+def _without_extra_buffers(llama_cpp: Any) -> None:
+    # llama.cpp's model parameter `use_extra_bufts` (weights repacked for AVX-512/AMX kernels);
+    # Llama() takes no argument for it, so its defaults are changed where it reads them.
+    low_level = llama_cpp.llama_cpp
+    defaults = low_level.llama_model_default_params
+
+    def params() -> Any:
+        p = defaults()
+        p.use_extra_bufts = False
+        return p
+
+    low_level.llama_model_default_params = params
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

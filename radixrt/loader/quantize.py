@@ -61,6 +61,15 @@ def apply_quantization(
     return counts
 
 
+def packs_weights(method: str, path: Path, device: torch.device, tp_size: int) -> bool:
+    """Whether `apply_quantization` will pack linear layers: int4/int8 always (on the CPU),
+    auto for a GGUF file on the CPU at one rank (its Q4/Q8 tensors). Known before loading,
+    so that dtype "auto" can follow it."""
+    if device.type != "cpu" or method == "none":
+        return False
+    return method in ("int4", "int8") or (tp_size == 1 and path.suffix == ".gguf")
+
+
 def _file_blocks(path: Path, hf_config: PretrainedConfig) -> Blocks:
     if not path.is_file():
         return {}

@@ -17,6 +17,7 @@ from radixrt.cache.kv_pool import KVPool
 from radixrt.executor.forward_batch import ForwardBatch
 from radixrt.loader.load import load_model
 from radixrt.loader.model_config import ModelConfig, cpu_has_bf16, resolve_dtype
+from radixrt.loader.quantize import packs_weights
 from radixrt.models.registry import SUPPORTED_ARCHITECTURES, get_model_class
 
 SLOTS_PER_SEQ = 64  # sequence i owns pool slots i*64 .. i*64+63
@@ -184,8 +185,21 @@ def test_model_config_fields(tiny_model_dir, tmp_path):
     assert cfg.dtype == torch.bfloat16
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
     assert resolve_dtype("auto", "cpu") == (torch.bfloat16 if cpu_has_bf16() else torch.float32)
+    # Packed GGUF weights compute in float32: bf16 activations would only add casts.
+    assert resolve_dtype("auto", "cpu", packed=True) == torch.float32
     with pytest.raises(ValueError, match="dtype"):
         resolve_dtype("float64")
+
+
+def test_packs_weights_says_before_loading_whether_layers_will_be_packed():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    gguf, folder = Path("model.gguf"), Path("hf-folder")
+    assert packs_weights("auto", gguf, cpu, 1)
+    assert not packs_weights("auto", folder, cpu, 1)  # a safetensors checkpoint stays dense
+    assert not packs_weights("auto", gguf, cpu, 2)  # ranks keep dense shards
+    assert not packs_weights("auto", gguf, cuda, 1)
+    assert packs_weights("int4", folder, cpu, 1) and packs_weights("int8", folder, cpu, 2)
+    assert not packs_weights("none", gguf, cpu, 1)
 
 
 def test_unknown_architecture(tiny_model_dir, tmp_path):
