@@ -95,6 +95,7 @@ class NativeLayerStack:
             and v_cache.is_contiguous()
             and k_cache.shape[-1] % 2 == 0
             and batch.out_cache_loc.dtype == torch.int64
+            and batch.out_cache_loc.is_contiguous()
         )
 
     def __call__(
