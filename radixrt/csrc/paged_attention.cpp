@@ -6,11 +6,12 @@
 // position L - n + t and sees keys 0..L - n + t (bottom-right aligned causal), so one kernel
 // covers decode (n = 1), a few tokens after a cached prefix, and a prefill chunk.
 //
-// Layout of the work: a tile is up to 32 query rows that share one kv head (tokens x the G
-// query heads of that kv head, GQA), held transposed so that one SIMD lane is one row. Scores,
-// the online softmax and the P @ V update are then all lane-parallel: each K/V element is
-// loaded once per tile and broadcast against 8 rows at a time, and no horizontal reduction is
-// needed. Tiles are scheduled longest first over OpenMP threads, which balances unequal lengths.
+// Layout of the work: a tile is up to 4 vectors of query rows that share one kv head (tokens x
+// the G query heads of that kv head, GQA): 32 rows, or 64 with AVX-512's 16-float vectors,
+// held transposed so that one SIMD lane is one row. Scores, the online softmax and the P @ V
+// update are then all lane-parallel: each K/V element is loaded once per tile and broadcast
+// against a vector of rows at a time, and no horizontal reduction is needed. Tiles are
+// scheduled longest first over OpenMP threads, which balances unequal lengths.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include <ATen/ATen.h>
@@ -28,12 +29,20 @@ namespace {
 
 using namespace radixrt_vec8;
 
-constexpr int kMaxRows = 32;   // rows per tile: 4 vectors, leaving registers for accumulators
 constexpr int kKeyBlock = 64;  // keys scored per online-softmax step
 // Below this much work (the tiles' summed cost, ~ keys x rows) the batch runs on the calling
 // thread: a batch-1 decode over a short context is a few microseconds of arithmetic, less than
 // waking another thread costs.
 constexpr double kMinParallelCost = 4096;
+
+// The general tile's vector, one lane per row: 16 floats where AVX-512 has them, else v8f.
+#if defined(__AVX512F__)
+typedef float vtile __attribute__((vector_size(64)));
+#else
+typedef v8f vtile;
+#endif
+constexpr int kTileLanes = sizeof(vtile) / sizeof(float);
+constexpr int kMaxRows = 4 * kTileLanes;  // rows per tile: 4 vectors, leaving registers free
 
 struct Args {
   const void* q;
@@ -61,79 +70,87 @@ struct Tile {
 // (scores, then probabilities), Ot [D][NR] (the unnormalized output). Sized on first use:
 // decode tiles need none of them.
 struct Scratch {
-  std::vector<v8f> qt, st, ot;
+  std::vector<vtile> qt, st, ot;
   void ensure(int64_t d) {
     if (!qt.empty()) return;
-    qt.resize(d * kMaxRows / kLanes);
-    st.resize(kKeyBlock * kMaxRows / kLanes);
-    ot.resize(d * kMaxRows / kLanes);
+    qt.resize(d * kMaxRows / kTileLanes);
+    st.resize(kKeyBlock * kMaxRows / kTileLanes);
+    ot.resize(d * kMaxRows / kTileLanes);
   }
 };
 
+// Keys (scores) or head dims (P @ V) handled together by the loops below, so that
+// chains() * NR independent sums are in flight: ~8 covers the FMA latency on two ports.
+template <int NR>
+constexpr int chains() {
+  return NR >= 3 ? 2 : (NR == 2 || kTileLanes == 8 ? 4 : 8);
+}
+
 // Scores of keys j0..j0+kb-1 for the tile's rows: St[j][rv] = sum_d K[j][d] * Qt[d][rv].
 template <typename T, int NR>
-void score_block(const T* const* kp, int kb, int64_t d_len, const v8f* qt, v8f* st) {
-  for (int j = 0; j < kb; j += 2) {
-    const T* k0 = kp[j];
-    const T* k1 = kp[j + 1 < kb ? j + 1 : j];
-    v8f a0[NR], a1[NR];
-    for (int r = 0; r < NR; ++r) a0[r] = a1[r] = splat(0.0f);
-    for (int64_t d = 0; d < d_len; ++d) {
-      const v8f b0 = splat(to_float(k0[d])), b1 = splat(to_float(k1[d]));
-      for (int r = 0; r < NR; ++r) {
-        a0[r] += b0 * qt[d * NR + r];
-        a1[r] += b1 * qt[d * NR + r];
-      }
+void score_block(const T* const* kp, int kb, int64_t d_len, const vtile* qt, vtile* st) {
+  constexpr int KJ = chains<NR>();
+  for (int j = 0; j < kb; j += KJ) {
+    const T* kj[KJ];
+    vtile acc[KJ][NR];
+    for (int u = 0; u < KJ; ++u) {
+      kj[u] = kp[std::min(j + u, kb - 1)];  // past the block: its last key again, not stored
+      for (int r = 0; r < NR; ++r) acc[u][r] = splat<vtile>(0.0f);
     }
-    for (int r = 0; r < NR; ++r) st[j * NR + r] = a0[r];
-    if (j + 1 < kb)
-      for (int r = 0; r < NR; ++r) st[(j + 1) * NR + r] = a1[r];
+    for (int64_t d = 0; d < d_len; ++d)
+      for (int u = 0; u < KJ; ++u) {
+        const vtile b = splat<vtile>(to_float(kj[u][d]));
+        for (int r = 0; r < NR; ++r) acc[u][r] += b * qt[d * NR + r];
+      }
+    for (int u = 0; u < KJ && j + u < kb; ++u)
+      for (int r = 0; r < NR; ++r) st[(j + u) * NR + r] = acc[u][r];
   }
 }
 
-// Ot[d][rv] = Ot[d][rv] * alpha[rv] + sum_j V[j][d] * St[j][rv].
+// Ot[d][rv] = Ot[d][rv] * alpha[rv] + sum_j V[j][d] * St[j][rv] for head dims d0..d0+DD-1.
+template <typename T, int NR, int DD>
+void accumulate_dims(const T* const* vp, int kb, int64_t d0, const vtile* st,
+                     const vtile* alpha, vtile* ot) {
+  vtile acc[DD][NR];
+  for (int u = 0; u < DD; ++u)
+    for (int r = 0; r < NR; ++r) acc[u][r] = ot[(d0 + u) * NR + r] * alpha[r];
+  for (int j = 0; j < kb; ++j)
+    for (int u = 0; u < DD; ++u) {
+      const vtile b = splat<vtile>(to_float(vp[j][d0 + u]));
+      for (int r = 0; r < NR; ++r) acc[u][r] += b * st[j * NR + r];
+    }
+  for (int u = 0; u < DD; ++u)
+    for (int r = 0; r < NR; ++r) ot[(d0 + u) * NR + r] = acc[u][r];
+}
+
 template <typename T, int NR>
-void accumulate_block(const T* const* vp, int kb, int64_t d_len, const v8f* st, const v8f* alpha,
-                      v8f* ot) {
-  for (int64_t d = 0; d < d_len; d += 2) {
-    v8f a0[NR], a1[NR];
-    for (int r = 0; r < NR; ++r) {
-      a0[r] = ot[d * NR + r] * alpha[r];
-      a1[r] = ot[(d + 1) * NR + r] * alpha[r];
-    }
-    for (int j = 0; j < kb; ++j) {
-      const v8f b0 = splat(to_float(vp[j][d])), b1 = splat(to_float(vp[j][d + 1]));
-      for (int r = 0; r < NR; ++r) {
-        a0[r] += b0 * st[j * NR + r];
-        a1[r] += b1 * st[j * NR + r];
-      }
-    }
-    for (int r = 0; r < NR; ++r) {
-      ot[d * NR + r] = a0[r];
-      ot[(d + 1) * NR + r] = a1[r];
-    }
-  }
+void accumulate_block(const T* const* vp, int kb, int64_t d_len, const vtile* st,
+                      const vtile* alpha, vtile* ot) {
+  constexpr int DD = chains<NR>();
+  int64_t d = 0;
+  for (; d + DD <= d_len; d += DD) accumulate_dims<T, NR, DD>(vp, kb, d, st, alpha, ot);
+  for (; d < d_len; d += 2) accumulate_dims<T, NR, 2>(vp, kb, d, st, alpha, ot);  // D is even
 }
 
 // Online softmax over one block of scores: masks keys past each row's position, updates the
 // running max m and sum l, turns St into probabilities and returns the rescale of the old ones.
 template <int NR>
-void softmax_block(int kb, int64_t j0, bool needs_mask, const v8f* limit, v8f* st, v8f* m,
-                   v8f* l, v8f* alpha) {
-  const v8f neg_inf = splat(-INFINITY);
+void softmax_block(int kb, int64_t j0, bool needs_mask, const vtile* limit, vtile* st, vtile* m,
+                   vtile* l, vtile* alpha) {
+  const vtile neg_inf = splat<vtile>(-INFINITY);
   for (int r = 0; r < NR; ++r) {
-    v8f block_max = neg_inf;
+    vtile block_max = neg_inf;
     for (int j = 0; j < kb; ++j) {
-      v8f s = st[j * NR + r];
-      if (needs_mask) s = splat(static_cast<float>(j0 + j)) <= limit[r] ? s : neg_inf;
+      vtile s = st[j * NR + r];
+      if (needs_mask) s = splat<vtile>(static_cast<float>(j0 + j)) <= limit[r] ? s : neg_inf;
       st[j * NR + r] = s;
       block_max = vmax(block_max, s);
     }
-    const v8f m_new = vmax(m[r], block_max);
+    const vtile m_new = vmax(m[r], block_max);
     alpha[r] = vexp(m[r] - m_new);
-    v8f sum = splat(0.0f);
+    vtile sum = splat<vtile>(0.0f);
     for (int j = 0; j < kb; ++j) {
-      const v8f p = vexp(st[j * NR + r] - m_new);
+      const vtile p = vexp(st[j * NR + r] - m_new);
       st[j * NR + r] = p;
       sum += p;
     }
@@ -161,20 +178,20 @@ void attend_tile(const Args& a, const Tile& tile, Scratch& s) {
   };
   // Transposed, pre-scaled queries; padding lanes are zero and copy the last row's position.
   float* qt = reinterpret_cast<float*>(s.qt.data());
-  v8f limit[NR], m[NR], l[NR], alpha[NR];
+  vtile limit[NR], m[NR], l[NR], alpha[NR];
   float* lim = reinterpret_cast<float*>(limit);
-  for (int r = 0; r < NR * kLanes; ++r) {
+  for (int r = 0; r < NR * kTileLanes; ++r) {
     const int rr = std::min(r, rows - 1);
     lim[r] = static_cast<float>(first_pos + rr / tile.heads);
     const T* src = q + q_offset(rr);
     for (int64_t d = 0; d < d_len; ++d)
-      qt[d * NR * kLanes + r] = r < rows ? to_float(src[d]) * a.scale : 0.0f;
+      qt[d * NR * kTileLanes + r] = r < rows ? to_float(src[d]) * a.scale : 0.0f;
   }
   for (int r = 0; r < NR; ++r) {
-    m[r] = splat(-INFINITY);
-    l[r] = splat(0.0f);
+    m[r] = splat<vtile>(-INFINITY);
+    l[r] = splat<vtile>(0.0f);
   }
-  std::fill(s.ot.begin(), s.ot.begin() + d_len * NR, splat(0.0f));
+  std::fill(s.ot.begin(), s.ot.begin() + d_len * NR, splat<vtile>(0.0f));
 
   const int64_t key_end = first_pos + tile.tokens;  // one past the last token's position
   const T* kp[kKeyBlock];
@@ -198,7 +215,7 @@ void attend_tile(const Args& a, const Tile& tile, Scratch& s) {
   for (int r = 0; r < rows; ++r) {
     const int64_t off = q_offset(r);
     const float inv = 1.0f / lf[r];
-    for (int64_t d = 0; d < d_len; ++d) out[off + d] = static_cast<T>(ot[d * NR * kLanes + r] * inv);
+    for (int64_t d = 0; d < d_len; ++d) out[off + d] = static_cast<T>(ot[d * NR * kTileLanes + r] * inv);
     a.lse[off / d_len] = mf[r] + std::log(lf[r]);
   }
 }
@@ -298,7 +315,7 @@ template <typename T>
 void attend(const Args& a, const Tile& tile, Scratch& s) {
   if (try_decode_tile<T>(a, tile)) return;
   s.ensure(a.head_dim);
-  switch ((tile.heads * tile.tokens + kLanes - 1) / kLanes) {
+  switch ((tile.heads * tile.tokens + kTileLanes - 1) / kTileLanes) {
     case 1: return attend_tile<T, 1>(a, tile, s);
     case 2: return attend_tile<T, 2>(a, tile, s);
     case 3: return attend_tile<T, 3>(a, tile, s);

@@ -6,15 +6,10 @@ where it would not compute the same (a shared-prefix cascade, a model it does no
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
+from runner_steps import SHARED, Seq, cpu_runner, feed, prompt
 
-from radixrt.attention.torch_backend import TorchAttentionBackend
-from radixrt.cache.kv_pool import KVPool
-from radixrt.cache.req_to_token import ReqToTokenTable
-from radixrt.executor.forward_batch import SimpleStep
 from radixrt.executor.model_runner import ModelRunner
 from radixrt.layers.decoder import DecoderLayer
 from radixrt.loader.load import load_model
@@ -22,60 +17,22 @@ from radixrt.native import load_native
 
 pytestmark = pytest.mark.skipif(load_native() is None, reason="native CPU kernels not built")
 
-ROW_SLOTS = 128  # table row r owns pool slots r*128 .. (except the shared prefix)
-SHARED = 16  # row 3's prompt starts with row 0's first 16 tokens, cached in row 0's slots
-
-
-@dataclass
-class Seq:
-    row: int
-    tokens: list[int]
-    cached: int = 0
-
-
-def _prompt(length: int, seed: int) -> list[int]:
-    return torch.randint(3, 250, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
-
 
 def _runner(model_dir: str, dtype: torch.dtype, quantization: str, native: bool) -> ModelRunner:
     model, cfg = load_model(model_dir, dtype, "cpu", quantization=quantization)
     model.model.use_native_stack = native
-    dims = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
-    pool = KVPool(8 * ROW_SLOTS, *dims, dtype, "cpu")
-    table = ReqToTokenTable(8, ROW_SLOTS, "cpu")
-    for row in range(8):
-        table.write(row, 0, torch.arange(row * ROW_SLOTS, (row + 1) * ROW_SLOTS))
-    table.write(3, 0, torch.arange(SHARED))  # the prefix-cache hit: row 0's slots
-    return ModelRunner(model, pool, TorchAttentionBackend(), table, "cpu")
-
-
-def _step(runner: ModelRunner, work: list[tuple[Seq, int]]) -> torch.Tensor:
-    """Feed each sequence its next n tokens (its prompt's, then its greedy ones)."""
-    ids: list[int] = []
-    rows: list[int] = []
-    for seq, n in work:
-        ids += seq.tokens[seq.cached : seq.cached + n]
-        rows.append(len(ids) - 1)
-    step = SimpleStep(
-        [s.row for s, _ in work], [s.cached for s, _ in work], [n for _, n in work], ids, rows
-    )
-    out = runner.forward(step)
-    for (seq, n), row_logits in zip(work, out, strict=True):
-        seq.cached += n
-        if seq.cached == len(seq.tokens):
-            seq.tokens.append(int(row_logits.argmax()))
-    return out
+    return cpu_runner(model, cfg)
 
 
 def _workload(runner: ModelRunner) -> list[torch.Tensor]:
-    a, b, c = Seq(0, _prompt(20, 1)), Seq(1, _prompt(7, 2)), Seq(2, _prompt(45, 3))
-    hit = Seq(3, a.tokens[:SHARED] + _prompt(6, 4), cached=SHARED)
-    logits = [_step(runner, [(a, 20), (b, 7)]), _step(runner, [(c, 45)])]
+    a, b, c = Seq(0, prompt(20, 1)), Seq(1, prompt(7, 2)), Seq(2, prompt(45, 3))
+    hit = Seq(3, a.tokens[:SHARED] + prompt(6, 4), cached=SHARED)
+    logits = [feed(runner, [(a, 20), (b, 7)]), feed(runner, [(c, 45)])]
     for _ in range(3):
-        logits.append(_step(runner, [(a, 1), (b, 1), (c, 1)]))
-    logits.append(_step(runner, [(a, 1), (b, 1), (c, 1), (hit, 6)]))
+        logits.append(feed(runner, [(a, 1), (b, 1), (c, 1)]))
+    logits.append(feed(runner, [(a, 1), (b, 1), (c, 1), (hit, 6)]))
     for work in [[a, b, c]] * 3 + [[a]] * 3:
-        logits.append(_step(runner, [(s, 1) for s in work]))
+        logits.append(feed(runner, [(s, 1) for s in work]))
     return logits
 
 
@@ -127,14 +84,14 @@ def test_stack_equals_the_modules_bit_for_bit(model_dir, dtype, quantization):
 def test_a_shared_prefix_cascade_keeps_the_modules(model_dir):
     runner = _runner(model_dir, torch.float32, "int4", native=True)
     counted = _Counted(runner)
-    prefix = _prompt(40, 9)
-    seqs = [Seq(r, prefix + _prompt(3, r)) for r in range(3)]
+    prefix = prompt(40, 9)
+    seqs = [Seq(r, prefix + prompt(3, r)) for r in range(3)]
     for r in (1, 2):  # rows 1 and 2 share row 0's slots for the prefix, as a cache hit would
         runner.table.write(r, 0, torch.arange(len(prefix)))
-    _step(runner, [(seqs[0], 43)])
+    feed(runner, [(seqs[0], 43)])
     for s in seqs[1:]:
         s.cached = len(prefix)
-    _step(runner, [(s, 3) for s in seqs[1:]])  # extends after the shared prefix: a cascade
+    feed(runner, [(s, 3) for s in seqs[1:]])  # extends after the shared prefix: a cascade
     assert counted.calls == 1
 
 

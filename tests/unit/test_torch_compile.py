@@ -5,91 +5,37 @@ does so from the graphs built at warm-up, without recompiling per size."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pytest
 import torch
+from runner_steps import SHARED, Seq, cpu_runner, feed, prompt
 
-from radixrt.attention.torch_backend import TorchAttentionBackend
-from radixrt.cache.kv_pool import KVPool
-from radixrt.cache.req_to_token import ReqToTokenTable
 from radixrt.executor.compiled_forward import can_compile
-from radixrt.executor.forward_batch import SimpleStep
 from radixrt.executor.model_runner import ModelRunner
 from radixrt.layers.decoder import DecoderLayer
 from radixrt.loader.load import load_model
 
 MAX_BS = 32  # steps of up to this many new tokens run compiled
-ROW_SLOTS = 128  # table row r owns pool slots r*128 .. (except a shared prefix)
-SHARED = 16  # row 3's prompt starts with row 0's first 16 tokens, cached in row 0's slots
 # Same weights, same float32 math, but inductor fuses and reorders the reductions (norm
 # statistics): logits agree to float32 rounding accumulated over the layers.
 ATOL = 1e-4
 
 
-@dataclass
-class Seq:
-    row: int
-    tokens: list[int]
-    cached: int = 0
-    generated: list[int] = field(default_factory=list)
-
-
-def _prompt(length: int, seed: int) -> list[int]:
-    return torch.randint(3, 250, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
 def _runner(model_dir: str, compiled: bool) -> ModelRunner:
     model, cfg = load_model(model_dir, torch.float32, "cpu")
-    dims = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
-    pool = KVPool(8 * ROW_SLOTS, *dims, torch.float32, "cpu")
-    table = ReqToTokenTable(8, ROW_SLOTS, "cpu")
-    for row in range(8):
-        table.write(row, 0, torch.arange(row * ROW_SLOTS, (row + 1) * ROW_SLOTS))
-    table.write(3, 0, torch.arange(SHARED))  # the prefix-cache hit: row 0's slots
-    return ModelRunner(
-        model,
-        pool,
-        TorchAttentionBackend(),
-        table,
-        "cpu",
-        enable_torch_compile=compiled,
-        torch_compile_max_bs=MAX_BS,
-    )
-
-
-def _step(runner: ModelRunner, work: list[tuple[Seq, int]], logits: list[torch.Tensor]) -> None:
-    """Feed each sequence its next n tokens (its prompt's, then its greedy ones); append the
-    token each sequence's last row picks."""
-    ids: list[int] = []
-    rows: list[int] = []
-    for seq, n in work:
-        ids += seq.tokens[seq.cached : seq.cached + n]
-        rows.append(len(ids) - 1)
-    step = SimpleStep(
-        [s.row for s, _ in work], [s.cached for s, _ in work], [n for _, n in work], ids, rows
-    )
-    out = runner.forward(step)
-    logits.append(out)
-    for (seq, n), row_logits in zip(work, out, strict=True):
-        seq.cached += n
-        if seq.cached == len(seq.tokens):
-            token = int(row_logits.argmax())
-            seq.tokens.append(token)
-            seq.generated.append(token)
+    return cpu_runner(model, cfg, enable_torch_compile=compiled, torch_compile_max_bs=MAX_BS)
 
 
 def _workload(runner: ModelRunner) -> tuple[list[list[int]], list[torch.Tensor]]:
-    a, b, c = Seq(0, _prompt(20, 1)), Seq(1, _prompt(7, 2)), Seq(2, _prompt(45, 3))
-    hit = Seq(3, a.tokens[:SHARED] + _prompt(6, 4), cached=SHARED)
+    a, b, c = Seq(0, prompt(20, 1)), Seq(1, prompt(7, 2)), Seq(2, prompt(45, 3))
+    hit = Seq(3, a.tokens[:SHARED] + prompt(6, 4), cached=SHARED)
     logits: list[torch.Tensor] = []
-    _step(runner, [(a, 20), (b, 7)], logits)  # two prompts: 27 tokens, compiled
-    _step(runner, [(c, 45)], logits)  # 45 tokens: past MAX_BS, eager in both runners
+    logits.append(feed(runner, [(a, 20), (b, 7)]))  # two prompts: 27 tokens, compiled
+    logits.append(feed(runner, [(c, 45)]))  # 45 tokens: past MAX_BS, eager in both runners
     for _ in range(3):
-        _step(runner, [(a, 1), (b, 1), (c, 1)], logits)
-    _step(runner, [(a, 1), (b, 1), (c, 1), (hit, 6)], logits)  # mixed, after a cached prefix
+        logits.append(feed(runner, [(a, 1), (b, 1), (c, 1)]))
+    logits.append(feed(runner, [(a, 1), (b, 1), (c, 1), (hit, 6)]))  # mixed, after a prefix hit
     for work in [[a, b, c, hit]] * 4 + [[a, c, hit]] * 2 + [[a]] * 3:
-        _step(runner, [(s, 1) for s in work], logits)
+        logits.append(feed(runner, [(s, 1) for s in work]))
     return [s.generated for s in (a, b, c, hit)], logits
 
 
@@ -130,9 +76,9 @@ def test_compiled_path_is_taken(compiled_runner):
     original = compiled.tail
     compiled.tail = lambda *args: calls.append(1) or original(*args)
     try:
-        _step(compiled_runner, [(Seq(4, _prompt(5, 5)), 5)], [])
+        feed(compiled_runner, [(Seq(4, prompt(5, 5)), 5)])
         assert calls == [1]
-        _step(compiled_runner, [(Seq(5, _prompt(MAX_BS + 1, 6)), MAX_BS + 1)], [])
+        feed(compiled_runner, [(Seq(5, prompt(MAX_BS + 1, 6)), MAX_BS + 1)])
         assert calls == [1]  # past torch_compile_max_bs: eager
     finally:
         compiled.tail = original
