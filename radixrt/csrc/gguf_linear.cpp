@@ -38,8 +38,10 @@ constexpr int64_t kQ8_0 = 1;
 constexpr int64_t kPrefetchBytes = 4096;
 #ifdef RADIXRT_AVX512
 constexpr bool kAvx512 = true;
+constexpr int64_t kRowsPerPass = 8;  // input rows sharing each unpacked block (32 registers)
 #else
 constexpr bool kAvx512 = false;
+constexpr int64_t kRowsPerPass = 4;
 #endif
 
 int64_t block_bytes(int64_t kind) { return kind == kQ4_1 ? 20 : 34; }
@@ -178,11 +180,13 @@ void narrow_rows(const float* x, const float*, const uint8_t* w, int64_t K, int6
       }
     };
     int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) {
-      add_block(b, even);
-      add_block(b + 1, odd);
+    if constexpr (M <= 2) {
+      for (; b + 2 <= nb; b += 2) {
+        add_block(b, even);
+        add_block(b + 1, odd);
+      }
     }
-    if (b < nb) add_block(b, even);
+    for (; b < nb; ++b) add_block(b, even);  // from 3 rows: the rows are chains enough
     for (int r = 0; r < M; ++r) {
       const __m512 sum = _mm512_add_ps(_mm512_add_ps(even[0][r], even[1][r]),
                                        _mm512_add_ps(odd[0][r], odd[1][r]));
@@ -252,7 +256,15 @@ RowsFn rows_fn_of(int64_t m) {
     case 1: return narrow_rows<1, kind>;
     case 2: return narrow_rows<2, kind>;
     case 3: return narrow_rows<3, kind>;
+#ifdef RADIXRT_AVX512
+    case 4: return narrow_rows<4, kind>;
+    case 5: return narrow_rows<5, kind>;
+    case 6: return narrow_rows<6, kind>;
+    case 7: return narrow_rows<7, kind>;
+    default: return narrow_rows<8, kind>;
+#else
     default: return narrow_rows<4, kind>;
+#endif
   }
 }
 
@@ -273,8 +285,8 @@ at::Tensor narrow_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t 
   for (int64_t i = 0; needs_xsum && i < M * nb; ++i)
     for (int64_t j = 0; j < kBlock; ++j) xsum[i] += xp[i * kBlock + j];
   const uint8_t* w = blocks.data_ptr<uint8_t>();
-  for (int64_t r0 = 0; r0 < M; r0 += 4) {
-    const RowsFn fn = rows_fn(std::min<int64_t>(4, M - r0), kind);
+  for (int64_t r0 = 0; r0 < M; r0 += kRowsPerPass) {
+    const RowsFn fn = rows_fn(std::min<int64_t>(kRowsPerPass, M - r0), kind);
     at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
       fn(xp + r0 * K, xsum.data() + r0 * nb, w, K, N, n0, n1, y.data_ptr<float>() + r0 * N);
     });
