@@ -35,6 +35,10 @@ DEFAULT_VENVS = os.environ.get(
     "RADIXRT_BENCH_VENVS", str(Path.home() / ".cache" / "radixrt-bench" / "venvs")
 )
 THREADS = 2
+# Every engine's KV cache budget, GiB: vLLM's VLLM_CPU_KVCACHE_SPACE, radixrt's
+# cpu_kv_cache_gb (1 GiB by default, which holds ~23,000 float32 tokens of the default model,
+# fewer than the long workload's 8 x 4,064).
+KV_CACHE_GIB = 4
 TOKEN_RANGE = (100, 40000)
 # Environment for every worker: 2 threads, nothing downloaded, vLLM's CPU build pinned to the
 # same 2 cores with a bounded KV cache (GiB).
@@ -45,7 +49,7 @@ WORKER_ENV = {
     "TRANSFORMERS_OFFLINE": "1",
     "VLLM_CPU_OMP_THREADS_BIND": f"0-{THREADS - 1}",
     "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-    "VLLM_CPU_KVCACHE_SPACE": "4",
+    "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB),
     "VLLM_HOST_IP": "127.0.0.1",
     "VLLM_NO_USAGE_STATS": "1",
     "TOKENIZERS_PARALLELISM": "false",
@@ -286,6 +290,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "gguf": gguf,
         "threads": THREADS,
+        "kv_cache_gib": KV_CACHE_GIB,
         "max_len": max(4096, longest + 128),
         "warmup": [random.Random(99).randrange(*TOKEN_RANGE) for _ in range(8)],
         "workloads": [

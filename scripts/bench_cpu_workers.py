@@ -55,7 +55,7 @@ def radixrt_worker(spec: dict[str, Any]) -> dict[str, Any]:
         device="cpu",
         log_level="warning",
         num_threads=spec["threads"],
-        **spec["engine_args"],
+        **{"cpu_kv_cache_gb": spec["kv_cache_gib"], **spec["engine_args"]},
     )
 
     def run(prompts: list[list[int]], new: int) -> tuple[list[int], int | None]:
