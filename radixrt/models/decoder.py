@@ -38,7 +38,7 @@ class DecoderModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope)
         # The layers as one native call on the CPU where that computes the same (built at
-        # the first forward, when the weights are final); False keeps the modules always.
+        # the first CPU forward, when the weights are final); set False to keep the modules.
         self.use_native_stack = True
         self._native_stack: NativeLayerStack | None = None
         self._native_stack_checked = False
@@ -50,7 +50,7 @@ class DecoderModel(nn.Module):
             batch.attn_backend.init_forward_metadata(batch)
         hidden = self.embed_tokens(input_ids)  # [T, hidden]
         cos, sin = self.rotary.cos_sin(positions, hidden.dtype)  # [T, 1, D/2] each, all layers
-        stack = self.native_stack()
+        stack = self.native_stack() if hidden.device.type == "cpu" else None
         if stack is not None and stack.can_run(hidden, batch):
             return stack(hidden, cos, sin, batch)
         residual = None
