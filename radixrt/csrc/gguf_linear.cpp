@@ -3,8 +3,9 @@
 //          one], w = d * q + m, q in 0..15
 //   Q8_0: [fp16 d][32 x int8 q], w = d * q
 // Narrow inputs (decode steps) are memory-bound: each block's dot product is computed as
-// d * sum(q * x) (+ m * sum(x) for Q4_1), so the weights are never written out and a step reads
-// 20 or 34 bytes per 32 weights, not 128. Wide inputs (big batches, prefill chunks) are
+// d * sum(q * x) (+ m * sum(x) for Q4_1; with AVX-512 the weights come from a per-block table
+// instead, see load_weights16), so the weights are never written out and a step reads 20 or
+// 34 bytes per 32 weights, not 128. Wide inputs (big batches, prefill chunks) are
 // compute-bound instead: there the weights are expanded to float32 a tile at a time and handed
 // to the BLAS matmul.
 #include <ATen/ATen.h>
@@ -141,7 +142,9 @@ void dequantize_rows(const uint8_t* w, int64_t kind, int64_t nb, int64_t rows, f
 // not. Q8_0: the codes widened, converted, scaled (d * q exact likewise).
 template <int64_t kind>
 void load_weights16(const uint8_t* blk, __m512 w[2]) {
-  const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(*reinterpret_cast<const int32_t*>(blk)));
+  int32_t dm_bits;
+  std::memcpy(&dm_bits, blk, 4);
+  const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(dm_bits));  // d, m (Q4_1)
   const __m512 d = _mm512_broadcastss_ps(dm);
   if constexpr (kind == kQ4_1) {
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -158,9 +161,9 @@ void load_weights16(const uint8_t* blk, __m512 w[2]) {
   }
 }
 
-// narrow_rows (below) with 16-float vectors: per block and input row, two FMAs. Four
-// accumulators per input row (even and odd blocks, first and second half) keep four FMA
-// chains in flight.
+// narrow_rows (below) with 16-float vectors: per block and input row, two FMAs. With 1-2 input
+// rows, four accumulators per row (even and odd blocks, first and second half) keep enough
+// FMA chains in flight; from 3 rows on, each row's two are chains enough.
 template <int M, int64_t kind>
 void narrow_rows(const float* x, const float*, const uint8_t* w, int64_t K, int64_t N,
                  int64_t n0, int64_t n1, float* y) {
@@ -168,7 +171,8 @@ void narrow_rows(const float* x, const float*, const uint8_t* w, int64_t K, int6
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = w + n * nb * bb;
     __m512 even[2][M], odd[2][M];
-    for (int r = 0; r < M; ++r) even[0][r] = even[1][r] = odd[0][r] = odd[1][r] = _mm512_setzero_ps();
+    for (int r = 0; r < M; ++r)
+      even[0][r] = even[1][r] = odd[0][r] = odd[1][r] = _mm512_setzero_ps();
     auto add_block = [&](int64_t b, __m512 (*into)[M]) {
       __m512 wv[2];
       _mm_prefetch(reinterpret_cast<const char*>(row + b * bb) + kPrefetchBytes, _MM_HINT_T0);
@@ -186,7 +190,7 @@ void narrow_rows(const float* x, const float*, const uint8_t* w, int64_t K, int6
         add_block(b + 1, odd);
       }
     }
-    for (; b < nb; ++b) add_block(b, even);  // from 3 rows: the rows are chains enough
+    for (; b < nb; ++b) add_block(b, even);
     for (int r = 0; r < M; ++r) {
       const __m512 sum = _mm512_add_ps(_mm512_add_ps(even[0][r], even[1][r]),
                                        _mm512_add_ps(odd[0][r], odd[1][r]));
