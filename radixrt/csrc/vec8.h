@@ -1,5 +1,7 @@
 // Eight-float vectors for radixrt's CPU kernels: GCC/Clang vector extensions, which are AVX2
-// registers under -march=native on x86 and SSE or NEON pairs elsewhere.
+// registers under -march=native on x86 and SSE or NEON pairs elsewhere. splat, vexp and vmax
+// are templates over the vector type (paged_attention.cpp's prefill tile uses 16 floats on
+// AVX-512).
 #pragma once
 
 #include <cstdint>

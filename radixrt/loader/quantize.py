@@ -43,10 +43,10 @@ def apply_quantization(
     """
     if method not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {list(QUANTIZATIONS)}, got {method!r}")
-    if method == "none" or (method == "auto" and (device.type != "cpu" or tp_size > 1)):
-        return {}
-    if device.type != "cpu":
+    if method in ("int4", "int8") and device.type != "cpu":
         raise ValueError(f"--quantization {method} runs on the CPU only; use auto or none")
+    if not packs_weights(method, path, device, tp_size):
+        return {}
     # A rank of a tensor-parallel group holds slices: it quantizes those instead.
     file_blocks = _file_blocks(path, hf_config) if tp_size == 1 else {}
     counts: dict[str, int] = {}
