@@ -27,7 +27,7 @@ constexpr int64_t kKindsPerLayer = 4;    // qkv, o, gate_up, down
 
 // y = x W.T for a dense weight (F.linear's op) or GGUF blocks of that kind (gguf_linear.cpp).
 at::Tensor project(const at::Tensor& x, const at::Tensor& w, int64_t kind, int64_t dense_rows) {
-  if (kind == kDense) return at::linear(x, w);
+  if (kind == kDense) return radixrt::dense_linear(x, w);
   return radixrt::gguf_linear(x, w, kind, dense_rows);
 }
 

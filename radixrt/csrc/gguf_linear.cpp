@@ -7,7 +7,7 @@
 // instead, see load_weights16), so the weights are never written out and a step reads 20 or
 // 34 bytes per 32 weights, not 128. Wide inputs (big batches, prefill chunks) are
 // compute-bound instead: there the weights are expanded to float32 a tile at a time and handed
-// to the BLAS matmul.
+// to oneDNN's matmul.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
@@ -309,15 +309,16 @@ void check_args(const at::Tensor& blocks, int64_t kind, int64_t K) {
 }
 
 // Each thread takes whole tiles of weight rows: it expands a tile into its own buffer and
-// multiplies it (a one-thread BLAS call) into those columns of y while it is still in its core's
-// cache; the threads' expansions and matmuls overlap instead of taking turns. A tile is 192 KiB
-// of floats for few rows (this CPU's L2 is 512 KiB a core), growing with M up to 2 MiB: the BLAS
-// repacks x for every tile, which at 1000 rows cost 10% with 192 KiB tiles. The tile count is a
-// multiple of the thread count, so the threads get equal work.
+// multiplies it (a one-thread oneDNN call, dense_linear.cpp) into those columns of y while it is
+// still in its core's cache; the threads' expansions and matmuls overlap instead of taking
+// turns. A tile is 1 MiB of floats for few rows, growing with M up to 2 MiB: each call repacks x
+// and has its set-up cost (at 32-64 rows, 192 KiB tiles were 1.5x slower than 1 MiB ones on an
+// EPYC with 1 MiB of L2 a core). The tile count is a multiple of the thread count, so the
+// threads get equal work.
 at::Tensor wide_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t kind) {
   const int64_t M = x.size(0), K = x.size(1), N = blocks.size(0), nb = K / kBlock;
   const int64_t threads = at::get_num_threads();
-  const int64_t tile_bytes = std::clamp<int64_t>(M * 2048, 192 << 10, 2 << 20);
+  const int64_t tile_bytes = std::clamp<int64_t>(M * 2048, 1 << 20, 2 << 20);
   const int64_t target = std::max<int64_t>(8, tile_bytes / (K * 4));
   const int64_t tiles = ((N + target - 1) / target + threads - 1) / threads * threads;
   const int64_t tile = ((N + tiles - 1) / tiles + 7) / 8 * 8;
@@ -333,8 +334,7 @@ at::Tensor wide_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t ki
       const int64_t n0 = t * tile, rows = std::min(tile, N - n0);
       at::Tensor wt = scratch.narrow(0, 0, rows);
       dequantize_rows(w + n0 * nb * block_bytes(kind), kind, nb, rows, wt.data_ptr<float>());
-      at::Tensor out = y.narrow(1, n0, rows);
-      at::mm_out(out, x, wt.t());
+      y.narrow(1, n0, rows).copy_(radixrt::dense_linear(x, wt));
     }
   });
   return y;

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <optional>
 #include <tuple>
 
 namespace radixrt {
@@ -19,6 +20,10 @@ void rotary_(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin);
 at::Tensor silu_and_mul(const at::Tensor& gate_up);
 void store_kv(at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& loc, const at::Tensor& k,
               const at::Tensor& v);
+
+// dense_linear.cpp (not registered as an op: Python calls the oneDNN op it wraps itself)
+at::Tensor dense_linear(const at::Tensor& x, const at::Tensor& w,
+                        const std::optional<at::Tensor>& bias = std::nullopt);
 
 // gguf_linear.cpp
 at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t kind,

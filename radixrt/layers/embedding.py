@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixrt.distributed import TPGroup
+from radixrt.layers.fused import dense_linear
 from radixrt.layers.quantized import GGUFWeight
 from radixrt.layers.sharding import Narrow, vocab_split
 
@@ -77,7 +78,7 @@ class LMHead(nn.Module):
         """[N, hidden] -> [N, vocab] float32."""
         weight = embedding.weight if self.weight is None else self.weight
         # The matmul in the model dtype like the reference, then float32 for sampling.
-        logits = F.linear(hidden, weight) if self.packed is None else self.packed(hidden)
+        logits = dense_linear(hidden, weight) if self.packed is None else self.packed(hidden)
         if self.group.size > 1:
             logits = self.group.all_gather(logits, dim=-1)[:, : self.vocab_size]
         return logits.float()

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from radixrt.distributed import TPGroup
+from radixrt.layers.fused import dense_linear
 from radixrt.layers.quantized import GGUFWeight
 from radixrt.layers.sharding import Narrow, even_split
 
@@ -36,7 +36,7 @@ class PackableLinear(nn.Linear):
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.packed is None:
-            return F.linear(x, self.weight, bias)
+            return dense_linear(x, self.weight, bias)
         y = self.packed(x)
         return y if bias is None else y + bias
 

@@ -17,8 +17,9 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from radixrt.layers.fused import dense_linear
 
 BLOCK = 32
 # Format name -> (the kernel's `kind` argument, bytes per block of 32 weights).
@@ -56,7 +57,7 @@ class GGUFWeight(nn.Module):
         if self.native and flat.device.type == "cpu":
             y = torch.ops.radixrt.gguf_linear.default(flat, self.blocks, self.kind, DENSE_FROM_ROWS)
         else:
-            y = F.linear(flat, self.dequantize())
+            y = dense_linear(flat, self.dequantize())
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def dequantize(self) -> torch.Tensor:

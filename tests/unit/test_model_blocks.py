@@ -12,6 +12,7 @@ from transformers.models.qwen3 import modeling_qwen3 as hf_qwen3
 from radixrt.attention.torch_backend import TorchAttentionBackend
 from radixrt.cache.kv_pool import KVPool
 from radixrt.executor.forward_batch import ForwardBatch
+from radixrt.layers import fused
 from radixrt.layers.attention import AttentionShape
 from radixrt.layers.embedding import LMHead
 from radixrt.layers.mlp import GatedMLP
@@ -31,6 +32,14 @@ SMALL = dict(
     vocab_size=50,
     num_hidden_layers=1,
 )
+
+
+@pytest.fixture(autouse=True)
+def aten_matmuls(monkeypatch):
+    """These tests hold the blocks to transformers op for op, and transformers multiplies with
+    aten's BLAS matmul: so do ours here. Elsewhere dense_linear uses oneDNN's, which sums in
+    another order (test_dense_linear.py bounds that)."""
+    monkeypatch.setattr(fused, "ONEDNN", False)
 
 
 def no_skip(name: str) -> bool:
