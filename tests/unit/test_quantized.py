@@ -11,8 +11,8 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
-from radixrt.layers.fused import dense_linear
 from radixrt.layers import quantized
+from radixrt.layers.fused import dense_linear
 from radixrt.layers.quantized import GGUFWeight, dequantize, q4_0_to_q4_1, quantize
 from radixrt.native import load_native
 
