@@ -66,7 +66,7 @@ def check(kv, dtype: torch.dtype) -> None:
 
 @needs_native
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 80, 128])  # 80: not a multiple of the 6 or 12 chains
 @pytest.mark.parametrize("hq,hkv", [(4, 4), (9, 3), (8, 2)])  # GQA groups 1, 3, 4
 def test_ragged_batch_matches_float64_reference(paged_kv, dtype, head_dim, hq, hkv):
     gen = torch.Generator().manual_seed(hq * head_dim)

@@ -78,3 +78,20 @@ def test_a_quick_run_measures_radixrt_and_reports_a_missing_peer(tmp_path):
     assert shared["cached_tokens"] >= 3 * 100  # the other three prompts hit the 100 shared
     assert "not installed" in report["results"]["llama.cpp"]["error"]
     assert "not installed" in (tmp_path / "t.md").read_text()
+
+
+def test_attention_benchmark_checks_then_times_both_kernels(capsys):
+    import bench_cpu_attention
+
+    if bench_cpu_attention.load_native() is None:
+        pytest.skip("native CPU kernels unavailable (no compiler/ninja, or disabled)")
+    argv = ["bench_cpu_attention.py", "--prefill", "40", "--context", "70", "--seconds", "0"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "argv", argv)
+        bench_cpu_attention.main()
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
+    names = [row.split(" | ")[0] for row in rows]
+    assert names == ["| prefill 40"] * 2 + ["| 16 x 5 new after 70"] * 2 + ["| decode 64 x 70"] * 2
+    for row in rows:
+        native_ms, sdpa_ms, ratio = (float(c.rstrip("x")) for c in row.split(" | ")[2:5])
+        assert native_ms > 0 and sdpa_ms > 0 and ratio > 0  # ms are rounded: ratio is not exact
