@@ -314,7 +314,8 @@ void check_args(const at::Tensor& blocks, int64_t kind, int64_t K) {
 // turns. A tile is 1 MiB of floats for few rows, growing with M up to 2 MiB: each call repacks x
 // and has its set-up cost (at 32-64 rows, 192 KiB tiles were 1.5x slower than 1 MiB ones on an
 // EPYC with 1 MiB of L2 a core). The tile count is a multiple of the thread count, so the
-// threads get equal work.
+// threads get equal work. A bfloat16 x gets its tile rounded to bfloat16 too (the weights
+// `--quantization none` would hold in that dtype), for bf16 matmul units' ~2x of float32.
 at::Tensor wide_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t kind) {
   const int64_t M = x.size(0), K = x.size(1), N = blocks.size(0), nb = K / kBlock;
   const int64_t threads = at::get_num_threads();
@@ -329,12 +330,15 @@ at::Tensor wide_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t ki
     // The worker threads do not inherit the caller's inference mode, without which writing into
     // y (an inference tensor when the engine made it) is refused.
     c10::InferenceMode mode(inference);
-    at::Tensor scratch = at::empty({tile, K}, x.options());
+    at::Tensor scratch = at::empty({tile, K}, x.options().dtype(at::kFloat));
+    at::Tensor rounded = x.dtype() == at::kFloat ? scratch : at::empty({tile, K}, x.options());
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t n0 = t * tile, rows = std::min(tile, N - n0);
       at::Tensor wt = scratch.narrow(0, 0, rows);
       dequantize_rows(w + n0 * nb * block_bytes(kind), kind, nb, rows, wt.data_ptr<float>());
-      y.narrow(1, n0, rows).copy_(radixrt::dense_linear(x, wt));
+      at::Tensor wx = rounded.narrow(0, 0, rows);
+      if (!wx.is_same(wt)) wx.copy_(wt);
+      y.narrow(1, n0, rows).copy_(radixrt::dense_linear(x, wx));
     }
   });
   return y;
@@ -356,13 +360,17 @@ at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t kind, int64_t K) {
   return out;
 }
 
-// x [M, K] float32 -> [M, N] float32.
+// x [M, K] float32 or bfloat16 -> [M, N] in x's dtype. Few rows run the block kernel in
+// float32 (a bfloat16 x is widened, the result rounded); many rows, wide_linear in x's dtype.
 at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t kind,
                        int64_t dense_from_rows) {
-  TORCH_CHECK(x.dtype() == at::kFloat && x.dim() == 2, "gguf_linear: x must be float32 [M, K]");
+  TORCH_CHECK((x.dtype() == at::kFloat || x.dtype() == at::kBFloat16) && x.dim() == 2,
+              "gguf_linear: x must be float32 or bfloat16 [M, K], got ", x.dtype(), " of ",
+              x.dim(), " dims");
   check_args(blocks, kind, x.size(1));
   if (x.size(0) >= dense_from_rows) return wide_linear(x.contiguous(), blocks, kind);
-  return narrow_linear(x.contiguous(), blocks, kind);
+  if (x.dtype() == at::kFloat) return narrow_linear(x.contiguous(), blocks, kind);
+  return narrow_linear(x.to(at::kFloat).contiguous(), blocks, kind).to(at::kBFloat16);
 }
 
 }  // namespace radixrt

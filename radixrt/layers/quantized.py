@@ -48,16 +48,19 @@ class GGUFWeight(nn.Module):
         self.native = native_ops_loaded()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., in] -> x @ W.T [..., out], in x's dtype (computed in float32)."""
-        if self.native and x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu":
+        """x [..., in] -> x @ W.T [..., out], in x's dtype (computed in float32, except that
+        the native op multiplies a bfloat16 prefill chunk in bfloat16: see gguf_linear.cpp)."""
+        native_dtype = x.dtype in (torch.float32, torch.bfloat16)
+        if self.native and x.dim() == 2 and native_dtype and x.device.type == "cpu":
             # The common case without the reshapes and casts: ~5 dispatches per call add up
             # to a millisecond over a batch-1 step's 121 matmuls.
             return torch.ops.radixrt.gguf_linear.default(x, self.blocks, self.kind, DENSE_FROM_ROWS)
-        flat = x.reshape(-1, self.in_features).float()
+        flat = x.reshape(-1, self.in_features)
         if self.native and flat.device.type == "cpu":
+            flat = flat if native_dtype else flat.float()
             y = torch.ops.radixrt.gguf_linear.default(flat, self.blocks, self.kind, DENSE_FROM_ROWS)
         else:
-            y = dense_linear(flat, self.dequantize())
+            y = dense_linear(flat.float(), self.dequantize())
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def dequantize(self) -> torch.Tensor:

@@ -87,7 +87,7 @@ class NativeLayerStack:
             return False
         k_cache, v_cache = batch.kv_pool.get_kv(0)
         return (
-            (not self.quantized or hidden.dtype == torch.float32)
+            (not self.quantized or hidden.dtype in (torch.float32, torch.bfloat16))
             and self.weight_dtypes == {hidden.dtype}
             and hidden.dtype in (torch.float32, torch.bfloat16, torch.float16)
             and k_cache.dtype == v_cache.dtype == hidden.dtype

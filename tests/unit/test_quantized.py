@@ -140,3 +140,23 @@ def test_native_op_names_bad_arguments():
         torch.ops.radixrt.gguf_linear(torch.randn(1, 64), blocks, 5, 32)
     with pytest.raises(RuntimeError, match="bytes per row"):
         torch.ops.radixrt.gguf_linear(torch.randn(1, 96), blocks, 0, 32)
+
+
+@needs_native
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+@pytest.mark.parametrize("rows", [1, 5, 31, 32, 300])
+def test_bfloat16_inputs_stay_bfloat16_within_its_rounding(fmt, rows):
+    # Below DENSE_FROM_ROWS the block kernel in float32, then one rounding of the output (2^-8
+    # relative); from it on the expanded tiles are rounded to bfloat16 as well and multiplied
+    # in bfloat16 with float32 sums: 1% of the largest output covers both, not a wrong block.
+    weight = GGUFWeight(quantize(_weights(300, 1536, seed=rows), fmt), fmt, 1536)
+    x = torch.randn(rows, 1536, generator=torch.Generator().manual_seed(9)).bfloat16()
+    ref = x.double() @ weight.dequantize().double().T
+    with torch.inference_mode():
+        y = weight(x)
+    assert y.dtype == torch.bfloat16 and y.shape == (rows, 300)
+    assert (y.double() - ref).abs().max() <= 1e-2 * ref.abs().max()
+    if rows >= quantized.DENSE_FROM_ROWS:
+        # The tiles are the bf16 weights `--quantization none` would hold, in the same matmul
+        # (tiling the output columns does not reorder any one output's sum).
+        assert torch.equal(y, F.linear(x, weight.dequantize().bfloat16()))
