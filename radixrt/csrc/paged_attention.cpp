@@ -10,8 +10,10 @@
 // the G query heads of that kv head, GQA): 32 rows, or 64 with AVX-512's 16-float vectors,
 // held transposed so that one SIMD lane is one row. Scores, the online softmax and the P @ V
 // update are then all lane-parallel: each K/V element is loaded once per tile and broadcast
-// against a vector of rows at a time, and no horizontal reduction is needed. Tiles are
-// scheduled longest first over OpenMP threads, which balances unequal lengths.
+// against a vector of rows at a time, and no horizontal reduction is needed. The products are
+// float32 FMAs (attention_f32.h), or bfloat16 pair dot products for a bfloat16 pool where the
+// CPU has AVX-512 BF16 (attention_bf16.h). Tiles are scheduled longest first over OpenMP
+// threads, which balances unequal lengths.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include <ATen/ATen.h>
@@ -20,14 +22,18 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
+#include "attention_bf16.h"
+#include "attention_f32.h"
 #include "ops.h"
 #include "vec8.h"
 
 namespace {
 
 using namespace radixrt_vec8;
+using namespace radixrt_tile;
 
 constexpr int kKeyBlock = 64;  // keys scored per online-softmax step
 // Below this much work (the tiles' summed cost, ~ keys x rows) the batch runs on the calling
@@ -35,13 +41,6 @@ constexpr int kKeyBlock = 64;  // keys scored per online-softmax step
 // waking another thread costs.
 constexpr double kMinParallelCost = 4096;
 
-// The general tile's vector, one lane per row: 16 floats where AVX-512 has them, else v8f.
-#if defined(__AVX512F__)
-typedef float vtile __attribute__((vector_size(64)));
-#else
-typedef v8f vtile;
-#endif
-constexpr int kTileLanes = sizeof(vtile) / sizeof(float);
 constexpr int kMaxRows = 4 * kTileLanes;  // rows per tile: 4 vectors, leaving registers free
 
 struct Args {
@@ -71,70 +70,33 @@ struct Tile {
 // decode tiles need none of them.
 struct Scratch {
   std::vector<vtile> qt, st, ot;
+#ifdef RADIXRT_BF16_DOT
+  // The bfloat16 tile's pairs (attention_bf16.h): q [D / 2][NR], probabilities
+  // [kKeyBlock / 2][NR], values [kKeyBlock / 2][D].
+  std::vector<__m512i> q2, p2;
+  std::vector<uint32_t> v2;
+#endif
   void ensure(int64_t d) {
     if (!qt.empty()) return;
     qt.resize(d * kMaxRows / kTileLanes);
     st.resize(kKeyBlock * kMaxRows / kTileLanes);
     ot.resize(d * kMaxRows / kTileLanes);
+#ifdef RADIXRT_BF16_DOT
+    q2.resize(d / 2 * kMaxRows / kTileLanes);
+    p2.resize(kKeyBlock / 2 * kMaxRows / kTileLanes);
+    v2.resize(kKeyBlock / 2 * d);
+#endif
   }
 };
 
-// Keys (scores) or head dims (P @ V) handled together by the loops below, so that
-// chains() * NR independent sums are in flight. With AVX2's 16 registers ~8 sums cover the FMA
-// latency; AVX-512's 32 hold 3x as many, and reusing each broadcast key (or value) element for
-// more rows (and each row vector for more keys) measured 1.5x faster on a 2,000-token prefill
-// (scripts/bench_cpu_attention.py). Even, because D is only known to be even.
-template <int NR>
-constexpr int chains() {
-  if constexpr (kTileLanes == 16) return NR >= 2 ? 6 : 12;
-  return NR >= 3 ? 2 : (NR == 2 ? 4 : 8);
-}
-
-// Scores of keys j0..j0+kb-1 for the tile's rows: St[j][rv] = sum_d K[j][d] * Qt[d][rv].
-template <typename T, int NR>
-void score_block(const T* const* kp, int kb, int64_t d_len, const vtile* qt, vtile* st) {
-  constexpr int KJ = chains<NR>();
-  for (int j = 0; j < kb; j += KJ) {
-    const T* kj[KJ];
-    vtile acc[KJ][NR];
-    for (int u = 0; u < KJ; ++u) {
-      kj[u] = kp[std::min(j + u, kb - 1)];  // past the block: its last key again, not stored
-      for (int r = 0; r < NR; ++r) acc[u][r] = splat<vtile>(0.0f);
-    }
-    for (int64_t d = 0; d < d_len; ++d)
-      for (int u = 0; u < KJ; ++u) {
-        const vtile b = splat<vtile>(to_float(kj[u][d]));
-        for (int r = 0; r < NR; ++r) acc[u][r] += b * qt[d * NR + r];
-      }
-    for (int u = 0; u < KJ && j + u < kb; ++u)
-      for (int r = 0; r < NR; ++r) st[(j + u) * NR + r] = acc[u][r];
-  }
-}
-
-// Ot[d][rv] = Ot[d][rv] * alpha[rv] + sum_j V[j][d] * St[j][rv] for head dims d0..d0+DD-1.
-template <typename T, int NR, int DD>
-void accumulate_dims(const T* const* vp, int kb, int64_t d0, const vtile* st,
-                     const vtile* alpha, vtile* ot) {
-  vtile acc[DD][NR];
-  for (int u = 0; u < DD; ++u)
-    for (int r = 0; r < NR; ++r) acc[u][r] = ot[(d0 + u) * NR + r] * alpha[r];
-  for (int j = 0; j < kb; ++j)
-    for (int u = 0; u < DD; ++u) {
-      const vtile b = splat<vtile>(to_float(vp[j][d0 + u]));
-      for (int r = 0; r < NR; ++r) acc[u][r] += b * st[j * NR + r];
-    }
-  for (int u = 0; u < DD; ++u)
-    for (int r = 0; r < NR; ++r) ot[(d0 + u) * NR + r] = acc[u][r];
-}
-
-template <typename T, int NR>
-void accumulate_block(const T* const* vp, int kb, int64_t d_len, const vtile* st,
-                      const vtile* alpha, vtile* ot) {
-  constexpr int DD = chains<NR>();
-  int64_t d = 0;
-  for (; d + DD <= d_len; d += DD) accumulate_dims<T, NR, DD>(vp, kb, d, st, alpha, ot);
-  for (; d < d_len; d += 2) accumulate_dims<T, NR, 2>(vp, kb, d, st, alpha, ot);  // D is even
-}
+// Whether a tile of T runs its products on bfloat16 pairs (attention_bf16.h).
+template <typename T>
+constexpr bool kPairs =
+#ifdef RADIXRT_BF16_DOT
+    std::is_same_v<T, c10::BFloat16> && kTileLanes == 16;
+#else
+    false;
+#endif
 
 // Online softmax over one block of scores: masks keys past each row's position, updates the
 // running max m and sum l, turns St into probabilities and returns the rescale of the old ones.
@@ -180,7 +142,8 @@ void attend_tile(const Args& a, const Tile& tile, Scratch& s) {
     const int64_t h = tile.kv_head * a.group + tile.h0 + r % tile.heads;
     return t * a.q_stride_t + h * a.q_stride_h;
   };
-  // Transposed, pre-scaled queries; padding lanes are zero and copy the last row's position.
+  // Transposed, pre-scaled queries (paired, unscaled for kPairs); padding lanes are zero and
+  // copy the last row's position.
   float* qt = reinterpret_cast<float*>(s.qt.data());
   vtile limit[NR], m[NR], l[NR], alpha[NR];
   float* lim = reinterpret_cast<float*>(limit);
@@ -188,6 +151,14 @@ void attend_tile(const Args& a, const Tile& tile, Scratch& s) {
     const int rr = std::min(r, rows - 1);
     lim[r] = static_cast<float>(first_pos + rr / tile.heads);
     const T* src = q + q_offset(rr);
+#ifdef RADIXRT_BF16_DOT
+    if constexpr (kPairs<T>) {
+      uint32_t* q2 = reinterpret_cast<uint32_t*>(s.q2.data());
+      for (int64_t p = 0; p < d_len / 2; ++p)
+        q2[p * NR * kTileLanes + r] = r < rows ? radixrt_bf16::pair_at(src + 2 * p) : 0u;
+      continue;
+    }
+#endif
     for (int64_t d = 0; d < d_len; ++d)
       qt[d * NR * kTileLanes + r] = r < rows ? to_float(src[d]) * a.scale : 0.0f;
   }
@@ -207,8 +178,21 @@ void attend_tile(const Args& a, const Tile& tile, Scratch& s) {
       kp[j] = k + off;
       vp[j] = v + off;
     }
+    const bool needs_mask = j0 + kb - 1 > first_pos;
+#ifdef RADIXRT_BF16_DOT
+    if constexpr (kPairs<T>) {
+      using namespace radixrt_bf16;
+      constexpr int C = chains<NR>();
+      score_pairs<NR, C>(kp, kb, d_len / 2, s.q2.data(), a.scale, s.st.data());
+      softmax_block<NR>(kb, j0, needs_mask, limit, s.st.data(), m, l, alpha);
+      pair_probabilities<NR>(kb, s.st.data(), s.p2.data());
+      pair_values(vp, kb, d_len, s.v2.data());
+      accumulate_all_pairs<NR, C>(kb, d_len, s.p2.data(), s.v2.data(), alpha, s.ot.data());
+      continue;
+    }
+#endif
     score_block<T, NR>(kp, kb, d_len, s.qt.data(), s.st.data());
-    softmax_block<NR>(kb, j0, j0 + kb - 1 > first_pos, limit, s.st.data(), m, l, alpha);
+    softmax_block<NR>(kb, j0, needs_mask, limit, s.st.data(), m, l, alpha);
     accumulate_block<T, NR>(vp, kb, d_len, s.st.data(), alpha, s.ot.data());
   }
 
