@@ -1,10 +1,11 @@
 """One model-runner step on the default model, per --quantization setting: batch-1 decode,
 batch-64 decode and a 1,000-token prefill, in milliseconds (the README's "Speed on the CPU").
 
-    python scripts/bench_cpu_step.py [--quantization auto,none] [--threads 2] [--compile]
+    python scripts/bench_cpu_step.py [--quantization auto,none] [--dtype float32] [--threads 2]
+                                     [--compile]
 
 Run it under other OpenMP settings (GOMP_SPINCOUNT=0 ...) or beside a busy process to see how
-a step degrades under contention. float32; the model load is not timed.
+a step degrades under contention. The model load is not timed.
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ from radixrt.loader.load import load_model
 ROWS, ROW_LEN = 64, 1024  # table rows (requests) and their slots
 
 
-def make_runner(quantization: str, compile_: bool) -> ModelRunner:
-    model, cfg = load_model(default_model_path(), torch.float32, "cpu", quantization=quantization)
-    pool = KVPool(
-        ROWS * ROW_LEN, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, torch.float32, "cpu"
-    )
+def make_runner(
+    quantization: str, compile_: bool, dtype: torch.dtype = torch.float32
+) -> ModelRunner:
+    model, cfg = load_model(default_model_path(), dtype, "cpu", quantization=quantization)
+    pool = KVPool(ROWS * ROW_LEN, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype, "cpu")
     table = ReqToTokenTable(ROWS, ROW_LEN, "cpu")
     for r in range(ROWS):
         table.write(r, 0, torch.arange(r * ROW_LEN, (r + 1) * ROW_LEN))
@@ -50,6 +51,7 @@ def ms(runner: ModelRunner, step: SimpleStep, repeats: int) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quantization", default="auto,none")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--compile", action="store_true", help="--enable-torch-compile")
     args = p.parse_args()
@@ -59,9 +61,9 @@ def main() -> None:
     decode_64 = SimpleStep(rows, [200] * ROWS, [1] * ROWS, [5] * ROWS, rows)
     prefill = SimpleStep([0], [0], [1000], [7] * 1000, [999])
     for q in args.quantization.split(","):
-        runner = make_runner(q, args.compile)
+        runner = make_runner(q, args.compile, getattr(torch, args.dtype))
         print(
-            f"quantization={q} threads={args.threads} compile={args.compile}: "
+            f"quantization={q} dtype={args.dtype} threads={args.threads} compile={args.compile}: "
             f"decode bs1 {ms(runner, decode_1, 30):.1f} ms, "
             f"bs64 {ms(runner, decode_64, 5):.1f} ms, "
             f"prefill 1000 {ms(runner, prefill, 2):.0f} ms",

@@ -144,17 +144,18 @@ def make_tiny_config() -> Callable[..., Any]:
 
 @pytest.fixture
 def prefill_logits() -> Callable[..., torch.Tensor]:
-    """`(model, cfg, tokens) -> logits [len(tokens), vocab]`: one sequence prefilled through our
-    model on the CPU with the torch attention backend and a fresh KV pool."""
+    """`(model, cfg, tokens, dtype=float32) -> logits [len(tokens), vocab]`: one sequence
+    prefilled through our model on the CPU with the torch attention backend and a fresh KV pool
+    of that dtype (the model's own, for the native attention kernel to run)."""
     from radixrt.attention.torch_backend import TorchAttentionBackend
     from radixrt.cache.kv_pool import KVPool
     from radixrt.executor.forward_batch import ForwardBatch
 
-    def run(model: Any, cfg: Any, tokens: list[int]) -> torch.Tensor:
+    def run(
+        model: Any, cfg: Any, tokens: list[int], dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
         n = len(tokens)
-        pool = KVPool(
-            max(n, 1), cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, torch.float32, "cpu"
-        )
+        pool = KVPool(max(n, 1), cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype, "cpu")
         ar = torch.arange(n)
         fb = ForwardBatch(
             input_ids=torch.tensor(tokens), positions=ar, out_cache_loc=ar,

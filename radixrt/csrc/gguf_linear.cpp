@@ -161,6 +161,23 @@ void load_weights16(const uint8_t* blk, __m512 w[2]) {
   }
 }
 
+#if defined(__AVX512BF16__)
+#define RADIXRT_BF16_TILES 1
+// Rows of blocks as bfloat16 (a tile of wide_linear for a bfloat16 x): the reference's float32
+// weights rounded to nearest even in registers, as torch's cast rounds them, so the tile is
+// written once at half the bytes instead of as float32 and then cast.
+template <int64_t kind>
+void dequantize_rows_bf16(const uint8_t* w, int64_t nb, int64_t rows, void* out) {
+  auto* dst = static_cast<__m256i*>(out);
+  for (int64_t i = 0; i < rows * nb; ++i) {
+    __m512 wv[2];
+    load_weights16<kind>(w + i * block_bytes(kind), wv);
+    _mm256_storeu_si256(dst + 2 * i, (__m256i)_mm512_cvtneps_pbh(wv[0]));
+    _mm256_storeu_si256(dst + 2 * i + 1, (__m256i)_mm512_cvtneps_pbh(wv[1]));
+  }
+}
+#endif
+
 // narrow_rows (below) with 16-float vectors: per block and input row, two FMAs. With 1-2 input
 // rows, four accumulators per row (even and odd blocks, first and second half) keep enough
 // FMA chains in flight; from 3 rows on, each row's two are chains enough.
@@ -316,6 +333,22 @@ void check_args(const at::Tensor& blocks, int64_t kind, int64_t K) {
 // EPYC with 1 MiB of L2 a core). The tile count is a multiple of the thread count, so the
 // threads get equal work. A bfloat16 x gets its tile rounded to bfloat16 too (the weights
 // `--quantization none` would hold in that dtype), for bf16 matmul units' ~2x of float32.
+// Rows of blocks into wt, in its dtype; `widened` is a float32 buffer as big (or undefined),
+// for a bfloat16 wt where the CPU cannot round in registers.
+void expand_rows(const uint8_t* w, int64_t kind, int64_t nb, int64_t rows, at::Tensor& wt,
+                 const at::Tensor& widened) {
+  if (wt.scalar_type() == at::kFloat)
+    return dequantize_rows(w, kind, nb, rows, wt.data_ptr<float>());
+#ifdef RADIXRT_BF16_TILES
+  if (kind == kQ4_1) return dequantize_rows_bf16<kQ4_1>(w, nb, rows, wt.data_ptr());
+  return dequantize_rows_bf16<kQ8_0>(w, nb, rows, wt.data_ptr());
+#else
+  at::Tensor wide = widened.narrow(0, 0, rows);
+  dequantize_rows(w, kind, nb, rows, wide.data_ptr<float>());
+  wt.copy_(wide);
+#endif
+}
+
 at::Tensor wide_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t kind) {
   const int64_t M = x.size(0), K = x.size(1), N = blocks.size(0), nb = K / kBlock;
   const int64_t threads = at::get_num_threads();
@@ -330,15 +363,16 @@ at::Tensor wide_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t ki
     // The worker threads do not inherit the caller's inference mode, without which writing into
     // y (an inference tensor when the engine made it) is refused.
     c10::InferenceMode mode(inference);
-    at::Tensor scratch = at::empty({tile, K}, x.options().dtype(at::kFloat));
-    at::Tensor rounded = x.dtype() == at::kFloat ? scratch : at::empty({tile, K}, x.options());
+    at::Tensor scratch = at::empty({tile, K}, x.options());
+    at::Tensor widened;
+#ifndef RADIXRT_BF16_TILES
+    if (x.dtype() != at::kFloat) widened = at::empty({tile, K}, x.options().dtype(at::kFloat));
+#endif
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t n0 = t * tile, rows = std::min(tile, N - n0);
       at::Tensor wt = scratch.narrow(0, 0, rows);
-      dequantize_rows(w + n0 * nb * block_bytes(kind), kind, nb, rows, wt.data_ptr<float>());
-      at::Tensor wx = rounded.narrow(0, 0, rows);
-      if (!wx.is_same(wt)) wx.copy_(wt);
-      y.narrow(1, n0, rows).copy_(radixrt::dense_linear(x, wx));
+      expand_rows(w + n0 * nb * block_bytes(kind), kind, nb, rows, wt, widened);
+      y.narrow(1, n0, rows).copy_(radixrt::dense_linear(x, wt));
     }
   });
   return y;

@@ -4,6 +4,8 @@
 // AVX-512).
 #pragma once
 
+#include <c10/util/BFloat16.h>
+
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -54,11 +56,22 @@ inline float to_float(T x) {
   return static_cast<float>(x);
 }
 
+typedef uint16_t v8u16 __attribute__((vector_size(16)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
+
+// Eight consecutive values as floats. bfloat16 is the top half of a float32: widened and
+// shifted as one vector (a decode step's K and V reads; element by element, converting them
+// took longer than the attention's arithmetic at batch 64).
 template <typename T>
 inline v8f load8(const T* p) {
   v8f r;
   if constexpr (std::is_same_v<T, float>) {
     std::memcpy(&r, p, sizeof(r));
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    v8u16 bits;
+    std::memcpy(&bits, p, sizeof(bits));
+    const v8u wide = __builtin_convertvector(bits, v8u) << 16;
+    std::memcpy(&r, &wide, sizeof(r));
   } else {
     for (int i = 0; i < kLanes; ++i) r[i] = to_float(p[i]);
   }

@@ -84,6 +84,29 @@ def test_quantized_tiny_model_matches_transformers_on_its_dequantized_weights(
         engine.shutdown()
 
 
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+def test_bfloat16_packed_model_is_within_bfloat16s_rounding_of_transformers(
+    fmt, tiny_model_dir, prefill_logits
+):
+    # `--dtype bfloat16` with packed weights: a 40-token prefill multiplies bf16-rounded weight
+    # tiles in bf16 (from DENSE_FROM_ROWS rows on) and runs the bf16 attention tile; transformers
+    # in bfloat16 holds the same bf16-rounded dequantized weights. 0.1 on logits of size ~10 as
+    # tests/unit/test_models.py's dense bfloat16 check: bf16 rounds each op's output to 2^-9.
+    from transformers import AutoModelForCausalLM
+
+    path = str(tiny_model_dir("llama"))
+    hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+    hf = dequantized_reference(hf_model, fmt)
+    model, cfg = load_model(path, torch.bfloat16, "cpu", quantization=fmt)
+    assert any(m.__class__.__name__ == "GGUFWeight" for m in model.modules())
+    gen = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, cfg.vocab_size, (40,), generator=gen).tolist()
+    ours = prefill_logits(model, cfg, tokens, torch.bfloat16).float()
+    with torch.no_grad():
+        ref = hf(torch.tensor([tokens])).logits[0].float()
+    assert ours.shape == ref.shape and (ours - ref).abs().max() < 0.1
+
+
 def test_auto_on_the_default_model_runs_the_files_blocks_and_matches_transformers(
     hf_loader, default_tokenizer_dir
 ):
