@@ -325,18 +325,10 @@ void check_args(const at::Tensor& blocks, int64_t kind, int64_t K) {
               blocks.size(1), " bytes per row, expected ", K / kBlock * block_bytes(kind));
 }
 
-// Each thread takes whole tiles of weight rows: it expands a tile into its own buffer and
-// multiplies it (a one-thread oneDNN call, dense_linear.cpp) into those columns of y while it is
-// still in its core's cache; the threads' expansions and matmuls overlap instead of taking
-// turns. A tile is 1 MiB of floats for few rows, growing with M up to 2 MiB: each call repacks x
-// and has its set-up cost (at 32-64 rows, 192 KiB tiles were 1.5x slower than 1 MiB ones on an
-// EPYC with 1 MiB of L2 a core). The tile count is a multiple of the thread count, so the
-// threads get equal work. A bfloat16 x gets its tile rounded to bfloat16 too (the weights
-// `--quantization none` would hold in that dtype), for bf16 matmul units' ~2x of float32.
 // Rows of blocks into wt, in its dtype; `widened` is a float32 buffer as big (or undefined),
 // for a bfloat16 wt where the CPU cannot round in registers.
-void expand_rows(const uint8_t* w, int64_t kind, int64_t nb, int64_t rows, at::Tensor& wt,
-                 const at::Tensor& widened) {
+void expand_rows(const uint8_t* w, int64_t kind, int64_t nb, int64_t rows,
+                 const at::Tensor& wt, const at::Tensor& widened) {
   if (wt.scalar_type() == at::kFloat)
     return dequantize_rows(w, kind, nb, rows, wt.data_ptr<float>());
 #ifdef RADIXRT_BF16_TILES
@@ -349,6 +341,14 @@ void expand_rows(const uint8_t* w, int64_t kind, int64_t nb, int64_t rows, at::T
 #endif
 }
 
+// Each thread takes whole tiles of weight rows: it expands a tile into its own buffer and
+// multiplies it (a one-thread oneDNN call, dense_linear.cpp) into those columns of y while it is
+// still in its core's cache; the threads' expansions and matmuls overlap instead of taking
+// turns. A tile is 1 MiB of floats for few rows, growing with M up to 2 MiB: each call repacks x
+// and has its set-up cost (at 32-64 rows, 192 KiB tiles were 1.5x slower than 1 MiB ones on an
+// EPYC with 1 MiB of L2 a core). The tile count is a multiple of the thread count, so the
+// threads get equal work. A bfloat16 x gets its tile rounded to bfloat16 too (the weights
+// `--quantization none` would hold in that dtype), for bf16 matmul units' ~2x of float32.
 at::Tensor wide_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t kind) {
   const int64_t M = x.size(0), K = x.size(1), N = blocks.size(0), nb = K / kBlock;
   const int64_t threads = at::get_num_threads();

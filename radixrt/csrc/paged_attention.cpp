@@ -93,7 +93,7 @@ struct Scratch {
 template <typename T>
 constexpr bool kPairs =
 #ifdef RADIXRT_BF16_DOT
-    std::is_same_v<T, c10::BFloat16> && kTileLanes == 16;
+    std::is_same_v<T, c10::BFloat16>;  // AVX-512 BF16 implies 16-float tiles
 #else
     false;
 #endif
