@@ -13,7 +13,7 @@ from transformers import AutoConfig, PretrainedConfig
 from radixrt.distributed import TPGroup
 from radixrt.layers.sharding import CheckpointTensor
 from radixrt.loader.model_config import ModelConfig, architecture_of, resolve_dtype
-from radixrt.loader.quantize import apply_quantization, packs_weights
+from radixrt.loader.quantize import apply_quantization
 from radixrt.loader.weights import iter_safetensors, safetensors_files
 from radixrt.log_setup import format_bytes
 from radixrt.models.base import CausalLM
@@ -45,8 +45,7 @@ def load_model(
     group = group or TPGroup.single()
     start = time.monotonic()
     path = Path(model_path)
-    packed = packs_weights(quantization, path, torch.device(device), group.size)
-    resolved = resolve_dtype(dtype, device, packed)
+    resolved = resolve_dtype(dtype, device)
     logger.info(
         "loading weights: %s (%s on %s)", path, str(resolved).removeprefix("torch."), device
     )

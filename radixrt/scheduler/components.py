@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,7 +20,6 @@ from radixrt.kv_events import create_kv_event_sink
 from radixrt.loader.default_model import default_model_path
 from radixrt.loader.load import load_model
 from radixrt.loader.model_config import ModelConfig, resolve_dtype
-from radixrt.loader.quantize import packs_weights
 from radixrt.log_setup import format_bytes
 from radixrt.server_args import ServerArgs
 
@@ -86,9 +84,7 @@ def build_components(
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     model_path = args.model_path or default_model_path()
-    tp_size = group.size if group is not None else 1
-    packed = packs_weights(args.quantization, Path(model_path), torch.device(device), tp_size)
-    dtype = resolve_dtype(args.dtype, device, packed)
+    dtype = resolve_dtype(args.dtype, device)
     # FileNotFoundError names a bad path. With a group: this rank's shard of the model.
     model, cfg = load_model(model_path, dtype, device, group, quantization=args.quantization)
     kv_heads = model.num_local_kv_heads

@@ -185,8 +185,6 @@ def test_model_config_fields(tiny_model_dir, tmp_path):
     assert cfg.dtype == torch.bfloat16
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
     assert resolve_dtype("auto", "cpu") == (torch.bfloat16 if cpu_has_bf16() else torch.float32)
-    # Packed GGUF weights compute in float32: bf16 activations would only add casts.
-    assert resolve_dtype("auto", "cpu", packed=True) == torch.float32
     with pytest.raises(ValueError, match="dtype"):
         resolve_dtype("float64")
 
