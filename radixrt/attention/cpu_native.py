@@ -4,8 +4,9 @@ The kernel (radixrt/csrc/paged_attention.cpp) reads each sequence's keys in plac
 by slot, with a bottom-right causal mask, so decodes, short extends after a cached prefix and
 prefill chunks all go through it together, with no padding and no gathered copy of a prefix.
 A prefix shared by several sequences keeps the cascade of the torch path: the kernel covers each
-sequence's own keys (after the shared slots) and returns their log-sum-exp, which is merged with
-one dense attention over the shared slots.
+sequence's own keys (after the shared slots) and returns their log-sum-exp, and
+`radixrt::cascade_attention` runs the same tiles unmasked for those rows over the shared slots
+(each slot read once per tile of up to 64 rows, not once per sequence) and merges the two.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from typing import Any
 
 import torch
 
-from radixrt.attention.cascade import merge, shared_prefix_attention
 from radixrt.executor.forward_batch import ForwardBatch
 
 
@@ -82,24 +82,15 @@ def native_attention(
     scaling: float,
 ) -> torch.Tensor:  # [T, Hq, D]
     """Attention of every row of the batch: the kernel, then each cascade's shared prefix
-    merged in."""
+    merged in (the native layer stack makes the same calls)."""
     out, lse = ops.paged_attention(
         q, k_cache, v_cache, plan.qo_indptr, plan.kv_indptr, plan.kv_indices, scaling
     )
-    t, hq, d = q.shape
-    hkv = k_cache.shape[1]
-    g = hq // hkv
     for cascade in plan.cascades:
-        n = cascade.rows.numel()
-        qg = q.index_select(0, cascade.rows).view(n, hkv, g, d)
-        o_pre, lse_pre = shared_prefix_attention(
-            qg, k_cache, v_cache, cascade.prefix_slots, scaling
+        ops.cascade_attention(
+            q, k_cache, v_cache, cascade.rows, cascade.prefix_slots, scaling, out, lse
         )
-        o_own = out.index_select(0, cascade.rows).view(n, hkv, g, d)
-        lse_own = lse.index_select(0, cascade.rows).view(n, hkv, g)
-        merged = merge(o_pre, lse_pre, o_own, lse_own)
-        out.index_copy_(0, cascade.rows, merged.to(out.dtype).reshape(n, hq, d))
-    return out
+    return out  # type: ignore[no-any-return]
 
 
 def can_run_native(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:

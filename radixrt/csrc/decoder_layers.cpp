@@ -7,7 +7,7 @@
 // Layer i, as DecoderLayer does it (the residual add deferred into the next norm):
 //   x, r = norm_in(h) and h (i = 0), else add_rms_norm(h, r)
 //   qkv = x W_qkv; rotary on q and k in place; store k, v at the new tokens' slots
-//   a = paged_attention(q) W_o
+//   a = paged_attention(q), each shared prefix's cascade_attention merged in; a W_o
 //   x, r = add_rms_norm(a, r);  h = silu_and_mul(x W_gate_up) W_down
 // and at the end add_rms_norm(h, r) with the final norm's weight.
 #include <ATen/ATen.h>
@@ -39,6 +39,8 @@ struct Step {
   const at::Tensor& qo_indptr;
   const at::Tensor& kv_indptr;
   const at::Tensor& kv_indices;
+  at::TensorList cascade_rows;   // per shared prefix: the rows that attend to it
+  at::TensorList cascade_slots;  // and its slots (left out of those rows' kv_indices)
   int64_t hq, hkv, head_dim, dense_rows;
   double scale;
 };
@@ -55,8 +57,11 @@ at::Tensor attention(const Step& s, const at::Tensor& x, const at::Tensor& w_qkv
   const at::Tensor k = qk.narrow(1, s.hq, s.hkv);
   const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({t, s.hkv, s.head_dim});
   radixrt::store_kv(k_cache, v_cache, s.out_cache_loc, k, v);
-  const at::Tensor out = std::get<0>(radixrt::paged_attention(
-      q, k_cache, v_cache, s.qo_indptr, s.kv_indptr, s.kv_indices, s.scale));
+  auto [out, lse] = radixrt::paged_attention(q, k_cache, v_cache, s.qo_indptr, s.kv_indptr,
+                                             s.kv_indices, s.scale);
+  for (size_t c = 0; c < s.cascade_rows.size(); ++c)
+    radixrt::cascade_attention(q, k_cache, v_cache, s.cascade_rows[c], s.cascade_slots[c],
+                               s.scale, out, lse);
   return project(out.reshape({t, q_size}), w_o, kinds[1], s.dense_rows);
 }
 
@@ -77,12 +82,16 @@ at::Tensor decoder_layers(const at::Tensor& hidden, const at::Tensor& cos, const
                           at::TensorList weights, at::IntArrayRef kinds, at::TensorList k_caches,
                           at::TensorList v_caches, const at::Tensor& out_cache_loc,
                           const at::Tensor& qo_indptr, const at::Tensor& kv_indptr,
-                          const at::Tensor& kv_indices, int64_t num_heads, double eps,
+                          const at::Tensor& kv_indices, at::TensorList cascade_rows,
+                          at::TensorList cascade_slots, int64_t num_heads, double eps,
                           double scale, int64_t dense_from_rows) {
   check_lists(weights, kinds, k_caches, v_caches);
+  TORCH_CHECK(cascade_rows.size() == cascade_slots.size(),
+              "decoder_layers: one slot list per cascade's rows");
   const Step s{cos,       sin,
                out_cache_loc, qo_indptr,
                kv_indptr, kv_indices,
+               cascade_rows, cascade_slots,
                num_heads, k_caches[0].size(1),
                k_caches[0].size(2), dense_from_rows,
                scale};
@@ -111,7 +120,8 @@ TORCH_LIBRARY_FRAGMENT(radixrt, m) {
   m.def(
       "decoder_layers(Tensor hidden, Tensor cos, Tensor sin, Tensor[] weights, int[] kinds, "
       "Tensor(a!)[] k_caches, Tensor(b!)[] v_caches, Tensor out_cache_loc, Tensor qo_indptr, "
-      "Tensor kv_indptr, Tensor kv_indices, int num_heads, float eps, float scale, "
+      "Tensor kv_indptr, Tensor kv_indices, Tensor[] cascade_rows, Tensor[] cascade_slots, "
+      "int num_heads, float eps, float scale, "
       "int dense_from_rows) -> Tensor");
 }
 

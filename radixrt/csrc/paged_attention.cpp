@@ -6,6 +6,10 @@
 // position L - n + t and sees keys 0..L - n + t (bottom-right aligned causal), so one kernel
 // covers decode (n = 1), a few tokens after a cached prefix, and a prefill chunk.
 //
+// cascade_attention runs the same tiles without the mask: chosen rows of a batch against one
+// prefix that their sequences share (slots read once per tile of rows, not once per sequence),
+// merged through the log-sum-exp into what paged_attention gave them for their own keys.
+//
 // Layout of the work: a tile is up to 4 vectors of query rows that share one kv head (tokens x
 // the G query heads of that kv head, GQA): 32 rows, or 64 with AVX-512's 16-float vectors,
 // held transposed so that one SIMD lane is one row. Scores, the online softmax and the P @ V
@@ -56,6 +60,7 @@ struct Args {
   int64_t kv_stride_slot, kv_stride_head;
   int64_t hq, hkv, group, head_dim;
   float scale;
+  bool causal;  // false: every row sees all of its sequence's keys (a shared prefix)
 };
 
 // Rows of one tile: tokens t0..t0+tokens-1 of sequence seq, query heads h0..h0+heads-1 of
@@ -131,7 +136,9 @@ void attend_tile(const Args& a, const Tile& tile, Scratch& s) {
   const int64_t n_new = a.qo_indptr[tile.seq + 1] - a.qo_indptr[tile.seq];
   const int64_t kv_len = a.kv_indptr[tile.seq + 1] - a.kv_indptr[tile.seq];
   const int64_t* slots = a.kv_indices + a.kv_indptr[tile.seq];
-  const int64_t first_pos = kv_len - n_new + tile.t0;  // position of the tile's first token
+  // Position of the tile's first token, and how far each next token sees (unmasked: all keys).
+  const int64_t first_pos = a.causal ? kv_len - n_new + tile.t0 : kv_len - 1;
+  const int64_t token_step = a.causal ? 1 : 0;
   const int rows = static_cast<int>(tile.heads * tile.tokens);
   const T* q = static_cast<const T*>(a.q);
   const T* k = static_cast<const T*>(a.k);
@@ -149,7 +156,7 @@ void attend_tile(const Args& a, const Tile& tile, Scratch& s) {
   float* lim = reinterpret_cast<float*>(limit);
   for (int r = 0; r < NR * kTileLanes; ++r) {
     const int rr = std::min(r, rows - 1);
-    lim[r] = static_cast<float>(first_pos + rr / tile.heads);
+    lim[r] = static_cast<float>(first_pos + token_step * (rr / tile.heads));
     const T* src = q + q_offset(rr);
 #ifdef RADIXRT_BF16_DOT
     if constexpr (kPairs<T>) {
@@ -168,7 +175,7 @@ void attend_tile(const Args& a, const Tile& tile, Scratch& s) {
   }
   std::fill(s.ot.begin(), s.ot.begin() + d_len * NR, splat<vtile>(0.0f));
 
-  const int64_t key_end = first_pos + tile.tokens;  // one past the last token's position
+  const int64_t key_end = first_pos + token_step * (tile.tokens - 1) + 1;  // one past the last
   const T* kp[kKeyBlock];
   const T* vp[kKeyBlock];
   for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
@@ -324,7 +331,7 @@ std::vector<Tile> plan_tiles(const Args& a, int64_t batch) {
         for (int64_t t0 = 0; t0 < n; t0 += tokens_per_tile) {
           const int64_t hc = std::min(heads, a.group - h0);
           const int64_t tc = std::min(tokens_per_tile, n - t0);
-          const double keys = static_cast<double>(len - n + t0 + tc);
+          const double keys = static_cast<double>(a.causal ? len - n + t0 + tc : len);
           tiles.push_back({b, kv, h0, hc, t0, tc, keys * static_cast<double>(hc * tc + 8)});
         }
   }
@@ -354,17 +361,13 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
               "paged_attention: qo_indptr and kv_indptr must both be [B+1]");
 }
 
-}  // namespace
-
-namespace radixrt {
-
-std::tuple<at::Tensor, at::Tensor> paged_attention(const at::Tensor& q_in,
-                                                   const at::Tensor& k_cache,
-                                                   const at::Tensor& v_cache,
-                                                   const at::Tensor& qo_indptr,
-                                                   const at::Tensor& kv_indptr,
-                                                   const at::Tensor& kv_indices, double scale) {
-  check_inputs(q_in, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices);
+// out and lse for q's rows against their sequences' keys (causal: bottom-right aligned).
+std::tuple<at::Tensor, at::Tensor> attend_all(const at::Tensor& q_in, const at::Tensor& k_cache,
+                                              const at::Tensor& v_cache,
+                                              const at::Tensor& qo_indptr,
+                                              const at::Tensor& kv_indptr,
+                                              const at::Tensor& kv_indices, double scale,
+                                              bool causal) {
   const at::Tensor q = q_in.contiguous();
   at::Tensor out = at::empty_like(q);
   at::Tensor lse = at::empty({q.size(0), q.size(1)}, q.options().dtype(at::kFloat));
@@ -373,7 +376,7 @@ std::tuple<at::Tensor, at::Tensor> paged_attention(const at::Tensor& q_in,
          kv_indptr.data_ptr<int64_t>(), kv_indices.data_ptr<int64_t>(), q.stride(0),
          q.stride(1),            k_cache.stride(0),          k_cache.stride(1),
          q.size(1),              k_cache.size(1),            q.size(1) / k_cache.size(1),
-         q.size(2),              static_cast<float>(scale)};
+         q.size(2),              static_cast<float>(scale),  causal};
   const std::vector<Tile> tiles = plan_tiles(a, qo_indptr.numel() - 1);
   const int64_t count = static_cast<int64_t>(tiles.size());
   double cost = 0;
@@ -398,12 +401,81 @@ std::tuple<at::Tensor, at::Tensor> paged_attention(const at::Tensor& q_in,
   return {out, lse};
 }
 
+// Row i of (out, lse) becomes the attention over the union of its keys and the prefix's:
+// out = out * exp(lse - lse') + o_pre * exp(lse_pre - lse'), lse' = logaddexp(lse, lse_pre).
+template <typename T>
+void merge_rows(at::Tensor& out, at::Tensor& lse, const at::Tensor& rows, const at::Tensor& o_pre,
+                const at::Tensor& lse_pre) {
+  const int64_t n = rows.numel(), hq = out.size(1), d_len = out.size(2);
+  const int64_t* row = rows.data_ptr<int64_t>();
+  T* o = out.data_ptr<T>();
+  float* l = lse.data_ptr<float>();
+  const T* p = o_pre.data_ptr<T>();
+  const float* lp = lse_pre.data_ptr<float>();
+  at::parallel_for(0, n * hq, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t own = row[i / hq] * hq + i % hq;  // (token, head) in out and lse
+      const float a = l[own], b = lp[i];
+      const float hi = std::max(a, b);
+      const float merged = hi + std::log1p(std::exp(-std::abs(a - b)));
+      const float wa = std::exp(a - merged), wb = std::exp(b - merged);
+      T* dst = o + own * d_len;
+      const T* src = p + i * d_len;
+      for (int64_t d = 0; d < d_len; ++d)
+        dst[d] = static_cast<T>(static_cast<float>(dst[d]) * wa + static_cast<float>(src[d]) * wb);
+      l[own] = merged;
+    }
+  });
+}
+
+}  // namespace
+
+namespace radixrt {
+
+std::tuple<at::Tensor, at::Tensor> paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                                                   const at::Tensor& v_cache,
+                                                   const at::Tensor& qo_indptr,
+                                                   const at::Tensor& kv_indptr,
+                                                   const at::Tensor& kv_indices, double scale) {
+  check_inputs(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices);
+  return attend_all(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, scale, true);
+}
+
+void cascade_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                       const at::Tensor& rows, const at::Tensor& prefix_slots, double scale,
+                       at::Tensor& out, at::Tensor& lse) {
+  const at::Tensor bounds = at::tensor({int64_t{0}, rows.numel()}, rows.options());
+  const at::Tensor keys = at::tensor({int64_t{0}, prefix_slots.numel()}, rows.options());
+  check_inputs(q, k_cache, v_cache, bounds, keys, prefix_slots);
+  TORCH_CHECK(rows.scalar_type() == at::kLong && rows.dim() == 1 && rows.is_contiguous(),
+              "cascade_attention: rows must be contiguous int64");
+  TORCH_CHECK(out.sizes() == q.sizes() && out.scalar_type() == q.scalar_type() &&
+                  out.is_contiguous() && lse.is_contiguous() && lse.scalar_type() == at::kFloat &&
+                  lse.sizes() == q.sizes().slice(0, 2),
+              "cascade_attention: out [T, Hq, D] in q's dtype and lse [T, Hq] float32, contiguous");
+  if (rows.numel() == 0 || prefix_slots.numel() == 0) return;
+  const auto [o_pre, lse_pre] =
+      attend_all(q.index_select(0, rows), k_cache, v_cache, bounds, keys, prefix_slots, scale,
+                 false);
+  switch (q.scalar_type()) {
+    case at::kFloat: merge_rows<float>(out, lse, rows, o_pre, lse_pre); break;
+    case at::kBFloat16: merge_rows<c10::BFloat16>(out, lse, rows, o_pre, lse_pre); break;
+    default: merge_rows<c10::Half>(out, lse, rows, o_pre, lse_pre); break;
+  }
+}
+
 }  // namespace radixrt
 
 TORCH_LIBRARY_FRAGMENT(radixrt, m) {
   m.def(
       "paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor qo_indptr, "
       "Tensor kv_indptr, Tensor kv_indices, float scale) -> (Tensor, Tensor)");
+  m.def(
+      "cascade_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor rows, "
+      "Tensor prefix_slots, float scale, Tensor(a!) out, Tensor(b!) lse) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(radixrt, CPU, m) { m.impl("paged_attention", radixrt::paged_attention); }
+TORCH_LIBRARY_IMPL(radixrt, CPU, m) {
+  m.impl("paged_attention", radixrt::paged_attention);
+  m.impl("cascade_attention", radixrt::cascade_attention);
+}

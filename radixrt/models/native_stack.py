@@ -6,8 +6,8 @@ is a third of the step. The op runs the same native ops the modules would call o
 the same order, so its output equals theirs bit for bit (tests/unit/test_native_stack.py). It
 applies where the modules would take exactly those ops: plain `DecoderLayer`s of
 `RotaryAttention` and `GatedMLP` without biases, one rank, dense or GGUF-packed projections,
-the torch attention backend's native plan without a shared-prefix cascade, and the pool in the
-activations' dtype. Any other model or step keeps the modules.
+the torch attention backend's native plan (its shared-prefix cascades included), and the pool
+in the activations' dtype. Any other model or step keeps the modules.
 
 The weights are collected at the first forward, after loading and packing (which is when
 they are final: nothing swaps a module's weight later).
@@ -81,7 +81,6 @@ class NativeLayerStack:
             or torch.compiler.is_compiling()
             or not isinstance(meta, TorchAttentionMetadata)
             or meta.native is None
-            or meta.native.cascades
             or type(batch.kv_pool) is not KVPool
         ):
             return False
@@ -108,6 +107,7 @@ class NativeLayerStack:
         return self.ops.decoder_layers(  # type: ignore[no-any-return]
             hidden, cos, sin, self.weights, self.kinds, pool.k_buffer, pool.v_buffer,
             batch.out_cache_loc, plan.qo_indptr, plan.kv_indptr, plan.kv_indices,
+            [c.rows for c in plan.cascades], [c.prefix_slots for c in plan.cascades],
             self.num_heads, self.eps, self.scaling, DENSE_FROM_ROWS,
         )  # fmt: skip
 

@@ -97,6 +97,59 @@ def test_mismatched_dtypes_are_refused(paged_kv):
         )  # fmt: skip
 
 
+def cascade_reference(q, k_buffer, v_buffer, rows, own, prefix, scale):
+    """Row i (a token) against its own slots `own[i]` and the shared `prefix`, unmasked."""
+    hq, hkv = q.shape[1], k_buffer.shape[1]
+    out = torch.empty(q.shape, dtype=torch.float64)
+    lse = torch.empty(q.shape[:2], dtype=torch.float64)
+    for i, row in enumerate(rows):
+        slots = torch.cat([prefix, own[i]])
+        k = k_buffer[slots].double().repeat_interleave(hq // hkv, 1).transpose(0, 1)
+        v = v_buffer[slots].double().repeat_interleave(hq // hkv, 1).transpose(0, 1)
+        scores = (q[row].double()[:, None, :] @ k.transpose(1, 2))[:, 0] * scale  # [Hq, L]
+        out[row] = (torch.softmax(scores, -1)[:, None, :] @ v)[:, 0]
+        lse[row] = torch.logsumexp(scores, -1)
+    return out, lse
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,prefix_len", [(64, 300), (1, 70), (23, 5)])
+def test_cascade_merges_a_shared_prefix_into_each_rows_own_keys(dtype, rows, prefix_len):
+    """Decode rows whose sequences share a prefix: paged_attention over their own keys, then
+    cascade_attention over the prefix, equals attention over both; rows outside stay put."""
+    gen = torch.Generator().manual_seed(rows + prefix_len)
+    pool, hq, hkv, d = 2000, 9, 3, 64
+    k_buffer = torch.randn(pool, hkv, d, generator=gen).to(dtype)
+    v_buffer = torch.randn(pool, hkv, d, generator=gen).to(dtype)
+    perm = torch.randperm(pool, generator=gen)
+    prefix, rest = perm[:prefix_len], perm[prefix_len:].tolist()
+    own = [torch.tensor([rest.pop() for _ in range(1 + i % 7)]) for i in range(rows + 1)]
+    q = torch.randn(rows + 1, hq, d, generator=gen).to(dtype)  # the last row shares nothing
+    lens = [len(o) for o in own]
+    qo = torch.arange(rows + 2, dtype=torch.int64)
+    kv_indptr = torch.tensor([0, *lens], dtype=torch.int64).cumsum(0)
+    out, lse = OPS.paged_attention(q, k_buffer, v_buffer, qo, kv_indptr, torch.cat(own), 0.125)
+    alone = out[rows].clone()
+    cascade_rows = torch.arange(rows, dtype=torch.int64)
+    OPS.cascade_attention(q, k_buffer, v_buffer, cascade_rows, prefix, 0.125, out, lse)
+    ref_out, ref_lse = cascade_reference(q, k_buffer, v_buffer, range(rows), own, prefix, 0.125)
+    out_tol, lse_tol = TOLERANCE[dtype]
+    torch.testing.assert_close(out[:rows].double(), ref_out[:rows], atol=out_tol, rtol=0)
+    torch.testing.assert_close(lse[:rows].double(), ref_lse[:rows], atol=lse_tol, rtol=0)
+    assert torch.equal(out[rows], alone)
+
+
+@needs_native
+def test_cascade_refuses_an_output_of_another_shape():
+    q = torch.randn(4, 9, 64)
+    kv = torch.randn(10, 3, 64)
+    out, lse = torch.empty(3, 9, 64), torch.empty(4, 9)
+    rows, slots = torch.arange(4), torch.arange(10)
+    with pytest.raises(RuntimeError, match="cascade_attention: out"):
+        OPS.cascade_attention(q, kv, kv, rows, slots, 0.125, out, lse)
+
+
 def mixed_batch(pool: KVPool, backend: TorchAttentionBackend) -> ForwardBatch:
     """Three decodes and a 4-token extend sharing 40 slots, two 20-token extends sharing 30,
     and a prefill; the other slots scattered over the pool."""

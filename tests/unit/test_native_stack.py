@@ -1,8 +1,8 @@
 """The decoder's layers as one native call (radixrt/models/native_stack.py): over a mixed
 workload (prefills of several lengths, one past the dense-matmul threshold, mixed prefill +
-decode steps, a prefix-cache hit, decode batches of varying size) it gives the modules' logits
-and KV pool bit for bit, dense and GGUF-packed, in float32 and bfloat16; and it steps aside
-where it would not compute the same (a shared-prefix cascade, a model it does not know)."""
+decode steps, a prefix-cache hit, decode batches of varying size, extends and decodes behind a
+shared-prefix cascade) it gives the modules' logits and KV pool bit for bit, dense and
+GGUF-packed, in float32 and bfloat16; and it steps aside for a model it does not know."""
 
 from __future__ import annotations
 
@@ -43,6 +43,7 @@ class _Counted:
         self.stack = runner.model.model.native_stack()
         assert self.stack is not None
         self.calls = 0
+        self.cascades: list[int] = []  # per step taken: its shared prefixes
         runner.model.model._native_stack = self
 
     def can_run(self, *args):
@@ -50,6 +51,9 @@ class _Counted:
 
     def __call__(self, *args):
         self.calls += 1
+        self.cascades.append(
+            len(args[3].attn_metadata.native.cascades)
+        )  # (hidden, cos, sin, batch)
         return self.stack(*args)
 
 
@@ -82,18 +86,32 @@ def test_stack_equals_the_modules_bit_for_bit(model_dir, dtype, quantization):
         assert torch.equal(stack.kv_pool.v_buffer[layer], modules.kv_pool.v_buffer[layer])
 
 
-def test_a_shared_prefix_cascade_keeps_the_modules(model_dir):
-    runner = _runner(model_dir, torch.float32, "int4", native=True)
-    counted = _Counted(runner)
+def _cascade_workload(runner: ModelRunner) -> list[torch.Tensor]:
     prefix = prompt(40, 9)
-    seqs = [Seq(r, prefix + prompt(3, r)) for r in range(3)]
-    for r in (1, 2):  # rows 1 and 2 share row 0's slots for the prefix, as a cache hit would
+    seqs = [Seq(r, prefix + prompt(3, r)) for r in range(4)]
+    for r in (1, 2, 3):  # rows 1-3 share row 0's slots for the prefix, as a cache hit would
         runner.table.write(r, 0, torch.arange(len(prefix)))
-    feed(runner, [(seqs[0], 43)])
+    logits = [feed(runner, [(seqs[0], 43)])]
     for s in seqs[1:]:
         s.cached = len(prefix)
-    feed(runner, [(s, 3) for s in seqs[1:]])  # extends after the shared prefix: a cascade
-    assert counted.calls == 1
+    logits.append(feed(runner, [(s, 3) for s in seqs[1:]]))  # extends after the shared prefix
+    for _ in range(3):  # decodes of rows 1-3: their prefix is a cascade
+        logits.append(feed(runner, [(s, 1) for s in seqs[1:]]))
+    return logits
+
+
+@pytest.mark.parametrize(
+    ("dtype", "quantization"), [(torch.float32, "int4"), (torch.bfloat16, "int4")]
+)
+def test_a_shared_prefix_cascade_takes_the_op_bit_for_bit(model_dir, dtype, quantization):
+    modules = _runner(model_dir, dtype, quantization, native=False)
+    stack = _runner(model_dir, dtype, quantization, native=True)
+    counted = _Counted(stack)
+    want, got = _cascade_workload(modules), _cascade_workload(stack)
+    assert counted.calls == len(got)
+    assert counted.cascades == [0, 1, 1, 1, 1]  # the extends' and the decodes' shared prefix
+    for step, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert torch.equal(g, w), f"step {step}"
 
 
 class _OtherLayer(DecoderLayer):
