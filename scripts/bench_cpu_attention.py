@@ -3,7 +3,10 @@
 Three workloads, per dtype: one prefill of --prefill tokens (causal, no prefix), 16 sequences
 of 5 new tokens after a --context prefix (short extends), and a batch-64 decode over --context
 keys. The native kernel reads its keys from a shuffled pool by slot; SDPA gets the same keys
-already gathered (its best case: no gather is timed). Prints one markdown table, per layer.
+already gathered (its best case: no gather is timed). Then 64 decodes behind --context shared
+keys (30 own keys each): the shared-prefix cascade (paged_attention over the own keys, then
+cascade_attention over the shared ones) against paged_attention reading the prefix per
+sequence. Prints markdown tables, per layer.
 
     .venv/bin/python scripts/bench_cpu_attention.py
 """
@@ -78,6 +81,34 @@ def measure(ops, dtype: torch.dtype, seqs: int, new: int, keys: int, seconds: fl
     return native_ms, sdpa_ms
 
 
+def measure_cascade(ops, dtype: torch.dtype, shared: int, seconds: float, seqs: int = 64):
+    """(cascade ms, per-sequence ms) for `seqs` decodes behind `shared` common slots."""
+    own = 30
+    gen = torch.Generator().manual_seed(1)
+    pool = shared + seqs * own
+    q = torch.randn(seqs, HQ, HEAD_DIM, generator=gen).to(dtype)
+    k_cache = torch.randn(pool, HKV, HEAD_DIM, generator=gen).to(dtype)
+    v_cache = torch.randn(pool, HKV, HEAD_DIM, generator=gen).to(dtype)
+    slots = torch.randperm(pool, generator=gen)
+    prefix, own_slots = slots[:shared], slots[shared:]
+    qo = torch.arange(seqs + 1)
+    own_indptr = torch.arange(seqs + 1) * own
+    full = torch.cat([torch.cat([prefix, s]) for s in own_slots.view(seqs, own)])
+    full_indptr = torch.arange(seqs + 1) * (shared + own)
+    rows, scale = torch.arange(seqs), HEAD_DIM**-0.5
+
+    def cascade() -> torch.Tensor:
+        out, lse = ops.paged_attention(q, k_cache, v_cache, qo, own_indptr, own_slots, scale)
+        ops.cascade_attention(q, k_cache, v_cache, rows, prefix, scale, out, lse)
+        return out
+
+    def per_sequence() -> torch.Tensor:
+        return ops.paged_attention(q, k_cache, v_cache, qo, full_indptr, full, scale)[0]
+
+    torch.testing.assert_close(cascade().float(), per_sequence().float(), atol=2e-2, rtol=0)
+    return timed(cascade, seconds), timed(per_sequence, seconds)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prefill", type=int, default=2000)
@@ -101,6 +132,15 @@ def main() -> None:
                 f"| {name} | {dt} | {native_ms:.2f} | {sdpa_ms:.2f} | "
                 f"{sdpa_ms / native_ms:.2f}x | {gflops:.0f} |"
             )
+    print("\n| 64 decodes behind shared keys | dtype | cascade ms | per sequence ms | ratio |")
+    print("|---|---|---|---|---|")
+    for dtype in (torch.float32, torch.bfloat16):
+        cascade_ms, per_seq_ms = measure_cascade(ops, dtype, args.context, args.seconds)
+        dt = str(dtype).removeprefix("torch.")
+        print(
+            f"| {args.context} shared + 30 own | {dt} | {cascade_ms:.2f} | {per_seq_ms:.2f} | "
+            f"{per_seq_ms / cascade_ms:.2f}x |"
+        )
 
 
 if __name__ == "__main__":
