@@ -31,6 +31,7 @@
 
 #include "attention_bf16.h"
 #include "attention_f32.h"
+#include "decode_bf16.h"
 #include "ops.h"
 #include "vec8.h"
 
@@ -294,11 +295,40 @@ void decode_tile(const Args& a, const Tile& tile) {
   }
 }
 
+#ifdef RADIXRT_BF16_DOT
+// The decode tile on bfloat16 pairs (decode_bf16.h), GM heads at a time (its registers).
+template <typename T, int H, int GM>
+void decode_tile_pairs(const Args& a, const Tile& tile) {
+  const int64_t kv_len = a.kv_indptr[tile.seq + 1] - a.kv_indptr[tile.seq];
+  const int64_t* slots = a.kv_indices + a.kv_indptr[tile.seq];
+  const int64_t head0 = tile.kv_head * a.group + tile.h0;
+  const int64_t q_row = a.qo_indptr[tile.seq] * a.q_stride_t;
+  const int64_t kv_off = tile.kv_head * a.kv_stride_head;
+  for (int64_t g0 = 0; g0 < tile.heads; g0 += GM) {
+    const int64_t off = q_row + (head0 + g0) * a.q_stride_h;
+    const int heads = static_cast<int>(std::min<int64_t>(GM, tile.heads - g0));
+    radixrt_bf16::decode_pairs<H, GM>(
+        static_cast<const T*>(a.q) + off, a.q_stride_h, heads,
+        static_cast<const T*>(a.k) + kv_off, static_cast<const T*>(a.v) + kv_off, slots, kv_len,
+        a.kv_stride_slot, a.scale, static_cast<T*>(a.out) + off, a.lse + off / a.head_dim);
+  }
+}
+#endif
+
 template <typename T>
 bool try_decode_tile(const Args& a, const Tile& tile) {
   const bool decode = tile.tokens == 1 && tile.heads <= kMaxDecodeHeads &&
                       a.qo_indptr[tile.seq + 1] - a.qo_indptr[tile.seq] == 1;
   if (!decode) return false;
+#ifdef RADIXRT_BF16_DOT
+  if constexpr (kPairs<T>) {
+    switch (a.head_dim) {
+      case 64: decode_tile_pairs<T, 2, 4>(a, tile); return true;
+      case 128: decode_tile_pairs<T, 4, 2>(a, tile); return true;
+      default: break;
+    }
+  }
+#endif
   switch (a.head_dim) {
     case 64: decode_tile<T, 8>(a, tile); return true;
     case 128: decode_tile<T, 16>(a, tile); return true;

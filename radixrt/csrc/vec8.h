@@ -78,10 +78,13 @@ inline v8f load8(const T* p) {
   return r;
 }
 
+// A tree of three shuffles and adds (a decode tile sums one per key and head; lane by lane
+// that was 8 dependent scalar adds).
 inline float hsum(v8f x) {
-  float s = 0.0f;
-  for (int i = 0; i < kLanes; ++i) s += x[i];
-  return s;
+  x += __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3);
+  x += __builtin_shufflevector(x, x, 2, 3, 0, 1, 6, 7, 4, 5);
+  x += __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6);
+  return x[0];
 }
 
 }  // namespace radixrt_vec8
