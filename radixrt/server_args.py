@@ -49,8 +49,8 @@ class ServerArgs:
     skip_tokenizer_init: bool = _f(False, "serve token ids only; no tokenizer is loaded")
     dtype: str = _f(
         "auto",
-        "weights and activations dtype; auto: float32 on the CPU with packed weights "
-        "(--quantization), else bfloat16 on CUDA and on a CPU with bf16 units, float32 otherwise",
+        "weights and activations dtype; auto: bfloat16 on CUDA and on a CPU with bf16 units, "
+        "float32 otherwise",
         DTYPES,
     )
     quantization: str = _f(
@@ -69,6 +69,11 @@ class ServerArgs:
     )
     mem_fraction_static: float = _f(0.85, "fraction of GPU memory for weights + KV pool (CUDA)")
     cpu_kv_cache_gb: float = _f(1.0, "KV pool budget in GiB when running on the CPU")
+    cpu_dense_copy_gb: float = _f(
+        1.0,
+        "GiB for bfloat16 copies of packed weights that batches of 32+ rows multiply with "
+        "oneDNN on a bf16 CPU (all or none; 0: off; see the README)",
+    )
     disable_radix_cache: bool = _f(False, "turn the radix prefix cache off (for comparison)")
     schedule_policy: str = _f(
         "lpm", "order of waiting requests", SCHEDULE_POLICIES, group="Scheduling"
@@ -216,6 +221,8 @@ class ServerArgs:
             raise ValueError(
                 f"chunked_prefill_size must be -1 (off) or >= 1, got {self.chunked_prefill_size}"
             )
+        if self.cpu_dense_copy_gb < 0:
+            raise ValueError(f"cpu_dense_copy_gb must be >= 0, got {self.cpu_dense_copy_gb}")
         if self.max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
         if self.max_queued_requests is not None and self.max_queued_requests < 0:

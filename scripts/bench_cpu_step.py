@@ -2,7 +2,7 @@
 batch-64 decode and a 1,000-token prefill, in milliseconds (the README's "Speed on the CPU").
 
     python scripts/bench_cpu_step.py [--quantization auto,none] [--dtype float32] [--threads 2]
-                                     [--compile]
+                                     [--compile] [--dense-copy-gb 0,1]
 
 Run it under other OpenMP settings (GOMP_SPINCOUNT=0 ...) or beside a busy process to see how
 a step degrades under contention. The model load is not timed.
@@ -27,9 +27,11 @@ ROWS, ROW_LEN = 64, 1024  # table rows (requests) and their slots
 
 
 def make_runner(
-    quantization: str, compile_: bool, dtype: torch.dtype = torch.float32
+    quantization: str, compile_: bool, dtype: torch.dtype = torch.float32, dense_copy_gb: float = 0
 ) -> ModelRunner:
-    model, cfg = load_model(default_model_path(), dtype, "cpu", quantization=quantization)
+    model, cfg = load_model(
+        default_model_path(), dtype, "cpu", quantization=quantization, dense_copy_gb=dense_copy_gb
+    )
     pool = KVPool(ROWS * ROW_LEN, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype, "cpu")
     table = ReqToTokenTable(ROWS, ROW_LEN, "cpu")
     for r in range(ROWS):
@@ -54,16 +56,23 @@ def main() -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--compile", action="store_true", help="--enable-torch-compile")
+    p.add_argument(
+        "--dense-copy-gb", default="0", help="--cpu-dense-copy-gb values, comma-separated"
+    )
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     decode_1 = SimpleStep([0], [100], [1], [5], [0])
     rows = list(range(ROWS))
     decode_64 = SimpleStep(rows, [200] * ROWS, [1] * ROWS, [5] * ROWS, rows)
     prefill = SimpleStep([0], [0], [1000], [7] * 1000, [999])
-    for q in args.quantization.split(","):
-        runner = make_runner(q, args.compile, getattr(torch, args.dtype))
+    settings = [
+        (q, float(g)) for q in args.quantization.split(",") for g in args.dense_copy_gb.split(",")
+    ]
+    for q, gb in settings:
+        runner = make_runner(q, args.compile, getattr(torch, args.dtype), gb)
         print(
-            f"quantization={q} dtype={args.dtype} threads={args.threads} compile={args.compile}: "
+            f"quantization={q} dtype={args.dtype} dense_copy_gb={gb} threads={args.threads} "
+            f"compile={args.compile}: "
             f"decode bs1 {ms(runner, decode_1, 30):.1f} ms, "
             f"bs64 {ms(runner, decode_64, 5):.1f} ms, "
             f"prefill 1000 {ms(runner, prefill, 2):.0f} ms",

@@ -25,9 +25,14 @@ constexpr int64_t kDense = -1;          // a projection's kind: a dense [out, in
 constexpr int64_t kWeightsPerLayer = 6;  // norm_in, qkv, o, norm_post, gate_up, down
 constexpr int64_t kKindsPerLayer = 4;    // qkv, o, gate_up, down
 
-// y = x W.T for a dense weight (F.linear's op) or GGUF blocks of that kind (gguf_linear.cpp).
-at::Tensor project(const at::Tensor& x, const at::Tensor& w, int64_t kind, int64_t dense_rows) {
+// y = x W.T for a dense weight (F.linear's op) or GGUF blocks of that kind (gguf_linear.cpp);
+// from dense_rows rows on a bf16 x takes the blocks' dense copy where there is one (an mkldnn
+// tensor; an empty one means none), as GGUFWeight.forward does.
+at::Tensor project(const at::Tensor& x, const at::Tensor& w, int64_t kind, int64_t dense_rows,
+                   const at::Tensor& copy) {
   if (kind == kDense) return radixrt::dense_linear(x, w);
+  if (copy.is_mkldnn() && x.size(0) >= dense_rows && x.scalar_type() == at::kBFloat16)
+    return radixrt::dense_copy_linear(x, copy);
   return radixrt::gguf_linear(x, w, kind, dense_rows);
 }
 
@@ -47,9 +52,9 @@ struct Step {
 
 // RotaryAttention.forward with the torch backend's native path.
 at::Tensor attention(const Step& s, const at::Tensor& x, const at::Tensor& w_qkv,
-                     const at::Tensor& w_o, const int64_t* kinds, const at::Tensor& k_cache,
-                     const at::Tensor& v_cache) {
-  const at::Tensor qkv = project(x, w_qkv, kinds[0], s.dense_rows);
+                     const at::Tensor& w_o, const int64_t* kinds, const at::Tensor* copies,
+                     const at::Tensor& k_cache, const at::Tensor& v_cache) {
+  const at::Tensor qkv = project(x, w_qkv, kinds[0], s.dense_rows, copies[0]);
   const int64_t t = qkv.size(0), q_size = s.hq * s.head_dim, kv_size = s.hkv * s.head_dim;
   const at::Tensor qk = qkv.narrow(1, 0, q_size + kv_size).view({t, s.hq + s.hkv, s.head_dim});
   radixrt::rotary_(qk, s.cos, s.sin);
@@ -62,11 +67,11 @@ at::Tensor attention(const Step& s, const at::Tensor& x, const at::Tensor& w_qkv
   for (size_t c = 0; c < s.cascade_rows.size(); ++c)
     radixrt::cascade_attention(q, k_cache, v_cache, s.cascade_rows[c], s.cascade_slots[c],
                                s.scale, out, lse);
-  return project(out.reshape({t, q_size}), w_o, kinds[1], s.dense_rows);
+  return project(out.reshape({t, q_size}), w_o, kinds[1], s.dense_rows, copies[1]);
 }
 
-void check_lists(at::TensorList weights, at::IntArrayRef kinds, at::TensorList k_caches,
-                 at::TensorList v_caches) {
+void check_lists(at::TensorList weights, at::IntArrayRef kinds, at::TensorList copies,
+                 at::TensorList k_caches, at::TensorList v_caches) {
   const int64_t layers = static_cast<int64_t>(k_caches.size());
   TORCH_CHECK(layers > 0 && static_cast<int64_t>(v_caches.size()) == layers,
               "decoder_layers: one k and one v cache per layer, at least one layer");
@@ -74,18 +79,20 @@ void check_lists(at::TensorList weights, at::IntArrayRef kinds, at::TensorList k
               "decoder_layers: weights must be 6 per layer and the final norm's");
   TORCH_CHECK(static_cast<int64_t>(kinds.size()) == layers * kKindsPerLayer,
               "decoder_layers: kinds must be 4 per layer (qkv, o, gate_up, down)");
+  TORCH_CHECK(copies.size() == kinds.size(), "decoder_layers: dense copies must be 4 per layer");
   TORCH_CHECK(k_caches[0].dim() == 3, "decoder_layers: caches must be [pool, Hkv, D]");
 }
 
 // hidden: the embeddings [T, hidden]; cos/sin [T, 1, D/2] contiguous in hidden's dtype.
 at::Tensor decoder_layers(const at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin,
-                          at::TensorList weights, at::IntArrayRef kinds, at::TensorList k_caches,
+                          at::TensorList weights, at::IntArrayRef kinds,
+                          at::TensorList dense_copies, at::TensorList k_caches,
                           at::TensorList v_caches, const at::Tensor& out_cache_loc,
                           const at::Tensor& qo_indptr, const at::Tensor& kv_indptr,
                           const at::Tensor& kv_indices, at::TensorList cascade_rows,
                           at::TensorList cascade_slots, int64_t num_heads, double eps,
                           double scale, int64_t dense_from_rows) {
-  check_lists(weights, kinds, k_caches, v_caches);
+  check_lists(weights, kinds, dense_copies, k_caches, v_caches);
   TORCH_CHECK(cascade_rows.size() == cascade_slots.size(),
               "decoder_layers: one slot list per cascade's rows");
   const Step s{cos,       sin,
@@ -100,16 +107,17 @@ at::Tensor decoder_layers(const at::Tensor& hidden, const at::Tensor& cos, const
   for (int64_t i = 0; i < layers; ++i) {
     const at::Tensor* w = weights.data() + i * kWeightsPerLayer;
     const int64_t* kind = kinds.data() + i * kKindsPerLayer;
+    const at::Tensor* copy = dense_copies.data() + i * kKindsPerLayer;
     if (i == 0) {
       residual = h;
       x = radixrt::rms_norm(h, w[0], eps);
     } else {
       std::tie(x, residual) = radixrt::add_rms_norm(h, residual, w[0], eps);
     }
-    const at::Tensor a = attention(s, x, w[1], w[2], kind, k_caches[i], v_caches[i]);
+    const at::Tensor a = attention(s, x, w[1], w[2], kind, copy, k_caches[i], v_caches[i]);
     std::tie(x, residual) = radixrt::add_rms_norm(a, residual, w[3], eps);
-    const at::Tensor gate_up = project(x, w[4], kind[2], dense_from_rows);
-    h = project(radixrt::silu_and_mul(gate_up), w[5], kind[3], dense_from_rows);
+    const at::Tensor gate_up = project(x, w[4], kind[2], dense_from_rows, copy[2]);
+    h = project(radixrt::silu_and_mul(gate_up), w[5], kind[3], dense_from_rows, copy[3]);
   }
   return std::get<0>(radixrt::add_rms_norm(h, residual, weights.back(), eps));
 }
@@ -119,6 +127,7 @@ at::Tensor decoder_layers(const at::Tensor& hidden, const at::Tensor& cos, const
 TORCH_LIBRARY_FRAGMENT(radixrt, m) {
   m.def(
       "decoder_layers(Tensor hidden, Tensor cos, Tensor sin, Tensor[] weights, int[] kinds, "
+      "Tensor[] dense_copies, "
       "Tensor(a!)[] k_caches, Tensor(b!)[] v_caches, Tensor out_cache_loc, Tensor qo_indptr, "
       "Tensor kv_indptr, Tensor kv_indices, Tensor[] cascade_rows, Tensor[] cascade_slots, "
       "int num_heads, float eps, float scale, "
@@ -126,3 +135,5 @@ TORCH_LIBRARY_FRAGMENT(radixrt, m) {
 }
 
 TORCH_LIBRARY_IMPL(radixrt, CPU, m) { m.impl("decoder_layers", decoder_layers); }
+// Dense copies are mkldnn tensors, whose dispatch key then picks the op's kernel.
+TORCH_LIBRARY_IMPL(radixrt, MkldnnCPU, m) { m.impl("decoder_layers", decoder_layers); }

@@ -19,6 +19,14 @@ using PointwiseFn = at::Tensor(const at::Tensor&, const at::Tensor&,
                                c10::List<std::optional<at::Scalar>>,
                                std::optional<std::string_view>);
 
+at::Tensor linear_pointwise(const at::Tensor& x, const at::Tensor& w,
+                            const std::optional<at::Tensor>& bias) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+                             .typed<PointwiseFn>();
+  return op.call(x, w, bias, "none", c10::List<std::optional<at::Scalar>>(), "");
+}
+
 }  // namespace
 
 namespace radixrt {
@@ -27,10 +35,13 @@ at::Tensor dense_linear(const at::Tensor& x, const at::Tensor& w,
                         const std::optional<at::Tensor>& bias) {
   if (!at::hasMKLDNN() || x.scalar_type() != at::kFloat || w.scalar_type() != at::kFloat)
     return at::linear(x, w, bias);
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
-                             .typed<PointwiseFn>();
-  return op.call(x, w, bias, "none", c10::List<std::optional<at::Scalar>>(), std::nullopt);
+  return linear_pointwise(x, w, bias);
+}
+
+// A packed layer's bfloat16 copy in oneDNN's layout (GGUFWeight.keep_dense), the same op and
+// arguments as radixrt/layers/quantized.py's dense_copy_linear.
+at::Tensor dense_copy_linear(const at::Tensor& x, const at::Tensor& dense) {
+  return linear_pointwise(x, dense, std::nullopt);
 }
 
 }  // namespace radixrt

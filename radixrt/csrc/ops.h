@@ -24,6 +24,7 @@ void store_kv(at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& loc, con
 // dense_linear.cpp (not registered as an op: Python calls the oneDNN op it wraps itself)
 at::Tensor dense_linear(const at::Tensor& x, const at::Tensor& w,
                         const std::optional<at::Tensor>& bias = std::nullopt);
+at::Tensor dense_copy_linear(const at::Tensor& x, const at::Tensor& dense);
 
 // gguf_linear.cpp
 at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t kind,

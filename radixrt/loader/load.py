@@ -13,7 +13,7 @@ from transformers import AutoConfig, PretrainedConfig
 from radixrt.distributed import TPGroup
 from radixrt.layers.sharding import CheckpointTensor
 from radixrt.loader.model_config import ModelConfig, architecture_of, resolve_dtype
-from radixrt.loader.quantize import apply_quantization
+from radixrt.loader.quantize import apply_quantization, keep_dense_copies
 from radixrt.loader.weights import iter_safetensors, safetensors_files
 from radixrt.log_setup import format_bytes
 from radixrt.models.base import CausalLM
@@ -30,10 +30,13 @@ def load_model(
     device: str | torch.device,
     group: TPGroup | None = None,
     quantization: str = "none",
+    dense_copy_gb: float = 0.0,
 ) -> tuple[CausalLM, ModelConfig]:
     """Build the model for `model_path` and load its weights, in `dtype` on `device`.
 
-    `dtype` may also be a name or "auto" (see `resolve_dtype`). Returns the model in eval mode,
+    `dtype` may also be a name or "auto" (see `resolve_dtype`). `dense_copy_gb`: the GiB that
+    bfloat16 copies of packed weights may take for wide batches on the CPU (see
+    `keep_dense_copies`; 0: none). Returns the model in eval mode,
     without gradients. With a tensor-parallel `group` of more than one rank the model is this
     rank's part (see docs/tensor_parallel.md), and only its shards are read: slices of the
     safetensors files, or slices of each GGUF tensor once dequantized. The returned ModelConfig
@@ -60,6 +63,8 @@ def load_model(
     model.load_weights(weights)
     model.eval().requires_grad_(False)
     apply_quantization(model, quantization, path, hf_config, torch.device(device), group.size)
+    if resolved == torch.bfloat16 and torch.device(device).type == "cpu":
+        keep_dense_copies(model, dense_copy_gb)
     logger.info(
         "loaded weights: %s in %.1f s",
         format_bytes(_weight_bytes(model)),

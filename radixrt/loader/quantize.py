@@ -21,7 +21,7 @@ from transformers import PretrainedConfig
 
 from radixrt.layers.embedding import LMHead, VocabParallelEmbedding
 from radixrt.layers.linear import MergedLinear, PackableLinear
-from radixrt.layers.quantized import BLOCK, GGUFWeight, quantize
+from radixrt.layers.quantized import BLOCK, GGUFWeight, can_keep_dense, quantize
 from radixrt.server_args import QUANTIZATIONS
 
 logger = logging.getLogger("radixrt.loader")
@@ -61,10 +61,25 @@ def apply_quantization(
     return counts
 
 
+def keep_dense_copies(model: nn.Module, budget_gb: float) -> int:
+    """bfloat16 copies of every packed weight for inputs of 32+ rows (GGUFWeight.keep_dense),
+    made only if all of them fit in `budget_gb` GiB and the CPU multiplies bf16 natively;
+    returns how many were made (all or none: one matmul path per step)."""
+    packed = [m for m in model.modules() if isinstance(m, GGUFWeight)]
+    need = sum(2 * w.in_features * w.out_features for w in packed)
+    if not packed or need > budget_gb * 2**30 or not can_keep_dense():
+        return 0
+    for weight in packed:
+        weight.keep_dense()
+    logger.info(
+        "dense bf16 copies for wide batches: %d weights, %.0f MiB", len(packed), need / 2**20
+    )
+    return len(packed)
+
+
 def packs_weights(method: str, path: Path, device: torch.device, tp_size: int) -> bool:
     """Whether `apply_quantization` will pack linear layers: int4/int8 always (on the CPU),
-    auto for a GGUF file on the CPU at one rank (its Q4/Q8 tensors). Known before loading,
-    so that dtype "auto" can follow it."""
+    auto for a GGUF file on the CPU at one rank (its Q4/Q8 tensors)."""
     if device.type != "cpu" or method == "none":
         return False
     return method in ("int4", "int8") or (tp_size == 1 and path.suffix == ".gguf")

@@ -86,7 +86,10 @@ def build_components(
     model_path = args.model_path or default_model_path()
     dtype = resolve_dtype(args.dtype, device)
     # FileNotFoundError names a bad path. With a group: this rank's shard of the model.
-    model, cfg = load_model(model_path, dtype, device, group, quantization=args.quantization)
+    model, cfg = load_model(
+        model_path, dtype, device, group, quantization=args.quantization,
+        dense_copy_gb=args.cpu_dense_copy_gb,
+    )  # fmt: skip
     kv_heads = model.num_local_kv_heads
     context_length = args.context_length or cfg.context_length
     tokens = pool_size_tokens(args, cfg, dtype, device, kv_heads)

@@ -12,14 +12,22 @@ from runner_steps import SHARED, Seq, cpu_runner, feed, prompt
 
 from radixrt.executor.model_runner import ModelRunner
 from radixrt.layers.decoder import DecoderLayer
+from radixrt.layers.quantized import can_keep_dense
 from radixrt.loader.load import load_model
 from radixrt.native import load_native
 
 pytestmark = pytest.mark.skipif(load_native() is None, reason="native CPU kernels not built")
+needs_dense_copy = pytest.mark.skipif(
+    not can_keep_dense(), reason="dense copies need oneDNN and a bf16 CPU"
+)
 
 
-def _runner(model_dir: str, dtype: torch.dtype, quantization: str, native: bool) -> ModelRunner:
-    model, cfg = load_model(model_dir, dtype, "cpu", quantization=quantization)
+def _runner(
+    model_dir: str, dtype: torch.dtype, quantization: str, native: bool, copy_gb: float = 0
+) -> ModelRunner:
+    model, cfg = load_model(
+        model_dir, dtype, "cpu", quantization=quantization, dense_copy_gb=copy_gb
+    )
     model.model.use_native_stack = native
     return cpu_runner(model, cfg)
 
@@ -71,11 +79,16 @@ def model_dir(tiny_model_dir) -> str:
         (torch.float32, "int8"),
         (torch.bfloat16, "none"),
         (torch.bfloat16, "int4"),  # the prefill of 45 multiplies bf16-rounded weight tiles
+        pytest.param(torch.bfloat16, "int4+copy", marks=needs_dense_copy),  # ... oneDNN's copy
     ],
 )
 def test_stack_equals_the_modules_bit_for_bit(model_dir, dtype, quantization):
-    modules = _runner(model_dir, dtype, quantization, native=False)
-    stack = _runner(model_dir, dtype, quantization, native=True)
+    quantization, _, copy = quantization.partition("+")
+    copy_gb = 1.0 if copy else 0.0
+    modules = _runner(model_dir, dtype, quantization, native=False, copy_gb=copy_gb)
+    stack = _runner(model_dir, dtype, quantization, native=True, copy_gb=copy_gb)
+    if copy:
+        assert stack.model.model.native_stack().dense_copies[0].is_mkldnn
     counted = _Counted(stack)
     want, got = _workload(modules), _workload(stack)
     assert counted.calls == len(got)  # every step took the op

@@ -160,3 +160,54 @@ def test_bfloat16_inputs_stay_bfloat16_within_its_rounding(fmt, rows):
         # The tiles are the bf16 weights `--quantization none` would hold, in the same matmul
         # (tiling the output columns does not reorder any one output's sum).
         assert torch.equal(y, F.linear(x, weight.dequantize().bfloat16()))
+
+
+needs_dense_copy = pytest.mark.skipif(
+    not quantized.can_keep_dense(), reason="dense copies need oneDNN and a bf16 CPU"
+)
+
+
+@needs_native
+@needs_dense_copy
+@pytest.mark.parametrize("rows", [1, 31, 32, 300])
+def test_a_dense_copy_serves_wide_bfloat16_inputs_only(rows):
+    """From DENSE_FROM_ROWS rows a bf16 input multiplies the bf16 copy (oneDNN): the same
+    weights, so within bf16's rounding of the block kernel's result; below, the blocks."""
+    weight = GGUFWeight(quantize(_weights(300, 576, seed=rows), "int4"), "int4", 576)
+    x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(3)).bfloat16()
+    with torch.inference_mode():
+        blocks_only = weight(x)
+        weight.keep_dense()
+        assert weight.dense is not None and weight.dense.is_mkldnn
+        y = weight(x)
+        y_float = weight(x.float())  # float32 inputs never take the copy
+    ref = x.double() @ weight.dequantize().double().T
+    assert y.dtype == torch.bfloat16 and y.shape == (rows, 300)
+    assert (y.double() - ref).abs().max() <= 1e-2 * ref.abs().max()
+    if rows < quantized.DENSE_FROM_ROWS:
+        assert torch.equal(y, blocks_only)
+    assert torch.equal(y_float, weight.forward(x.float()))
+    assert torch.equal(y_float, torch.ops.radixrt.gguf_linear(x.float(), weight.blocks, 0, 32))
+
+
+@needs_dense_copy
+def test_dense_copies_are_made_for_all_packed_weights_or_none():
+    from radixrt.loader.quantize import keep_dense_copies
+
+    model = torch.nn.Sequential(
+        GGUFWeight(quantize(_weights(64, 64), "int4"), "int4", 64),
+        GGUFWeight(quantize(_weights(32, 64), "int8"), "int8", 64),
+    )
+    need = 2 * (64 * 64 + 32 * 64)  # bytes of both bf16 copies
+    assert keep_dense_copies(model, (need - 1) / 2**30) == 0
+    assert all(w.dense is None for w in model)
+    assert keep_dense_copies(model, 0) == 0
+    assert keep_dense_copies(model, need / 2**30) == 2
+    assert all(w.dense is not None for w in model)
+
+
+def test_a_negative_dense_copy_budget_is_refused_by_name():
+    from radixrt.server_args import ServerArgs
+
+    with pytest.raises(ValueError, match="cpu_dense_copy_gb must be >= 0, got -1"):
+        ServerArgs(cpu_dense_copy_gb=-1)
