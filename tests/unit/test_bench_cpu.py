@@ -89,9 +89,16 @@ def test_attention_benchmark_checks_then_times_both_kernels(capsys):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(sys, "argv", argv)
         bench_cpu_attention.main()
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line for line in lines if " | float32 | " in line or " | bfloat16 | " in line]
     names = [row.split(" | ")[0] for row in rows]
-    assert names == ["| prefill 40"] * 2 + ["| 16 x 5 new after 70"] * 2 + ["| decode 64 x 70"] * 2
-    for row in rows:
-        native_ms, sdpa_ms, ratio = (float(c.rstrip("x")) for c in row.split(" | ")[2:5])
+    assert (
+        names
+        == ["| prefill 40"] * 2
+        + ["| 16 x 5 new after 70"] * 2
+        + ["| decode 64 x 70"] * 2
+        + ["| 70 shared + 30 own"] * 2
+    )
+    for row in rows:  # kernel and reference (SDPA, or the per-sequence prefix) ms, and ratio
+        native_ms, sdpa_ms, ratio = (float(c.strip(" |x")) for c in row.split(" | ")[2:5])
         assert native_ms > 0 and sdpa_ms > 0 and ratio > 0  # ms are rounded: ratio is not exact
