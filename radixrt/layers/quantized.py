@@ -13,8 +13,8 @@ F.linear (correct, and as slow as the dense layer it replaces).
 
 `keep_dense()` adds a bfloat16 copy of the weight in oneDNN's own blocked layout, which inputs
 of `DENSE_FROM_ROWS` rows or more multiply instead (`dense_copy_linear`): on a CPU with AVX-512
-BF16 that is 1.16x (2,048 rows) to 1.4x (64 rows) faster than expanding the blocks per call
-(scripts/bench_gguf_linear.py), for 2 bytes per weight more memory (the loader's
+BF16 that measured 1.16x (2,048 rows) to 1.4x (64 rows) faster than expanding the blocks per
+call (docs/quantization.md says how), for 2 bytes per weight more memory (the loader's
 `dense_copy_gb` budget decides).
 """
 
