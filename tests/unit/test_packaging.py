@@ -36,3 +36,26 @@ def test_import_radixrt_does_not_load_torch():
         "assert not heavy, heavy; assert radixrt.Engine is not None"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_checkout_root_on_sys_path_does_not_shadow_hugging_face_kernels():
+    # `python -m radixrt.cli` or `python -c` run from the checkout put its root first on
+    # sys.path, where kernels/ (installed as radixrt.kernels) is a top-level `kernels` too.
+    import importlib.metadata
+
+    try:
+        importlib.metadata.version("kernels")
+    except importlib.metadata.PackageNotFoundError:
+        import pytest
+
+        pytest.skip("Hugging Face's `kernels` is not installed: nothing to shadow")
+    code = (
+        "import kernels, radixrt.kernels as ours; "
+        "from transformers.integrations import hub_kernels; "
+        "assert hasattr(kernels, 'get_kernel'), kernels.__file__; "
+        "assert hasattr(ours, 'has_triton') and kernels is not ours; print(kernels.__file__)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True, text=True
+    )
+    assert str(ROOT / "kernels") not in out.stdout
