@@ -78,6 +78,47 @@ inline v8f load8(const T* p) {
   return r;
 }
 
+// Whether load8 / store8 / round_to handle T as vectors (float and bfloat16; others go
+// element by element through their scalar type).
+template <typename T>
+constexpr bool kVectorized = std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>;
+
+// The bits of x rounded to bfloat16 (to nearest even, NaN to 0x7fc0: c10's rounding), in the
+// top half of each lane.
+inline v8u bf16_bits(v8f x) {
+  v8u u;
+  std::memcpy(&u, &x, sizeof(u));
+  const v8u rounded = (u + (((u >> 16) & 1u) + 0x7fffu)) & 0xffff0000u;
+  return x != x ? v8u{} + 0x7fc00000u : rounded;
+}
+
+// x rounded to T's precision and back to float: float arithmetic that rounds where torch's
+// arithmetic in T rounds (each bfloat16 op is a float op rounded to bfloat16).
+template <typename T>
+inline v8f round_to(v8f x) {
+  static_assert(kVectorized<T>);
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else {
+    const v8u bits = bf16_bits(x);
+    v8f r;
+    std::memcpy(&r, &bits, sizeof(r));
+    return r;
+  }
+}
+
+// Eight floats stored as T (bfloat16 rounded as c10 rounds).
+template <typename T>
+inline void store8(T* p, v8f x) {
+  static_assert(kVectorized<T>);
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(p, &x, sizeof(x));
+  } else {
+    const v8u16 half = __builtin_convertvector(bf16_bits(x) >> 16, v8u16);
+    std::memcpy(p, &half, sizeof(half));
+  }
+}
+
 // A tree of three shuffles and adds (a decode tile sums one per key and head; lane by lane
 // that was 8 dependent scalar adds).
 inline float hsum(v8f x) {

@@ -39,7 +39,7 @@ def within_ulps(out: torch.Tensor, ref: torch.Tensor, ulps: float) -> bool:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tokens", [1, 3, 7, 700])  # 700: split over threads
-@pytest.mark.parametrize("hidden", [64, 576])
+@pytest.mark.parametrize("hidden", [64, 576, 100])  # 100: 12 vectors of 8, then 4 alone
 def test_rms_norm_and_residual_add_match_torch(dtype, tokens, hidden, monkeypatch):
     layer = RMSNorm(hidden, eps=1e-5).to(dtype)
     layer.weight.data = torch.randn(hidden).to(dtype)
@@ -55,8 +55,9 @@ def test_rms_norm_and_residual_add_match_torch(dtype, tokens, hidden, monkeypatc
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tokens", [1, 5, 300])
-def test_rotary_in_place_on_the_qkv_view_matches_torch(dtype, tokens):
-    heads, kv_heads, d = 9, 3, 64
+@pytest.mark.parametrize("d", [64, 20])  # 20: pairs of 10, one vector of 8 and 2 alone
+def test_rotary_in_place_on_the_qkv_view_matches_torch(dtype, tokens, d):
+    heads, kv_heads = 9, 3
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d, dtype=dtype)
     qk = qkv[:, : (heads + kv_heads) * d].view(tokens, -1, d)  # strided, as in the model
     rope = rotary.RotaryEmbedding(d, RopeConfig(theta=10000.0))
