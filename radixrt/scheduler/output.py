@@ -28,6 +28,15 @@ logger = logging.getLogger(__name__)
 PROMPT_LOGPROB_ROWS = 256
 
 
+def rows_of(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """logits[rows]: a view when the rows are consecutive (a decode batch's usually are), not
+    a copy of [rows, vocab] floats (1 ms a step at batch 64 with a 49k vocabulary)."""
+    first = rows[0]
+    if rows == list(range(first, first + len(rows))):
+        return logits[first : first + len(rows)]
+    return logits[rows]
+
+
 class OutputProcessor:
     def __init__(
         self,
@@ -69,7 +78,7 @@ class OutputProcessor:
         if not live:
             return
         reqs = [plan.sample_reqs[i] for i in live]
-        sample_logits = logits[[plan.sample_rows[i] for i in live]]
+        sample_logits = rows_of(logits, [plan.sample_rows[i] for i in live])
         self.structured.mask(reqs, sample_logits, self._guarded)
         next_ids = self._sample(reqs, sample_logits)
         self._record_output_logprobs(reqs, sample_logits, next_ids)
