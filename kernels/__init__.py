@@ -21,14 +21,14 @@ def _hand_over_to_the_installed_kernels() -> None:
 
     With the checkout's root on `sys.path` (`python -m radixrt.cli`, `python -c` or a script run
     from the root), this folder is importable as a top-level `kernels` and shadows Hugging Face's
-    package of that name, which transformers (>= 5.2x depends on it) imports at start-up.
+    package of that name, which transformers (5.25 requires it) imports at start-up.
     """
     import os
     import sys
     from importlib.machinery import PathFinder
 
-    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    others = [p for p in sys.path if os.path.abspath(p or os.curdir) != checkout]
+    checkout = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    others = [p for p in sys.path if os.path.realpath(p or os.curdir) != checkout]
     spec = PathFinder.find_spec("kernels", others)
     if spec is None or spec.loader is None or spec.origin is None:  # none, or a namespace folder
         return

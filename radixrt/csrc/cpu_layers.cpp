@@ -43,49 +43,9 @@ void check_rows(const at::Tensor& x, const char* op) {
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, op, ": expected [T, hidden] with unit stride");
 }
 
-// Row helpers: eight lanes at a time for float and bfloat16, each lane rounded where the
-// scalar code (and torch) rounds; the tail and other dtypes element by element.
-template <typename scalar_t>
-void squares_row(const scalar_t* x, int64_t n, float* sq) {
-  int64_t j = 0;
-  if constexpr (radixrt_vec8::kVectorized<scalar_t>) {
-    using namespace radixrt_vec8;
-    for (; j + kLanes <= n; j += kLanes) {
-      const v8f v = load8(x + j);
-      const v8f s = v * v;
-      std::memcpy(sq + j, &s, sizeof(s));
-    }
-  }
-  for (; j < n; ++j) {
-    const float v = static_cast<float>(x[j]);
-    sq[j] = v * v;
-  }
-}
-
-template <typename scalar_t>
-void to_floats(const scalar_t* x, int64_t n, float* out) {
-  int64_t j = 0;
-  if constexpr (radixrt_vec8::kVectorized<scalar_t>) {
-    using namespace radixrt_vec8;
-    for (; j + kLanes <= n; j += kLanes) {
-      const v8f v = load8(x + j);
-      std::memcpy(out + j, &v, sizeof(v));
-    }
-  }
-  for (; j < n; ++j) out[j] = static_cast<float>(x[j]);
-}
-
-template <typename scalar_t>
-void add_row(const scalar_t* a, const scalar_t* b, int64_t n, scalar_t* out) {
-  int64_t j = 0;
-  if constexpr (radixrt_vec8::kVectorized<scalar_t>) {
-    using namespace radixrt_vec8;
-    for (; j + kLanes <= n; j += kLanes) store8(out + j, load8(a + j) + load8(b + j));
-  }
-  for (; j < n; ++j) out[j] = a[j] + b[j];
-}
-
-// (x1, x2) -> (x1 c - x2 s, x2 c + x1 s) over `half` pairs, each product rounded to the dtype.
+// (x1, x2) -> (x1 c - x2 s, x2 c + x1 s) over `half` pairs, each product rounded to the dtype;
+// eight lanes at a time for float and bfloat16 (element by element, c10's bfloat16 arithmetic
+// made a 2,000-token prefill's rotary 6x slower), the tail and other dtypes one by one.
 template <typename scalar_t>
 void rotate_row(scalar_t* a, scalar_t* b, const scalar_t* c, const scalar_t* s, int64_t half) {
   int64_t j = 0;
@@ -120,7 +80,11 @@ at::Tensor mean_squares(const at::Tensor& x) {
     const scalar_t* xp = x.data_ptr<scalar_t>();
     const int64_t xs = x.stride(0);
     for_rows(t, n, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) squares_row(xp + r * xs, n, sq + r * n);
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t j = 0; j < n; ++j) {
+          const float v = static_cast<float>(xp[r * xs + j]);
+          sq[r * n + j] = v * v;
+        }
     });
   });
   at::Tensor mean = at::sum(squares, -1);
@@ -135,15 +99,7 @@ template <typename scalar_t>
 void norm_row(const scalar_t* x, const scalar_t* w, int64_t n, float mean_sq, float eps,
               scalar_t* y) {
   const float inv = 1.0f / std::sqrt(mean_sq + eps);
-  int64_t j = 0;
-  if constexpr (radixrt_vec8::kVectorized<scalar_t>) {
-    using namespace radixrt_vec8;
-    for (; j + kLanes <= n; j += kLanes) {
-      const v8f normed = round_to<scalar_t>(load8(x + j) * splat(inv));
-      store8(y + j, load8(w + j) * normed);
-    }
-  }
-  for (; j < n; ++j) {
+  for (int64_t j = 0; j < n; ++j) {
     const scalar_t normed = static_cast<scalar_t>(static_cast<float>(x[j]) * inv);
     y[j] = static_cast<scalar_t>(w[j] * normed);
   }
@@ -172,16 +128,10 @@ void swiglu_row(const scalar_t* gate, const scalar_t* up, int64_t n, scalar_t* y
     if constexpr (std::is_same_v<scalar_t, float>) {
       silu_floats(gate + j0, len, s);
     } else {
-      to_floats(gate + j0, len, a);
+      for (int64_t j = 0; j < len; ++j) a[j] = static_cast<float>(gate[j0 + j]);
       silu_floats(a, len, s);
     }
-    int64_t j = 0;
-    if constexpr (radixrt_vec8::kVectorized<scalar_t>) {
-      using namespace radixrt_vec8;
-      for (; j + kLanes <= len; j += kLanes)
-        store8(y + j0 + j, round_to<scalar_t>(load8(s + j)) * load8(up + j0 + j));
-    }
-    for (; j < len; ++j) y[j0 + j] = static_cast<scalar_t>(s[j]) * up[j0 + j];
+    for (int64_t j = 0; j < len; ++j) y[j0 + j] = static_cast<scalar_t>(s[j]) * up[j0 + j];
   }
 }
 
@@ -224,7 +174,12 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
     // The strides are read once: Tensor::stride() in the loop kept it scalar, ~10x slower.
     const int64_t xs = x.stride(0), rs = residual.stride(0);
     for_rows(x.size(0), n, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) add_row(xp + r * xs, rp + r * rs, n, sp + r * n);
+      for (int64_t r = r0; r < r1; ++r) {
+        const scalar_t* a = xp + r * xs;
+        const scalar_t* b = rp + r * rs;
+        scalar_t* out = sp + r * n;
+        for (int64_t j = 0; j < n; ++j) out[j] = a[j] + b[j];
+      }
     });
   });
   return {rms_norm(sum, weight, eps), sum};
