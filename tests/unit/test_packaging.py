@@ -3,10 +3,12 @@ imports stay light."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,13 +43,9 @@ def test_import_radixrt_does_not_load_torch():
 def test_checkout_root_on_sys_path_does_not_shadow_hugging_face_kernels():
     # `python -m radixrt.cli` or `python -c` run from the checkout put its root first on
     # sys.path, where kernels/ (installed as radixrt.kernels) is a top-level `kernels` too.
-    import importlib.metadata
-
     try:
         importlib.metadata.version("kernels")
     except importlib.metadata.PackageNotFoundError:
-        import pytest
-
         pytest.skip("Hugging Face's `kernels` is not installed: nothing to shadow")
     code = (
         "import kernels, radixrt.kernels as ours; "
