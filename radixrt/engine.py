@@ -205,6 +205,7 @@ class Engine:
             "attention_backend": info.attention_backend,
             "scheduler_pid": info.pid,
             "max_total_num_tokens": info.pool_tokens,
+            "max_prefill_tokens": info.max_prefill_tokens,
             "context_length": info.context_length,
             **self.get_stats(),
         }

@@ -120,6 +120,7 @@ class SchedulerReady(msgspec.Struct, tag="ready"):
     vocab_size: int
     context_length: int
     pool_tokens: int
+    max_prefill_tokens: int  # the step's prefill budget, resolved for the device
     eos_token_ids: list[int]
     dtype: str
     device: str

@@ -35,7 +35,7 @@ from radixrt.scheduler.cache_snapshot import cache_snapshot
 from radixrt.scheduler.components import Components
 from radixrt.scheduler.kv_manager import KVManager
 from radixrt.scheduler.output import OutputProcessor, make_output
-from radixrt.scheduler.planner import Planner
+from radixrt.scheduler.planner import Planner, resolve_max_prefill_tokens
 from radixrt.scheduler.policy import SchedulePolicy
 from radixrt.scheduler.req import Req
 from radixrt.scheduler.schedule_batch import ScheduleBatch
@@ -68,7 +68,7 @@ class Scheduler:
         self.planner = Planner(
             self.kv,
             policy,
-            args.max_prefill_tokens,
+            resolve_max_prefill_tokens(args.max_prefill_tokens, parts.device),
             args.chunked_prefill_size,
             args.max_running_requests,
             args.schedule_conservativeness,
@@ -272,6 +272,7 @@ class Scheduler:
             p.model_config.vocab_size,
             p.context_length,
             p.pool_tokens,
+            self.planner.max_prefill_tokens,
             list(p.model_config.eos_token_ids),
             str(p.dtype).removeprefix("torch."),
             p.device,

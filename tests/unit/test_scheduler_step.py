@@ -17,6 +17,7 @@ from radixrt.cache.req_to_token import ReqToTokenTable
 from radixrt.messages import BatchOutput, FlushCacheReq, GenerateReq, decode_from_scheduler
 from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.components import Components
+from radixrt.scheduler.planner import resolve_max_prefill_tokens
 from radixrt.scheduler.policy import SchedulePolicy
 from radixrt.scheduler.req import Req
 from radixrt.scheduler.schedule_batch import ScheduleBatch
@@ -172,6 +173,30 @@ def test_chunked_prefill_interleaves_with_decode():
     ] == [0, 16, 32]
     outs = run_until_idle(scheduler, front)
     assert outs["long"] == expected(list(range(10, 60)), 4)
+
+
+@pytest.mark.parametrize(("asked", "budget"), [(None, 2048), (4096, 4096), (100, 100)])
+def test_the_prefill_budget_is_2048_tokens_a_step_on_the_cpu_unless_asked(asked, budget):
+    scheduler, runner, front = make_scheduler(pool_tokens=8192, max_prefill_tokens=asked)
+    prompts = {f"r{i}": [5 + i] * 400 for i in range(8)}  # 3,200 prompt tokens
+    for rid, ids in prompts.items():
+        submit(scheduler, rid, ids, max_new=2)
+    scheduler.step()
+    assert sum(runner.batches[0].extend_lens) == min(budget, 3200)
+    assert scheduler.ready_message().max_prefill_tokens == budget
+    outs = run_until_idle(scheduler, front)
+    assert outs == {rid: expected(ids, 2) for rid, ids in prompts.items()}
+
+
+def test_the_gpu_keeps_a_budget_of_8192_tokens():
+    assert resolve_max_prefill_tokens(None, "cuda:0") == 8192
+    assert resolve_max_prefill_tokens(None, "cpu") == 2048
+    assert resolve_max_prefill_tokens(512, "cuda") == 512
+
+
+def test_a_prefill_budget_below_one_token_is_refused_naming_the_field():
+    with pytest.raises(ValueError, match="max_prefill_tokens must be >= 1, got 0"):
+        ServerArgs(max_prefill_tokens=0)
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
