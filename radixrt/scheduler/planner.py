@@ -18,9 +18,9 @@ INIT_NEW_TOKEN_RATIO, MIN_NEW_TOKEN_RATIO, NEW_TOKEN_RATIO_DECAY = 0.7, 0.1, 0.0
 MAX_RESERVED_PER_REQ = 4096
 # The default token budget of a step's prefill. On the CPU, 64 prompts of 128 tokens prefilled
 # as four steps of 2,048 took 4.9-5.1 s against 7.4-8.1 s as steps of up to 8,192 (the README's
-# Speed on the CPU): a big step's activations are fresh mmaps, faulted in page by page, and they
-# overflow the caches; the weights it saves reading again are a few hundred MB. vLLM's CPU
-# default is of the same size (2,048 tokens for its server, 4,096 offline).
+# Speed on the CPU): a big step's activations are fresh mmaps, faulted in page by page (~480,000
+# faults a step), while four steps read the weights only three more times. vLLM's CPU default
+# is of the same size (2,048 tokens for its server, 4,096 offline).
 GPU_MAX_PREFILL_TOKENS, CPU_MAX_PREFILL_TOKENS = 8192, 2048
 
 
