@@ -15,6 +15,7 @@ from radixrt.attention.torch_backend import TorchAttentionBackend
 from radixrt.cache.kv_pool import KVPool
 from radixrt.executor.forward_batch import ForwardBatch
 
+CPU = "cpu"  # the native kernels run on CPU tensors, whatever TRITON_INTERPRET says
 OPS = native.load_native()
 needs_native = pytest.mark.skipif(
     OPS is None, reason="native CPU kernels unavailable (no compiler/ninja, or disabled)"
@@ -71,25 +72,26 @@ def check(kv, dtype: torch.dtype) -> None:
 def test_ragged_batch_matches_float64_reference(paged_kv, dtype, head_dim, hq, hkv):
     gen = torch.Generator().manual_seed(hq * head_dim)
     specs = random_specs(gen, count=7, max_new=40)
-    check(paged_kv(specs, hq, hkv, head_dim, page_size=16, dtype=dtype, seed=hkv), dtype)
+    kv = paged_kv(specs, hq, hkv, head_dim, page_size=16, dtype=dtype, seed=hkv, device=CPU)
+    check(kv, dtype)
 
 
 @needs_native
 def test_prefill_without_prefix_and_a_wide_group(paged_kv):
     """A long causal chunk with no cached keys, and 40 query heads per kv head (tiles split
     the group's heads), on single-slot pages."""
-    check(paged_kv([(0, 300), (5, 1)], 40, 1, 64, page_size=1, seed=3), torch.float32)
+    check(paged_kv([(0, 300), (5, 1)], 40, 1, 64, page_size=1, seed=3, device=CPU), torch.float32)
 
 
 @needs_native
 def test_decode_batch_of_unequal_lengths(paged_kv):
     lengths = [1, 2, 300, 17, 64, 65, 129, 250]
-    check(paged_kv([(n - 1, 1) for n in lengths], 9, 3, 64, page_size=4), torch.float32)
+    check(paged_kv([(n - 1, 1) for n in lengths], 9, 3, 64, page_size=4, device=CPU), torch.float32)
 
 
 @needs_native
 def test_mismatched_dtypes_are_refused(paged_kv):
-    kv = paged_kv([(3, 1)], 4, 2, 64, page_size=4)
+    kv = paged_kv([(3, 1)], 4, 2, 64, page_size=4, device=CPU)
     with pytest.raises(RuntimeError, match="share one dtype"):
         OPS.paged_attention(
             kv.q.bfloat16(), kv.k_buffer, kv.v_buffer, kv.qo_indptr, kv.kv_indptr,

@@ -9,6 +9,8 @@ import torch
 
 pytest.importorskip("triton", reason="Triton is not installed (the `test` extra installs it)")
 
+from triton_device import interpreter_only  # noqa: E402
+
 from radixrt.attention.triton_backend import TritonAttentionBackend  # noqa: E402
 from radixrt.cache.kv_pool import KVPool  # noqa: E402
 from radixrt.cache.req_to_token import ReqToTokenTable  # noqa: E402
@@ -60,6 +62,7 @@ def decode_step(prefix_lens: list[int], tokens: list[int]) -> SimpleStep:
     return SimpleStep(rows, prefix_lens, [1] * len(tokens), tokens, rows)
 
 
+@interpreter_only
 def test_padded_inputs_match_eager_decode(tiny_model_dir):
     """A decode batch of 3 loaded into the static buffers of the size-4 graph and run (eagerly,
     as the graph would): the same hidden states, a padding row of zeros-attention that writes

@@ -1,4 +1,5 @@
-"""Split-KV paged decode attention against the torch reference, under the interpreter.
+"""Split-KV paged decode attention against the torch reference,
+under the interpreter or compiled on a GPU (tests/kernels/triton_device.py).
 
 Tolerances (max abs and relative difference): float32 1e-5, the reference being float32 too;
 float16 2e-3 (one half-precision step near 1); bfloat16 1.6e-2 (one bfloat16 step near 2:
@@ -12,6 +13,8 @@ import torch
 
 pytest.importorskip("triton", reason="Triton is not installed (the `test` extra installs it)")
 
+from triton_device import KERNEL_DEVICE_MARKS  # noqa: E402
+
 from radixrt.kernels.decode_attention import (  # noqa: E402
     MAX_SPLITS,
     choose_num_splits,
@@ -19,6 +22,7 @@ from radixrt.kernels.decode_attention import (  # noqa: E402
 )
 from radixrt.kernels.reference import decode_attention_ref  # noqa: E402
 
+pytestmark = KERNEL_DEVICE_MARKS
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 # Ragged decode batch: (prefix, 1) per sequence; lengths 1 (the new token alone), 18 and 33
 # (mid-page with pages of 16), 40.

@@ -1,4 +1,5 @@
-"""Paged extend (prefill) attention against the torch reference, under the interpreter.
+"""Paged extend (prefill) attention against the torch reference,
+under the interpreter or compiled on a GPU (tests/kernels/triton_device.py).
 
 Tolerances as in test_decode_attention: float32 1e-5, float16 2e-3, bfloat16 1.6e-2.
 """
@@ -10,9 +11,12 @@ import torch
 
 pytest.importorskip("triton", reason="Triton is not installed (the `test` extra installs it)")
 
+from triton_device import KERNEL_DEVICE_MARKS  # noqa: E402
+
 from radixrt.kernels.extend_attention import extend_attention  # noqa: E402
 from radixrt.kernels.reference import paged_attention_ref  # noqa: E402
 
+pytestmark = KERNEL_DEVICE_MARKS
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 # (prefix, new) per sequence: no prefix; a prefix ending mid-page (21 with pages of 16); a
 # single new token after a prefix (a decode step in a mixed batch); a whole-page prefix and

@@ -1,5 +1,6 @@
-"""The `triton` attention backend on CPU tensors under the interpreter: against the torch
-backend on mixed batches, and end to end in the engine (same greedy tokens as `torch`)."""
+"""The `triton` attention backend, on CPU tensors under the interpreter or compiled on a GPU
+(tests/kernels/triton_device.py): against the torch backend on mixed batches, and end to end
+in the engine (same greedy tokens as `torch`; on a GPU with CUDA graphs, the triton default)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import pytest
 import torch
 
 pytest.importorskip("triton", reason="Triton is not installed (the `test` extra installs it)")
+
+from triton_device import KERNEL_DEVICE, interpreter_only, on_kernel_device  # noqa: E402
 
 import radixrt  # noqa: E402
 from radixrt.attention.base import create_backend  # noqa: E402
@@ -35,16 +38,16 @@ def batch_on_pages(
         for layer in range(pool.num_layers):
             pool.set_kv(
                 layer,
-                torch.tensor(slots[:prefix], dtype=torch.int64),
-                torch.randn(prefix, HKV, D, generator=gen),
-                torch.randn(prefix, HKV, D, generator=gen),
+                torch.tensor(slots[:prefix], dtype=torch.int64, device=KERNEL_DEVICE),
+                torch.randn(prefix, HKV, D, generator=gen).to(KERNEL_DEVICE),
+                torch.randn(prefix, HKV, D, generator=gen).to(KERNEL_DEVICE),
             )
         kv += slots
         loc += slots[prefix:]
     news, lens = [n for _, n in specs], [p + n for p, n in specs]
 
     def t(x: list[int]) -> torch.Tensor:
-        return torch.tensor(x, dtype=torch.int64)
+        return torch.tensor(x, dtype=torch.int64, device=KERNEL_DEVICE)
 
     def indptr(x: list[int]) -> torch.Tensor:
         return t([0] + x).cumsum(0)
@@ -58,6 +61,7 @@ def batch_on_pages(
     )  # fmt: skip
 
 
+@on_kernel_device
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("specs", [
     [(0, 1), (20, 1), (37, 1)],  # decode only, ragged: the split-KV kernel
@@ -65,13 +69,13 @@ def batch_on_pages(
 ])  # fmt: skip
 def test_matches_torch_backend(specs, page_size):
     gen = torch.Generator().manual_seed(0)
-    pools = [KVPool(256, 2, HKV, D, torch.float32, "cpu") for _ in range(2)]
+    pools = [KVPool(256, 2, HKV, D, torch.float32, KERNEL_DEVICE) for _ in range(2)]
     batches = [
         batch_on_pages(pool, specs, page_size, torch.Generator().manual_seed(1)) for pool in pools
     ]
-    backends = [TorchAttentionBackend(), TritonAttentionBackend(device="cpu")]
+    backends = [TorchAttentionBackend(), TritonAttentionBackend(device=KERNEL_DEVICE)]
     n = batches[0].qo_indptr[-1].item()
-    q, k, v = (torch.randn(n, h, D, generator=gen) for h in (HQ, HKV, HKV))
+    q, k, v = (torch.randn(n, h, D, generator=gen).to(KERNEL_DEVICE) for h in (HQ, HKV, HKV))
     for fb, backend in zip(batches, backends, strict=True):
         fb.attn_backend = backend
         backend.init_forward_metadata(fb)
@@ -84,6 +88,7 @@ def test_matches_torch_backend(specs, page_size):
         torch.testing.assert_close(pools[1].get_kv(layer), pools[0].get_kv(layer))
 
 
+@interpreter_only
 def test_refuses_the_cpu_without_the_interpreter(monkeypatch):
     assert isinstance(create_backend("triton", device="cpu"), TritonAttentionBackend)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
@@ -110,7 +115,7 @@ def greedy(path: str, backend: str, **settings) -> list[list[int]]:
     with radixrt.Engine(
         model_path=path,
         dtype="float32",
-        device="cpu",
+        device=KERNEL_DEVICE,
         in_process=True,
         skip_tokenizer_init=True,
         attention_backend=backend,
@@ -128,6 +133,7 @@ def greedy(path: str, backend: str, **settings) -> list[list[int]]:
     return outs + [again["output_ids"]]
 
 
+@on_kernel_device
 @pytest.mark.parametrize(
     "settings",
     [
