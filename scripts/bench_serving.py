@@ -3,6 +3,7 @@
     python scripts/bench_serving.py --base-url http://127.0.0.1:30000 --workload all
     python scripts/bench_serving.py --launch --server-args "--max-total-tokens 60000"
     python scripts/bench_serving.py --compare-radix-cache --workload all --plot out.png
+    python scripts/bench_serving.py --launch --request-rate 4,16,inf   # one table, three rates
 
 Requests stream over SSE (`stream_options.include_usage`), arriving as a Poisson process at
 `--request-rate` (inf: all at once). Reported per workload: request and output-token
@@ -282,7 +283,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--num-requests", type=int, default=None, help=f"per workload; default: {DEFAULT_REQUESTS}"
     )
     p.add_argument(
-        "--request-rate", type=float, default=math.inf, help="requests/s; inf: all at once"
+        "--request-rate",
+        default="inf",
+        help="requests/s, or a comma list of rates run one after another; inf: all at once",
     )
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--output-len", type=int, default=32, help="shared-prefix and multi-turn")
@@ -298,7 +301,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if bad:
         p.error(f"--workload: unknown {bad}; allowed: {list(WORKLOADS)} or all")
     args.workloads = names
+    try:
+        args.request_rates = [float(r) for r in args.request_rate.split(",")]
+    except ValueError:
+        p.error(f"--request-rate: numbers or inf, comma-separated; got {args.request_rate!r}")
+    if any(not r > 0 for r in args.request_rates):
+        p.error(f"--request-rate: each rate must be > 0; got {args.request_rate!r}")
+    args.request_rate = args.request_rates[0]
     return args
+
+
+def runs_of(args: argparse.Namespace) -> list[tuple[str, str, float]]:
+    """(table key, workload, rate) for every workload at every rate; with one rate the key is
+    the workload's name, else "name @ rate/s"."""
+    several = len(args.request_rates) > 1
+    return [
+        (f"{name} @ {rate:g}/s" if several else name, name, rate)
+        for name in args.workloads
+        for rate in args.request_rates
+    ]
 
 
 def log(msg: str) -> None:
@@ -310,7 +331,7 @@ def bench_server(args: argparse.Namespace, base_url: str, label: str) -> dict[st
     model = args.model or launch.first_model(base_url, args.api_key)
     launch.warm_up(base_url, model, args.api_key)
     out = {}
-    for name in args.workloads:
+    for key, name, rate in runs_of(args):
         reqs = build_workload(
             name,
             args.num_requests or DEFAULT_REQUESTS[name],
@@ -319,13 +340,13 @@ def bench_server(args: argparse.Namespace, base_url: str, label: str) -> dict[st
             args.turns,
         )
         launch.flush_cache(base_url, args.api_key)
-        log(f"[{label}] {name}: {len(reqs)} requests at rate {args.request_rate}")
+        log(f"[{label}] {name}: {len(reqs)} requests at rate {rate}")
         results, duration = asyncio.run(
             run_workload(
                 base_url,
                 model,
                 reqs,
-                args.request_rate,
+                rate,
                 args.seed,
                 args.max_concurrency,
                 args.timeout,
@@ -335,7 +356,7 @@ def bench_server(args: argparse.Namespace, base_url: str, label: str) -> dict[st
         failures = [r.error for r in results if not r.ok]
         if failures:
             log(f"[{label}] {name}: {len(failures)} failed, first: {failures[0]}")
-        out[name] = summarize(results, duration)
+        out[key] = summarize(results, duration)
     return out
 
 
@@ -355,10 +376,10 @@ def main(argv: list[str] | None = None) -> None:
     else:
         runs[args.base_url] = bench_server(args, args.base_url, args.base_url)
     rows = []
-    for name in args.workloads:
-        rows += [table_row(name, label, run[name]) for label, run in runs.items()]
+    for key, _, _ in runs_of(args):
+        rows += [table_row(key, label, run[key]) for label, run in runs.items()]
         if args.compare_radix_cache:
-            rows.append(ratio_row(name, *(run[name] for run in runs.values())))
+            rows.append(ratio_row(key, *(run[key] for run in runs.values())))
     print(markdown(rows))
     if args.plot:
         from bench_plots import plot_serving

@@ -138,5 +138,12 @@ def test_arguments():
     assert args.workloads == ("skewed", "multi-turn") and args.request_rate == 4.0
     assert bs.parse_args([]).workloads == bs.WORKLOADS
     assert bs.parse_args([]).request_rate == math.inf
+    several = bs.parse_args(["--workload", "skewed", "--request-rate", "4,inf"])
+    assert several.request_rates == [4.0, math.inf]
+    assert [key for key, _, _ in bs.runs_of(several)] == ["skewed @ 4/s", "skewed @ inf/s"]
+    assert [key for key, _, _ in bs.runs_of(args)] == ["skewed", "multi-turn"]
+    for bad in ("fast", "0", "4,-1"):
+        with pytest.raises(SystemExit):
+            bs.parse_args(["--request-rate", bad])
     with pytest.raises(SystemExit):
         bs.parse_args(["--workload", "nope"])
