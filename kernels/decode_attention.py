@@ -28,7 +28,10 @@ from radixrt.kernels.common import dot_dtype, dot_precision
 MIN_SPLIT_TOKENS = 256
 MAX_SPLITS = 32
 PROGRAMS_PER_SM = 4
+# The split kernel's tiling: keys per block, and its launch settings.
 BLOCK_N = 64
+NUM_WARPS = 4
+NUM_STAGES = 2
 
 
 @triton.jit
@@ -144,8 +147,14 @@ def decode_attention(
     scaling: float,
     num_splits: int,
     out: torch.Tensor | None = None,  # [B, Hq, D], written if given
+    *,
+    block_n: int = BLOCK_N,
+    num_warps: int = NUM_WARPS,
+    num_stages: int = NUM_STAGES,
 ) -> torch.Tensor:  # [B, Hq, D] in q.dtype
     """Attention of each sequence's one query token over all of its keys (see module doc).
+    block_n, num_warps, num_stages: the split kernel's tiling (scripts/bench_kernels.py
+    --sweep times the alternatives).
 
     Allocates only float32 scratch ([B, Hq, S, D] + [B, Hq, S]), from the caching allocator, so
     it may run under CUDA-graph capture. A sequence of length 0 gets output 0."""
@@ -165,8 +174,8 @@ def decode_attention(
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_H=max(16, triton.next_power_of_2(group)),
-        BLOCK_D=block_d, BLOCK_N=BLOCK_N, DOT=dot_dtype(q.dtype), PRECISION=dot_precision(q.dtype),
-        num_warps=4, num_stages=2,
+        BLOCK_D=block_d, BLOCK_N=block_n, DOT=dot_dtype(q.dtype), PRECISION=dot_precision(q.dtype),
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     _decode_merge_kernel[(batch, num_heads)](
         mid_o, mid_lse, out, num_splits, out.stride(0), out.stride(1),

@@ -167,8 +167,10 @@ def extend_attention(
     max_new_tokens: int,  # max over sequences of n_b (a Python int: sets the grid)
     scaling: float,
     out: torch.Tensor | None = None,  # [T, Hq, D], written if given
+    config: dict[str, int] | None = None,  # BLOCK_M, BLOCK_N, num_warps, num_stages
 ) -> torch.Tensor:  # [T, Hq, D] in q.dtype
-    """Causal attention of every new token over its sequence's prefix and new tokens."""
+    """Causal attention of every new token over its sequence's prefix and new tokens. `config`
+    replaces the tiling chosen for the device (scripts/bench_kernels.py --sweep times them)."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_buffer.shape[1]
     assert num_heads % num_kv_heads == 0 and q.stride(2) == 1 and k_buffer.stride(2) == 1
@@ -177,7 +179,7 @@ def extend_attention(
     batch = qo_indptr.numel() - 1
     if num_tokens == 0 or batch == 0:
         return out
-    cfg = _launch_config(head_dim, q.device)
+    cfg = config or _launch_config(head_dim, q.device)
     grid = (triton.cdiv(max_new_tokens, cfg["BLOCK_M"]), batch, num_heads)
     _extend_kernel[grid](
         q, k_buffer, v_buffer, out, qo_indptr, kv_indptr, kv_indices, scaling,

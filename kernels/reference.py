@@ -31,8 +31,8 @@ def paged_attention_ref(
         v = v_buffer[slots].float().repeat_interleave(group, 1)
         n, total = q1 - q0, slots.numel()
         scores = torch.einsum("nhd,lhd->hnl", q[q0:q1].float(), k) * scaling
-        q_pos = torch.arange(total - n, total)
-        visible = torch.arange(total)[None, :] <= q_pos[:, None]  # [n, L]
+        q_pos = torch.arange(total - n, total, device=q.device)
+        visible = torch.arange(total, device=q.device)[None, :] <= q_pos[:, None]  # [n, L]
         probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
         out[q0:q1] = torch.einsum("hnl,lhd->nhd", probs, v).to(q.dtype)
     return out
@@ -46,7 +46,7 @@ def decode_attention_ref(
     kv_indices: torch.Tensor,
     scaling: float,
 ) -> torch.Tensor:  # [B, Hq, D]
-    qo_indptr = torch.arange(q.shape[0] + 1, dtype=torch.int64)
+    qo_indptr = torch.arange(q.shape[0] + 1, dtype=torch.int64, device=q.device)
     return paged_attention_ref(q, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, scaling)
 
 

@@ -10,6 +10,9 @@
 2. Timing (GPU only): decode attention at batch 64 x 4,096 context (GB/s of K/V read, % of peak
    HBM bandwidth) and extend attention on a ragged batch with cached prefixes (TFLOP/s, % of
    dense bf16 peak), each against SDPA on the same data gathered to contiguous tensors.
+3. --sweep (GPU only): the same two workloads under other tilings (decode: splits, keys per
+   block, warps, pipeline stages; extend: BLOCK_M, BLOCK_N, warps, stages), each checked
+   against the reference; the default's row is marked.
 The table is printed and, when $OUT is set, written to $OUT/bench_kernels.md.
 """
 
@@ -26,9 +29,10 @@ if "--cpu-smoke" in sys.argv:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from radixrt.kernels import decode_attention as decode_module  # noqa: E402
 from radixrt.kernels import fused_layers, reference  # noqa: E402
 from radixrt.kernels.decode_attention import choose_num_splits, decode_attention  # noqa: E402
-from radixrt.kernels.extend_attention import extend_attention  # noqa: E402
+from radixrt.kernels.extend_attention import _launch_config, extend_attention  # noqa: E402
 
 PEAK_HBM_BYTES_S = 4.8e12  # H200
 PEAK_BF16_FLOP_S = 989e12  # H200 (H100 SXM too), dense
@@ -115,12 +119,12 @@ def sdpa_extend_fn(b: Paged):
     return run
 
 
-def decode_fn(b: Paged, num_splits: int):
+def decode_fn(b: Paged, num_splits: int, **tiling):
     args = (b.q, b.k_buffer, b.v_buffer, b.kv_indptr, b.kv_indices, b.q.shape[-1] ** -0.5)
-    return lambda: decode_attention(*args, num_splits)
+    return lambda: decode_attention(*args, num_splits, **tiling)
 
 
-def extend_fn(b: Paged):
+def extend_fn(b: Paged, config: dict | None = None):
     max_new = max(n for _, n in b.specs)
     return lambda: extend_attention(
         b.q,
@@ -131,6 +135,7 @@ def extend_fn(b: Paged):
         b.kv_indices,
         max_new,
         b.q.shape[-1] ** -0.5,
+        config=config,
     )
 
 
@@ -233,11 +238,34 @@ def bench_ms(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=200)
 
 
+def decode_batch(dtype: torch.dtype) -> tuple[Paged, int]:
+    """Batch 64 x 4,096 keys, Llama-3-8B heads (Hq 32, Hkv 8, D 128); the bytes a step reads."""
+    b = paged([(4095, 1)] * 64, 32, 8, 128, 16, dtype, "cuda")
+    return b, 2 * 64 * 4096 * 8 * 128 * b.k_buffer.element_size() + 64 * 4096 * 8  # K, V, slots
+
+
+EXTEND_SPECS = [
+    (0, 2048),
+    (512, 256),
+    (1024, 1024),
+    (2048, 128),
+    (3000, 700),
+    (100, 2048),
+    (4000, 64),
+    (1500, 1000),
+]
+
+
+def extend_batch(dtype: torch.dtype) -> tuple[Paged, int]:
+    """8 ragged sequences with cached prefixes, Hq 32, Hkv 8, D 128; the step's FLOPs: two
+    matmuls (QK^T, PV) of 2 flops per multiply-add over every visible (query, key) pair."""
+    pairs = sum(n * p + n * (n + 1) // 2 for p, n in EXTEND_SPECS)
+    return paged(EXTEND_SPECS, 32, 8, 128, 16, dtype, "cuda"), 4 * pairs * 32 * 128
+
+
 def time_decode(dtype: torch.dtype, sms: int) -> list[list[str]]:
-    b = paged([(4095, 1)] * 64, 32, 8, 128, 16, dtype, "cuda")  # Llama-3-8B-like heads
+    b, kv_bytes = decode_batch(dtype)
     splits = choose_num_splits(64, 8, 4096, sms)
-    size = b.k_buffer.element_size()
-    kv_bytes = 2 * 64 * 4096 * 8 * 128 * size + 64 * 4096 * 8  # K and V, plus the slot list
     ours, base = bench_ms(decode_fn(b, splits)), bench_ms(sdpa_decode_fn(b))
     bw = [kv_bytes / (t * 1e-3) for t in (ours, base)]
     return [
@@ -254,25 +282,12 @@ def time_decode(dtype: torch.dtype, sms: int) -> list[list[str]]:
 
 
 def time_extend(dtype: torch.dtype) -> list[list[str]]:
-    specs = [
-        (0, 2048),
-        (512, 256),
-        (1024, 1024),
-        (2048, 128),
-        (3000, 700),
-        (100, 2048),
-        (4000, 64),
-        (1500, 1000),
-    ]
-    b = paged(specs, 32, 8, 128, 16, dtype, "cuda")
-    # Two matmuls (QK^T, PV) of 2 flops per multiply-add over every visible (query, key) pair.
-    pairs = sum(n * p + n * (n + 1) // 2 for p, n in specs)
-    flops = 4 * pairs * 32 * 128
+    b, flops = extend_batch(dtype)
     ours, base = bench_ms(extend_fn(b)), bench_ms(sdpa_extend_fn(b))
     rate = [flops / (t * 1e-3) for t in (ours, base)]
     return [
         [
-            f"extend, 8 ragged seqs, prefixes 0-4000, {sum(n for _, n in specs)} new tokens",
+            f"extend, 8 ragged seqs, prefixes 0-4000, {sum(n for _, n in b.specs)} new tokens",
             f"{ours * 1e3:.0f} us",
             f"{rate[0] / 1e12:.0f} TFLOP/s",
             f"{100 * rate[0] / PEAK_BF16_FLOP_S:.0f}% bf16 peak",
@@ -281,6 +296,75 @@ def time_extend(dtype: torch.dtype) -> list[list[str]]:
             f"{base / ours:.2f}x",
         ]
     ]
+
+
+DECODE_TILINGS = [(4, 2), (4, 3), (8, 3)]  # (num_warps, num_stages)
+EXTEND_TILINGS = [
+    dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2),
+    dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+    dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
+    dict(BLOCK_M=128, BLOCK_N=32, num_warps=4, num_stages=3),
+    dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+    dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2),
+    dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
+]
+
+
+def sweep_decode(dtype: torch.dtype, sms: int) -> list[list[str]]:
+    """Every (splits, keys per block, warps, stages) on the decode workload."""
+    b, kv_bytes = decode_batch(dtype)
+    want = ref_out(b)
+    default = (
+        choose_num_splits(64, 8, 4096, sms),
+        decode_module.BLOCK_N,
+        decode_module.NUM_WARPS,
+        decode_module.NUM_STAGES,
+    )
+    rows = []
+    for splits in (2, 4, 8, 16):
+        for block_n in (64, 128):
+            for warps, stages in DECODE_TILINGS:
+                fn = decode_fn(b, splits, block_n=block_n, num_warps=warps, num_stages=stages)
+                ok = close(fn(), want, dtype)
+                ms = bench_ms(fn)
+                mark = " (default)" if (splits, block_n, warps, stages) == default else ""
+                rows.append([
+                    f"{splits} splits, {block_n} keys/block, {warps} warps, {stages} stages{mark}",
+                    "PASS" if ok else "FAIL",
+                    f"{ms * 1e3:.0f} us",
+                    f"{kv_bytes / (ms * 1e-3) / 1e9:.0f} GB/s",
+                    f"{100 * kv_bytes / (ms * 1e-3) / PEAK_HBM_BYTES_S:.0f}% HBM",
+                ])  # fmt: skip
+    return rows
+
+
+def sweep_extend(dtype: torch.dtype) -> list[list[str]]:
+    """Every tiling in EXTEND_TILINGS on the extend workload."""
+    b, flops = extend_batch(dtype)
+    want = reference.paged_attention_ref(
+        b.q, b.k_buffer, b.v_buffer, b.qo_indptr, b.kv_indptr, b.kv_indices, 128**-0.5
+    )
+    default = _launch_config(128, b.q.device)
+    rows = []
+    for cfg in EXTEND_TILINGS:
+        fn = extend_fn(b, cfg)
+        ok = close(fn(), want.cpu(), dtype)
+        ms = bench_ms(fn)
+        mark = " (default)" if cfg == default else ""
+        rows.append([
+            ", ".join(f"{k} {v}" for k, v in cfg.items()) + mark,
+            "PASS" if ok else "FAIL",
+            f"{ms * 1e3:.0f} us",
+            f"{flops / (ms * 1e-3) / 1e12:.0f} TFLOP/s",
+            f"{100 * flops / (ms * 1e-3) / PEAK_BF16_FLOP_S:.0f}% bf16 peak",
+        ])  # fmt: skip
+    return rows
+
+
+def sweep_table(title: str, rows: list[list[str]]) -> str:
+    head = ["tiling", "check", "time", "achieved", "of peak"]
+    lines = ["", title, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
 def table(checks: list[tuple], timings: list[list[str]], header: str) -> str:
@@ -305,6 +389,7 @@ def main() -> int:
     )
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     parser.add_argument("--skip-engine", action="store_true", help="skip the end-to-end check")
+    parser.add_argument("--sweep", action="store_true", help="also time other tilings (GPU)")
     args = parser.parse_args()
     if not args.cpu_smoke and not torch.cuda.is_available():
         parser.error("no CUDA device: run with --cpu-smoke for the checks alone")
@@ -321,6 +406,9 @@ def main() -> int:
     text = table(
         checks, timings, f"bench_kernels on {device}, {str(dtype)[6:]}, torch {torch.__version__}"
     )
+    if timings and args.sweep:
+        text += sweep_table("Decode tilings, batch 64 x 4096", sweep_decode(dtype, sms))
+        text += sweep_table("Extend tilings, the same ragged batch", sweep_extend(dtype))
     print(text)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "bench_kernels.md"), "w") as f:

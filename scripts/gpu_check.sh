@@ -9,7 +9,8 @@
 #                  .whl/ if there is one (the machine may have no package index); the model's
 #                  pieces in .gpu/model.part* are stashed in $STASH.
 #   kernels        TRITON_INTERPRET=0 pytest -m gpu tests/kernels: the Triton kernel tests compiled
-#   bench-kernels  scripts/bench_kernels.py: checks, then decode and extend attention against SDPA
+#   bench-kernels  scripts/bench_kernels.py: checks, then decode and extend attention against SDPA,
+#                  then the same workloads under other tilings (--sweep)
 #   engine         scripts/gpu_engine_check.py: greedy tokens (triton + CUDA graphs, torch eager)
 #                  against the CPU's float32 ones (.gpu/cpu_reference.json, made on a CPU with
 #                  --write-cpu-reference), and CUDA-graph decode steps against eager ones
@@ -70,13 +71,15 @@ torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__
     $PY -c "import radixrt, msgspec, zmq, fastapi, uvicorn, gguf; print('imports ok')"
 }
 
-part_kernels() {
+part_kernels() {  # with pytest-xdist where installed: compiling the kernels is the slow part
+    local workers=()
+    if $PY -c "import xdist" 2>/dev/null; then workers=(-n "${KERNEL_WORKERS:-8}"); fi
     TRITON_INTERPRET=0 $PY -m pytest -m gpu tests/kernels -q -p no:cacheprovider -rs \
-        --junitxml="$OUT/kernel_tests.xml"
+        "${workers[@]}" --junitxml="$OUT/kernel_tests.xml"
 }
 
 part_bench_kernels() {
-    $PY scripts/bench_kernels.py --skip-engine
+    $PY scripts/bench_kernels.py --skip-engine --sweep
 }
 
 part_engine() {
@@ -101,9 +104,9 @@ export -f say model_path part_setup part_kernels part_bench_kernels part_engine 
 status=0
 for part in "$@"; do
     case $part in
-        setup) run_part setup 240 part_setup || status=1 ;;
+        setup) run_part setup 120 part_setup || status=1 ;;
         kernels) run_part kernels "${KERNELS_LIMIT:-240}" part_kernels || status=1 ;;
-        bench-kernels) run_part bench-kernels 180 part_bench_kernels || status=1 ;;
+        bench-kernels) run_part bench-kernels 150 part_bench_kernels || status=1 ;;
         engine) run_part engine 300 part_engine || status=1 ;;
         serving) run_part serving "${SERVING_LIMIT:-300}" part_serving || status=1 ;;
         *) say "unknown part $part: setup, kernels, bench-kernels, engine or serving"; exit 2 ;;
