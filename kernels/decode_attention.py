@@ -28,10 +28,13 @@ from radixrt.kernels.common import dot_dtype, dot_precision
 MIN_SPLIT_TOKENS = 256
 MAX_SPLITS = 32
 PROGRAMS_PER_SM = 4
-# The split kernel's tiling: keys per block, and its launch settings.
+# The split kernel's tiling: keys per block, and its launch settings. Three pipeline stages
+# keep enough K/V loads in flight: on an H200 at batch 64 x 4,096 (bench_kernels.py --sweep)
+# 4,048 GB/s (84% of HBM) against 2,949 with two; 128 keys per block or more splits were not
+# faster (docs/gpu_h200.md).
 BLOCK_N = 64
 NUM_WARPS = 4
-NUM_STAGES = 2
+NUM_STAGES = 3
 
 
 @triton.jit

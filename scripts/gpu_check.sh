@@ -12,8 +12,9 @@
 #   bench-kernels  scripts/bench_kernels.py: checks, then decode and extend attention against SDPA,
 #                  then the same workloads under other tilings (--sweep)
 #   engine         scripts/gpu_engine_check.py: greedy tokens (triton + CUDA graphs, torch eager)
-#                  against the CPU's float32 ones (.gpu/cpu_reference.json, made on a CPU with
-#                  --write-cpu-reference), and CUDA-graph decode steps against eager ones
+#                  against the CPU's float32 ones (.gpu/cpu_reference.json, made beforehand on
+#                  a CPU with --write-cpu-reference, else first here on this machine's CPU),
+#                  and CUDA-graph decode steps against eager ones
 #   serving        scripts/bench_serving.py against `radixrt launch` on the GPU, bfloat16, at
 #                  several request rates, radix cache on and off
 # The model: $RADIXRT_GPU_MODEL, else the pieces stashed by setup joined (checked against
@@ -82,8 +83,15 @@ part_bench_kernels() {
     $PY scripts/bench_kernels.py --skip-engine --sweep
 }
 
-part_engine() {
-    $PY scripts/gpu_engine_check.py --model-path "$(model_path)" \
+part_engine() {  # the CPU's tokens: made on a CPU beforehand, else here on this one's
+    local model
+    model=$(model_path)
+    if [ ! -f .gpu/cpu_reference.json ]; then
+        mkdir -p .gpu
+        $PY scripts/gpu_engine_check.py --model-path "$model" \
+            --write-cpu-reference .gpu/cpu_reference.json || return 1
+    fi
+    $PY scripts/gpu_engine_check.py --model-path "$model" \
         --cpu-reference .gpu/cpu_reference.json --out "$OUT"
 }
 
