@@ -52,7 +52,7 @@ model_path() {
         if [ "$(sha256sum "$joined" | cut -d' ' -f1)" = "$(cat .gpu/model.sha256)" ]; then
             echo "$joined"; return
         fi
-        say "model: the joined pieces do not match .gpu/model.sha256 (a piece is missing?)"
+        say "model: the joined pieces do not match .gpu/model.sha256 (a piece is missing?)" >&2
         rm -f "$joined"
     fi
     $PY -c "from radixrt.loader.default_model import default_model_path as p; print(p())"
