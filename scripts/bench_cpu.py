@@ -5,11 +5,15 @@ time, with 2 threads each (docs/bench_cpu.md).
     python scripts/bench_cpu.py [--venvs DIR] [--engines radixrt,vllm,llamacpp,transformers]
         [--workloads decode,prefill,unrelated,shared_prefix,long] [--quick]
         [--radixrt-args "--quantization none"] [--radixrt-variant NAME=ARGS ...]
-        [--out results.json] [--markdown table.md]
+        [--rounds N] [--out results.json] [--markdown table.md]
 
 Run it with the project's venv python (the radixrt worker runs there); each peer runs with the
 python of DIR/<peer>/ (made by scripts/bench_cpu_setup.sh). A peer without a venv is reported
 "not installed", one whose worker fails "failed: <reason>"; neither gets a figure.
+
+--rounds N runs every engine N times, the order reversed every other round (radixrt's
+variants first, then the peers; then the peers first), so that neither side always runs on a
+fresher or a warmer machine; each workload's figure is the median of its N times.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import os
 import platform
 import random
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -185,6 +190,49 @@ def run_worker(python: str, engine: str, spec: dict[str, Any], timeout: float) -
         return json.loads(result_path.read_text())
 
 
+def radixrt_job(spec: dict[str, Any], flags: dict[str, Any], timeout: float):
+    return lambda: run_worker(sys.executable, "radixrt", {**spec, "engine_args": flags}, timeout)
+
+
+def peer_job(peer: str, venvs: Path, spec: dict[str, Any], args: argparse.Namespace):
+    engine_args = {"dtype": args.vllm_dtype} if peer == "vllm" else {}
+    python = str(venvs / peer / "bin" / "python")
+
+    def job() -> dict[str, Any]:
+        result = run_worker(python, peer, {**spec, "engine_args": engine_args}, args.timeout)
+        if peer == "llamacpp" and result.get("crashed"):
+            # llama.cpp 0.3.36's repacked (AMX) weights segfault on multi-token batches on
+            # some AMX CPUs; its plain CPU kernels are what a user there can run.
+            print("llama.cpp crashed; again without its extra weight buffers", file=sys.stderr)
+            spec_plain = {**spec, "engine_args": {"extra_bufts": False}}
+            result = run_worker(python, peer, spec_plain, args.timeout)
+        return result
+
+    return job
+
+
+def round_orders(jobs: list, rounds: int) -> list[list]:
+    """The jobs' order in each round: as given, then reversed, alternately."""
+    return [list(jobs) if r % 2 == 0 else list(reversed(jobs)) for r in range(rounds)]
+
+
+def median_result(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One engine's rounds as one result: the first round's, with each workload's seconds the
+    median over the rounds (every round's in `seconds_each`); the first failure if any."""
+    failed = [r for r in runs if "error" in r]
+    if failed or len(runs) == 1:
+        return (failed or runs)[0]
+    merged = {**runs[0], "workloads": {}}
+    for name, figures in runs[0]["workloads"].items():
+        each = [r["workloads"][name]["seconds"] for r in runs]
+        merged["workloads"][name] = {
+            **figures,
+            "seconds": statistics.median(each),
+            "seconds_each": each,
+        }
+    return merged
+
+
 def last_error_line(stderr: str) -> str:
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     errors = [ln for ln in lines if "Error" in ln or "error" in ln]
@@ -270,6 +318,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--radixrt-variant", action="append", metavar="NAME=ARGS")
     p.add_argument("--vllm-dtype", default="bfloat16", choices=("bfloat16", "float32"))
     p.add_argument("--timeout", type=float, default=3600, help="seconds per engine")
+    p.add_argument("--rounds", type=int, default=1, help="runs per engine, order alternating")
     p.add_argument("--out", help="write every figure as JSON")
     p.add_argument("--markdown", help="write the header and table as markdown")
     args = p.parse_args(argv)
@@ -277,6 +326,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         bad = set(getattr(args, field).split(",")) - set(allowed)
         if bad:
             p.error(f"--{field}: unknown {sorted(bad)}; allowed: {','.join(allowed)}")
+    if args.rounds < 1:
+        p.error(f"--rounds must be >= 1, got {args.rounds}")
     return args
 
 
@@ -300,30 +351,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if {"vllm", "transformers"} & set(engines):
         spec["hf_dir"] = str(ensure_hf_dir(gguf, venvs))
     variants = radixrt_variants(args) if "radixrt" in engines else []
-    results: dict[str, dict[str, Any]] = {}
-    for label, flags in variants:  # one engine at a time: never two on the CPU at once
-        print(f"running {label}", file=sys.stderr)
-        results[label] = run_worker(
-            sys.executable, "radixrt", {**spec, "engine_args": flags}, args.timeout
-        )
-    for peer in (e for e in PEERS if e in engines):
-        print(f"running {PEER_LABELS[peer]}", file=sys.stderr)
-        engine_args = {"dtype": args.vllm_dtype} if peer == "vllm" else {}
-        python = str(venvs / peer / "bin" / "python")
-        result = run_worker(python, peer, {**spec, "engine_args": engine_args}, args.timeout)
-        if peer == "llamacpp" and result.get("crashed"):
-            # llama.cpp 0.3.36's repacked (AMX) weights segfault on multi-token batches on
-            # some AMX CPUs; its plain CPU kernels are what a user there can run.
-            print("llama.cpp crashed; again without its extra weight buffers", file=sys.stderr)
-            spec_plain = {**spec, "engine_args": {"extra_bufts": False}}
-            result = run_worker(python, peer, spec_plain, args.timeout)
-        results[PEER_LABELS[peer]] = result
+    jobs = [(label, radixrt_job(spec, flags, args.timeout)) for label, flags in variants]
+    jobs += [
+        (PEER_LABELS[peer], peer_job(peer, venvs, spec, args)) for peer in PEERS if peer in engines
+    ]
+    runs: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in jobs}
+    for order in round_orders(jobs, args.rounds):
+        for label, job in order:  # one engine at a time: never two on the CPU at once
+            print(f"running {label}", file=sys.stderr)
+            runs[label].append(job())
+    results = {label: median_result(rs) for label, rs in runs.items()}
     ours = [label for label, _ in variants]
     text = header(results, args.quick) + "\n\n" + markdown_table(workloads, results, ours)
     print(text)
     if args.markdown:
         Path(args.markdown).write_text(text + "\n")
-    report = {"cpu": cpu_model(), "threads": THREADS, "quick": args.quick, "results": results}
+    report = {
+        "cpu": cpu_model(),
+        "threads": THREADS,
+        "quick": args.quick,
+        "rounds": args.rounds,
+        "results": results,
+    }
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
     return report

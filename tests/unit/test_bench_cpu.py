@@ -67,6 +67,30 @@ def test_unknown_engines_are_refused_with_the_allowed_names(capsys):
 
 
 @pytest.mark.default_model
+def test_rounds_alternate_the_order_and_report_the_median(monkeypatch, tmp_path):
+    calls = []
+
+    def fake_worker(python, engine, spec, timeout):
+        calls.append(engine)
+        seconds = {"radixrt": [1.0, 3.0, 2.0], "vllm": [5.0, 4.0, 6.0]}[engine]
+        figure = seconds[sum(c == engine for c in calls) - 1]
+        figures = {"seconds": figure, "cached_tokens": 0, "prompt_tokens": 8}
+        return {"version": "x", "dtype": "bf16", "workloads": {"decode": figures}}
+
+    monkeypatch.setattr(bench_cpu, "run_worker", fake_worker)
+    monkeypatch.setattr(bench_cpu, "ensure_hf_dir", lambda gguf, venvs: tmp_path)
+    report = bench_cpu.main(
+        ["--quick", "--engines", "radixrt,vllm", "--workloads", "decode", "--rounds", "3",
+         "--venvs", str(tmp_path)]
+    )  # fmt: skip
+    assert calls == ["radixrt", "vllm", "vllm", "radixrt", "radixrt", "vllm"]
+    ours = report["results"]["radixrt"]["workloads"]["decode"]
+    assert ours["seconds"] == 2.0 and ours["seconds_each"] == [1.0, 3.0, 2.0]
+    assert report["results"]["vLLM"]["workloads"]["decode"]["seconds"] == 5.0
+    with pytest.raises(SystemExit):
+        bench_cpu.parse_args(["--rounds", "0"])
+
+
 def test_a_quick_run_measures_radixrt_and_reports_a_missing_peer(tmp_path):
     report = bench_cpu.main(
         ["--quick", "--engines", "radixrt,llamacpp", "--workloads", "decode,shared_prefix",
