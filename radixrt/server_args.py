@@ -36,6 +36,7 @@ def _f(
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "lof", "random")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
+DENSE_COPY_DTYPES = ("bfloat16", "int8")  # radixrt/layers/quantized.py keeps them
 
 
 @dataclass
@@ -73,6 +74,13 @@ class ServerArgs:
         1.0,
         "GiB for bfloat16 copies of packed weights that batches of 32+ rows multiply with "
         "oneDNN on a bf16 CPU (all or none; 0: off; see the README)",
+    )
+    cpu_dense_copy_dtype: str = _f(
+        "bfloat16",
+        "dtype of those copies; int8: per-channel int8 weights times per-token int8 "
+        "activations (W8A8, VNNI): 1.1-1.8x the bf16 matmuls here, with the rounding of both (see "
+        "docs/quantization.md)",
+        DENSE_COPY_DTYPES,
     )
     disable_radix_cache: bool = _f(False, "turn the radix prefix cache off (for comparison)")
     schedule_policy: str = _f(

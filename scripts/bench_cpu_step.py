@@ -3,6 +3,9 @@ batch-64 decode and a 1,000-token prefill, in milliseconds (the README's "Speed 
 
     python scripts/bench_cpu_step.py [--quantization auto,none] [--dtype float32] [--threads 2]
                                      [--compile] [--dense-copy-gb 0,1]
+                                     [--dense-copy-dtype bfloat16,int8] [--rounds 1]
+
+Each setting's runner is built once; with --rounds N every setting is timed N times, in turn.
 
 Run it under other OpenMP settings (GOMP_SPINCOUNT=0 ...) or beside a busy process to see how
 a step degrades under contention. The model load is not timed.
@@ -27,11 +30,16 @@ ROWS, ROW_LEN = 64, 1024  # table rows (requests) and their slots
 
 
 def make_runner(
-    quantization: str, compile_: bool, dtype: torch.dtype = torch.float32, dense_copy_gb: float = 0
+    quantization: str,
+    compile_: bool,
+    dtype: torch.dtype = torch.float32,
+    dense_copy_gb: float = 0,
+    dense_copy_dtype: str = "bfloat16",
 ) -> ModelRunner:
     model, cfg = load_model(
-        default_model_path(), dtype, "cpu", quantization=quantization, dense_copy_gb=dense_copy_gb
-    )
+        default_model_path(), dtype, "cpu", quantization=quantization,
+        dense_copy_gb=dense_copy_gb, dense_copy_dtype=dense_copy_dtype,
+    )  # fmt: skip
     pool = KVPool(ROWS * ROW_LEN, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype, "cpu")
     table = ReqToTokenTable(ROWS, ROW_LEN, "cpu")
     for r in range(ROWS):
@@ -59,6 +67,8 @@ def main() -> None:
     p.add_argument(
         "--dense-copy-gb", default="0", help="--cpu-dense-copy-gb values, comma-separated"
     )
+    p.add_argument("--dense-copy-dtype", default="bfloat16", help="comma-separated")
+    p.add_argument("--rounds", type=int, default=1)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     decode_1 = SimpleStep([0], [100], [1], [5], [0])
@@ -66,18 +76,24 @@ def main() -> None:
     decode_64 = SimpleStep(rows, [200] * ROWS, [1] * ROWS, [5] * ROWS, rows)
     prefill = SimpleStep([0], [0], [1000], [7] * 1000, [999])
     settings = [
-        (q, float(g)) for q in args.quantization.split(",") for g in args.dense_copy_gb.split(",")
+        (q, float(g), c)
+        for q in args.quantization.split(",")
+        for g in args.dense_copy_gb.split(",")
+        for c in args.dense_copy_dtype.split(",")
     ]
-    for q, gb in settings:
-        runner = make_runner(q, args.compile, getattr(torch, args.dtype), gb)
-        print(
-            f"quantization={q} dtype={args.dtype} dense_copy_gb={gb} threads={args.threads} "
-            f"compile={args.compile}: "
-            f"decode bs1 {ms(runner, decode_1, 30):.1f} ms, "
-            f"bs64 {ms(runner, decode_64, 5):.1f} ms, "
-            f"prefill 1000 {ms(runner, prefill, 2):.0f} ms",
-            flush=True,
-        )
+    runners = [
+        make_runner(q, args.compile, getattr(torch, args.dtype), g, c) for q, g, c in settings
+    ]
+    for _ in range(args.rounds):
+        for (q, gb, copy_dtype), runner in zip(settings, runners, strict=True):
+            print(
+                f"quantization={q} dtype={args.dtype} dense_copy_gb={gb} copies={copy_dtype} "
+                f"threads={args.threads} compile={args.compile}: "
+                f"decode bs1 {ms(runner, decode_1, 30):.1f} ms, "
+                f"bs64 {ms(runner, decode_64, 5):.1f} ms, "
+                f"prefill 1000 {ms(runner, prefill, 2):.0f} ms",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -25,14 +25,23 @@ constexpr int64_t kDense = -1;          // a projection's kind: a dense [out, in
 constexpr int64_t kWeightsPerLayer = 6;  // norm_in, qkv, o, norm_post, gate_up, down
 constexpr int64_t kKindsPerLayer = 4;    // qkv, o, gate_up, down
 
+// A packed projection's copy for wide inputs (GGUFWeight.keep_dense): a bfloat16 mkldnn
+// tensor, or int8 codes with their per-channel scales (W8A8); empty tensors mean none.
+struct Copy {
+  const at::Tensor& weight;
+  const at::Tensor& scale;
+};
+
 // y = x W.T for a dense weight (F.linear's op) or GGUF blocks of that kind (gguf_linear.cpp);
-// from dense_rows rows on a bf16 x takes the blocks' dense copy where there is one (an mkldnn
-// tensor; an empty one means none), as GGUFWeight.forward does.
+// from dense_rows rows on a bf16 x takes the blocks' copy where there is one, as
+// GGUFWeight.forward does.
 at::Tensor project(const at::Tensor& x, const at::Tensor& w, int64_t kind, int64_t dense_rows,
-                   const at::Tensor& copy) {
+                   const Copy& copy) {
   if (kind == kDense) return radixrt::dense_linear(x, w);
-  if (copy.is_mkldnn() && x.size(0) >= dense_rows && x.scalar_type() == at::kBFloat16)
-    return radixrt::dense_copy_linear(x, copy);
+  if (copy.weight.numel() > 0 && x.size(0) >= dense_rows && x.scalar_type() == at::kBFloat16) {
+    if (copy.weight.is_mkldnn()) return radixrt::dense_copy_linear(x, copy.weight);
+    return radixrt::w8a8_linear(x, copy.weight, copy.scale);
+  }
   return radixrt::gguf_linear(x, w, kind, dense_rows);
 }
 
@@ -52,7 +61,7 @@ struct Step {
 
 // RotaryAttention.forward with the torch backend's native path.
 at::Tensor attention(const Step& s, const at::Tensor& x, const at::Tensor& w_qkv,
-                     const at::Tensor& w_o, const int64_t* kinds, const at::Tensor* copies,
+                     const at::Tensor& w_o, const int64_t* kinds, const Copy* copies,
                      const at::Tensor& k_cache, const at::Tensor& v_cache) {
   const at::Tensor qkv = project(x, w_qkv, kinds[0], s.dense_rows, copies[0]);
   const int64_t t = qkv.size(0), q_size = s.hq * s.head_dim, kv_size = s.hkv * s.head_dim;
@@ -71,6 +80,7 @@ at::Tensor attention(const Step& s, const at::Tensor& x, const at::Tensor& w_qkv
 }
 
 void check_lists(at::TensorList weights, at::IntArrayRef kinds, at::TensorList copies,
+                 at::TensorList copy_scales,
                  at::TensorList k_caches, at::TensorList v_caches) {
   const int64_t layers = static_cast<int64_t>(k_caches.size());
   TORCH_CHECK(layers > 0 && static_cast<int64_t>(v_caches.size()) == layers,
@@ -79,20 +89,22 @@ void check_lists(at::TensorList weights, at::IntArrayRef kinds, at::TensorList c
               "decoder_layers: weights must be 6 per layer and the final norm's");
   TORCH_CHECK(static_cast<int64_t>(kinds.size()) == layers * kKindsPerLayer,
               "decoder_layers: kinds must be 4 per layer (qkv, o, gate_up, down)");
-  TORCH_CHECK(copies.size() == kinds.size(), "decoder_layers: dense copies must be 4 per layer");
+  TORCH_CHECK(copies.size() == kinds.size() && copy_scales.size() == kinds.size(),
+              "decoder_layers: dense copies and their scales must be 4 per layer");
   TORCH_CHECK(k_caches[0].dim() == 3, "decoder_layers: caches must be [pool, Hkv, D]");
 }
 
 // hidden: the embeddings [T, hidden]; cos/sin [T, 1, D/2] contiguous in hidden's dtype.
 at::Tensor decoder_layers(const at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin,
                           at::TensorList weights, at::IntArrayRef kinds,
-                          at::TensorList dense_copies, at::TensorList k_caches,
+                          at::TensorList dense_copies, at::TensorList copy_scales,
+                          at::TensorList k_caches,
                           at::TensorList v_caches, const at::Tensor& out_cache_loc,
                           const at::Tensor& qo_indptr, const at::Tensor& kv_indptr,
                           const at::Tensor& kv_indices, at::TensorList cascade_rows,
                           at::TensorList cascade_slots, int64_t num_heads, double eps,
                           double scale, int64_t dense_from_rows) {
-  check_lists(weights, kinds, dense_copies, k_caches, v_caches);
+  check_lists(weights, kinds, dense_copies, copy_scales, k_caches, v_caches);
   TORCH_CHECK(cascade_rows.size() == cascade_slots.size(),
               "decoder_layers: one slot list per cascade's rows");
   const Step s{cos,       sin,
@@ -107,7 +119,11 @@ at::Tensor decoder_layers(const at::Tensor& hidden, const at::Tensor& cos, const
   for (int64_t i = 0; i < layers; ++i) {
     const at::Tensor* w = weights.data() + i * kWeightsPerLayer;
     const int64_t* kind = kinds.data() + i * kKindsPerLayer;
-    const at::Tensor* copy = dense_copies.data() + i * kKindsPerLayer;
+    const int64_t p = i * kKindsPerLayer;
+    const Copy copy[kKindsPerLayer] = {{dense_copies[p], copy_scales[p]},
+                                       {dense_copies[p + 1], copy_scales[p + 1]},
+                                       {dense_copies[p + 2], copy_scales[p + 2]},
+                                       {dense_copies[p + 3], copy_scales[p + 3]}};
     if (i == 0) {
       residual = h;
       x = radixrt::rms_norm(h, w[0], eps);
@@ -127,7 +143,7 @@ at::Tensor decoder_layers(const at::Tensor& hidden, const at::Tensor& cos, const
 TORCH_LIBRARY_FRAGMENT(radixrt, m) {
   m.def(
       "decoder_layers(Tensor hidden, Tensor cos, Tensor sin, Tensor[] weights, int[] kinds, "
-      "Tensor[] dense_copies, "
+      "Tensor[] dense_copies, Tensor[] copy_scales, "
       "Tensor(a!)[] k_caches, Tensor(b!)[] v_caches, Tensor out_cache_loc, Tensor qo_indptr, "
       "Tensor kv_indptr, Tensor kv_indices, Tensor[] cascade_rows, Tensor[] cascade_slots, "
       "int num_heads, float eps, float scale, "
@@ -135,5 +151,5 @@ TORCH_LIBRARY_FRAGMENT(radixrt, m) {
 }
 
 TORCH_LIBRARY_IMPL(radixrt, CPU, m) { m.impl("decoder_layers", decoder_layers); }
-// Dense copies are mkldnn tensors, whose dispatch key then picks the op's kernel.
+// bfloat16 dense copies are mkldnn tensors, whose dispatch key then picks the op's kernel.
 TORCH_LIBRARY_IMPL(radixrt, MkldnnCPU, m) { m.impl("decoder_layers", decoder_layers); }

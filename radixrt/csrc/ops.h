@@ -31,6 +31,9 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t ki
                        int64_t dense_from_rows);
 at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t kind, int64_t K);
 
+// w8a8_linear.cpp
+at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& wq, const at::Tensor& w_scale);
+
 // paged_attention.cpp
 std::tuple<at::Tensor, at::Tensor> paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                                    const at::Tensor& v_cache,

@@ -15,7 +15,9 @@ F.linear (correct, and as slow as the dense layer it replaces).
 of `DENSE_FROM_ROWS` rows or more multiply instead (`dense_copy_linear`): on a CPU with AVX-512
 BF16 that measured 1.16x (2,048 rows) to 1.4x (64 rows) faster than expanding the blocks per
 call (docs/quantization.md says how), for 2 bytes per weight more memory (the loader's
-`dense_copy_gb` budget decides).
+`dense_copy_gb` budget decides). `keep_dense("int8")` keeps int8 codes per output channel
+instead, which those inputs multiply as W8A8 (radixrt/csrc/w8a8_linear.cpp): each row of x
+rounded to int8 too, integer products, about twice the bfloat16 rate with VNNI.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 from torch import nn
 
 from radixrt.layers.fused import dense_linear
+from radixrt.server_args import DENSE_COPY_DTYPES
 
 BLOCK = 32
 # Format name -> (the kernel's `kind` argument, bytes per block of 32 weights).
@@ -52,11 +55,17 @@ class GGUFWeight(nn.Module):
         self.register_buffer("blocks", blocks.contiguous(), persistent=False)
         # Decided here, not per call: torch.compile must not trace the loader's file checks.
         self.native = native_ops_loaded()
-        self.dense: torch.Tensor | None = None  # keep_dense(): bf16, oneDNN's layout
+        self.dense: torch.Tensor | None = None  # keep_dense(): bf16 (oneDNN's layout) or int8
+        self.dense_scale: torch.Tensor | None = None  # the int8 copy's per-channel scales
 
-    def keep_dense(self) -> None:
-        """Keep a bfloat16 copy for wide inputs (the reorder is oneDNN's, hinted for 64 rows,
-        and serves every row count)."""
+    def keep_dense(self, dtype: str = "bfloat16") -> None:
+        """Keep a copy for wide inputs: bfloat16 (oneDNN's reorder, hinted for 64 rows, serves
+        every row count) or int8 per output channel (`quantize_channels`)."""
+        if dtype not in DENSE_COPY_DTYPES:
+            raise ValueError(f"dense copy dtype must be one of {DENSE_COPY_DTYPES}, got {dtype!r}")
+        if dtype == "int8":
+            self.dense, self.dense_scale = quantize_channels(self.dequantize())
+            return
         weight = self.dequantize().bfloat16()
         self.dense = torch.ops.mkldnn._reorder_linear_weight(weight, 64)
 
@@ -65,7 +74,7 @@ class GGUFWeight(nn.Module):
         the native op multiplies a bfloat16 prefill chunk in bfloat16: see gguf_linear.cpp)."""
         native_dtype = x.dtype in (torch.float32, torch.bfloat16)
         if self.dense is not None and uses_dense_copy(x, DENSE_FROM_ROWS):
-            return dense_copy_linear(x, self.dense)
+            return dense_copy_linear(x, self.dense, self.dense_scale)
         if self.native and x.dim() == 2 and native_dtype and x.device.type == "cpu":
             # The common case without the reshapes and casts: ~5 dispatches per call add up
             # to a millisecond over a batch-1 step's 121 matmuls.
@@ -96,9 +105,37 @@ def uses_dense_copy(x: torch.Tensor, dense_from_rows: int) -> bool:
     )
 
 
-def dense_copy_linear(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-    """x W.T with a `keep_dense` copy: the oneDNN op that the layer stack calls too."""
-    return torch.ops.mkldnn._linear_pointwise.default(x, dense, None, "none", [], "")  # type: ignore[no-any-return]
+def dense_copy_linear(
+    x: torch.Tensor, dense: torch.Tensor, scale: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x W.T with a `keep_dense` copy, through the op that the layer stack calls too: oneDNN's
+    bfloat16 matmul, or W8A8 for an int8 copy (its torch twin without the native build)."""
+    if scale is None:
+        return torch.ops.mkldnn._linear_pointwise.default(x, dense, None, "none", [], "")  # type: ignore[no-any-return]
+    if native_ops_loaded():
+        return torch.ops.radixrt.w8a8_linear.default(x, dense, scale)  # type: ignore[no-any-return]
+    return w8a8_reference(x, dense, scale)
+
+
+def quantize_channels(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float [N, K] -> (int8 codes [N, K], float32 scales [N]): per output channel,
+    scale = max|w| / 127 and q = round(w * (1 / scale)), so w ~ scale * q within half a step."""
+    w = weight.detach().float()
+    scale = w.abs().amax(dim=1) / 127
+    q = (w * _safe_inverse(scale)[:, None]).round().clamp(-127, 127).to(torch.int8)
+    return q.contiguous(), scale.contiguous()
+
+
+def w8a8_reference(x: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    """radixrt::w8a8_linear in torch ops, bit for bit: each row of x rounded to int8 with
+    scale max|x| / 127, exact int32 products, then acc * (x_scale * w_scale) in x's dtype."""
+    xf = x.float()
+    amax = xf.abs().amax(dim=1, keepdim=True)
+    # A tensor over a tensor: torch computes a scalar over a tensor as 127 * (1 / amax).
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
+    xq = (xf * inv).round().clamp(-127, 127).to(torch.int8)
+    acc = torch._int_mm(xq, wq.t())
+    return (acc.float() * (amax / 127 * w_scale)).to(x.dtype)
 
 
 def can_keep_dense() -> bool:
@@ -124,6 +161,10 @@ def _register_fakes() -> None:
     @torch.library.register_fake("radixrt::gguf_linear")
     def _(x: torch.Tensor, blocks: torch.Tensor, kind: int, dense_from_rows: int) -> torch.Tensor:
         return x.new_empty(x.shape[0], blocks.shape[0])
+
+    @torch.library.register_fake("radixrt::w8a8_linear")
+    def _(x: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+        return x.new_empty(x.shape[0], wq.shape[0])
 
     @torch.library.register_fake("radixrt::gguf_dequantize")
     def _(blocks: torch.Tensor, kind: int, in_features: int) -> torch.Tensor:

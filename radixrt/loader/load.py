@@ -31,13 +31,14 @@ def load_model(
     group: TPGroup | None = None,
     quantization: str = "none",
     dense_copy_gb: float = 0.0,
+    dense_copy_dtype: str = "bfloat16",
 ) -> tuple[CausalLM, ModelConfig]:
     """Build the model for `model_path` and load its weights, in `dtype` on `device`.
 
     `dtype` may also be a name or "auto" (see `resolve_dtype`). `dense_copy_gb`: the GiB that
-    bfloat16 copies of packed weights may take for wide batches on the CPU (see
-    `keep_dense_copies`; 0: none). Returns the model in eval mode,
-    without gradients. With a tensor-parallel `group` of more than one rank the model is this
+    copies of packed weights in `dense_copy_dtype` (bfloat16 or int8) may take for wide batches
+    on the CPU (see `keep_dense_copies`; 0: none). Returns the model in eval mode, without
+    gradients. With a tensor-parallel `group` of more than one rank the model is this
     rank's part (see docs/tensor_parallel.md), and only its shards are read: slices of the
     safetensors files, or slices of each GGUF tensor once dequantized. The returned ModelConfig
     describes the whole model; `model.num_local_kv_heads` is what the rank's KV pool holds.
@@ -64,7 +65,7 @@ def load_model(
     model.eval().requires_grad_(False)
     apply_quantization(model, quantization, path, hf_config, torch.device(device), group.size)
     if resolved == torch.bfloat16 and torch.device(device).type == "cpu":
-        keep_dense_copies(model, dense_copy_gb)
+        keep_dense_copies(model, dense_copy_gb, dense_copy_dtype)
     logger.info(
         "loaded weights: %s in %.1f s",
         format_bytes(_weight_bytes(model)),

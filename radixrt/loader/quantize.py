@@ -22,7 +22,7 @@ from transformers import PretrainedConfig
 from radixrt.layers.embedding import LMHead, VocabParallelEmbedding
 from radixrt.layers.linear import MergedLinear, PackableLinear
 from radixrt.layers.quantized import BLOCK, GGUFWeight, can_keep_dense, quantize
-from radixrt.server_args import QUANTIZATIONS
+from radixrt.server_args import DENSE_COPY_DTYPES, QUANTIZATIONS
 
 logger = logging.getLogger("radixrt.loader")
 
@@ -61,18 +61,24 @@ def apply_quantization(
     return counts
 
 
-def keep_dense_copies(model: nn.Module, budget_gb: float) -> int:
-    """bfloat16 copies of every packed weight for inputs of 32+ rows (GGUFWeight.keep_dense),
-    made only if all of them fit in `budget_gb` GiB and the CPU multiplies bf16 natively;
-    returns how many were made (all or none: one matmul path per step)."""
+def keep_dense_copies(model: nn.Module, budget_gb: float, dtype: str = "bfloat16") -> int:
+    """Copies in `dtype` (bfloat16 or int8) of every packed weight for inputs of 32+ rows
+    (GGUFWeight.keep_dense), made only if all of them fit in `budget_gb` GiB and the CPU
+    multiplies bf16 natively; returns how many were made (all or none: one matmul path per
+    step)."""
+    if dtype not in DENSE_COPY_DTYPES:
+        raise ValueError(
+            f"cpu_dense_copy_dtype must be one of {list(DENSE_COPY_DTYPES)}, got {dtype!r}"
+        )
     packed = [m for m in model.modules() if isinstance(m, GGUFWeight)]
-    need = sum(2 * w.in_features * w.out_features for w in packed)
+    per_weight = 2 if dtype == "bfloat16" else 1
+    need = sum(per_weight * w.in_features * w.out_features for w in packed)
     if not packed or need > budget_gb * 2**30 or not can_keep_dense():
         return 0
     for weight in packed:
-        weight.keep_dense()
+        weight.keep_dense(dtype)
     logger.info(
-        "dense bf16 copies for wide batches: %d weights, %.0f MiB", len(packed), need / 2**20
+        "dense %s copies for wide batches: %d weights, %.0f MiB", dtype, len(packed), need / 2**20
     )
     return len(packed)
 

@@ -44,6 +44,7 @@ class NativeLayerStack:
         self.weights: list[torch.Tensor] = []
         self.kinds: list[int] = []
         self.dense_copies: list[torch.Tensor] = []  # per projection; empty: none
+        self.copy_scales: list[torch.Tensor] = []  # an int8 copy's; empty: none
         dtypes: set[torch.dtype] = set()  # of the norms and the dense projections
         for layer in layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -52,7 +53,8 @@ class NativeLayerStack:
             w = [_weight(p) for p in projections]
             self.weights += [norm_in, w[0], w[1], norm_post, w[2], w[3]]
             self.kinds += [_kind(p) for p in projections]
-            self.dense_copies += [_dense_copy(p) for p in projections]
+            self.dense_copies += [_dense_copy(p, "dense") for p in projections]
+            self.copy_scales += [_dense_copy(p, "dense_scale") for p in projections]
             dense = [t for t, p in zip(w, projections, strict=True) if p.packed is None]
             dtypes |= {t.dtype for t in (norm_in, norm_post, *dense)}
         self.weights.append(final_norm.weight)
@@ -107,8 +109,8 @@ class NativeLayerStack:
         plan = meta.native
         pool = batch.kv_pool
         return self.ops.decoder_layers(  # type: ignore[no-any-return]
-            hidden, cos, sin, self.weights, self.kinds, self.dense_copies, pool.k_buffer,
-            pool.v_buffer,
+            hidden, cos, sin, self.weights, self.kinds, self.dense_copies, self.copy_scales,
+            pool.k_buffer, pool.v_buffer,
             batch.out_cache_loc, plan.qo_indptr, plan.kv_indptr, plan.kv_indices,
             [c.rows for c in plan.cascades], [c.prefix_slots for c in plan.cascades],
             self.num_heads, self.eps, self.scaling, DENSE_FROM_ROWS,
@@ -143,8 +145,8 @@ def _weight(p: PackableLinear) -> torch.Tensor:
     return p.weight if p.packed is None else p.packed.blocks
 
 
-def _dense_copy(p: PackableLinear) -> torch.Tensor:
-    copy = None if p.packed is None else p.packed.dense
+def _dense_copy(p: PackableLinear, attribute: str) -> torch.Tensor:
+    copy = None if p.packed is None else getattr(p.packed, attribute)
     return torch.empty(0) if copy is None else copy
 
 

@@ -88,7 +88,7 @@ def build_components(
     # FileNotFoundError names a bad path. With a group: this rank's shard of the model.
     model, cfg = load_model(
         model_path, dtype, device, group, quantization=args.quantization,
-        dense_copy_gb=args.cpu_dense_copy_gb,
+        dense_copy_gb=args.cpu_dense_copy_gb, dense_copy_dtype=args.cpu_dense_copy_dtype,
     )  # fmt: skip
     kv_heads = model.num_local_kv_heads
     context_length = args.context_length or cfg.context_length

@@ -107,6 +107,47 @@ def test_bfloat16_packed_model_is_within_bfloat16s_rounding_of_transformers(
     assert ours.shape == ref.shape and (ours - ref).abs().max() < 0.1
 
 
+# bfloat16's 0.1 (above) plus as much again for the activations' int8 rounding. Measured on this
+# tiny model (seeds 0-2, logits up to ~3): 0.10-0.125 with int8 copies, 0.03-0.05 with bf16
+# copies of the same weights against the same reference (2026-12-04).
+W8A8_LOGIT_ATOL = 0.2
+
+
+def test_int8_copies_are_within_bfloat16s_rounding_of_transformers_on_their_weights(
+    tiny_model_dir, prefill_logits
+):
+    # `--cpu-dense-copy-dtype int8`: a 40-token prefill multiplies each row of activations,
+    # rounded to int8 (half a step: max|x| / 254, 0.4% of the row's largest), by the int8
+    # per-channel copy of the int4 weights. transformers in bfloat16 holds exactly those
+    # weights' values, so what is left is bf16's rounding of each op and the activations'.
+    from transformers import AutoModelForCausalLM
+
+    from radixrt.layers.quantized import can_keep_dense, quantize_channels
+
+    if not can_keep_dense():
+        pytest.skip("int8 copies are kept with the bf16 ones: oneDNN and a bf16 CPU")
+    path = str(tiny_model_dir("llama"))
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        for name, module in [*hf.named_modules()]:
+            if name.rpartition(".")[2] in (*PROJECTIONS, "lm_head"):
+                wq, ws = quantize_channels(_round_trip(module.weight.float(), "int4"))
+                w = (wq.float() * ws[:, None]).to(torch.bfloat16)
+                module.weight = torch.nn.Parameter(w)
+    hf.config.tie_word_embeddings = False
+    model, cfg = load_model(
+        path, torch.bfloat16, "cpu", quantization="int4", dense_copy_gb=1.0,
+        dense_copy_dtype="int8",
+    )  # fmt: skip
+    assert model.lm_head.packed.dense.dtype == torch.int8
+    gen = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, cfg.vocab_size, (40,), generator=gen).tolist()
+    ours = prefill_logits(model, cfg, tokens, torch.bfloat16).float()
+    with torch.no_grad():
+        ref = hf(torch.tensor([tokens])).logits[0].float()
+    assert ours.shape == ref.shape and (ours - ref).abs().max() < W8A8_LOGIT_ATOL
+
+
 def test_auto_on_the_default_model_runs_the_files_blocks_and_matches_transformers(
     hf_loader, default_tokenizer_dir
 ):

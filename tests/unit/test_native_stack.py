@@ -23,11 +23,17 @@ needs_dense_copy = pytest.mark.skipif(
 
 
 def _runner(
-    model_dir: str, dtype: torch.dtype, quantization: str, native: bool, copy_gb: float = 0
+    model_dir: str,
+    dtype: torch.dtype,
+    quantization: str,
+    native: bool,
+    copy_gb: float = 0,
+    copy_dtype: str = "bfloat16",
 ) -> ModelRunner:
     model, cfg = load_model(
-        model_dir, dtype, "cpu", quantization=quantization, dense_copy_gb=copy_gb
-    )
+        model_dir, dtype, "cpu", quantization=quantization, dense_copy_gb=copy_gb,
+        dense_copy_dtype=copy_dtype,
+    )  # fmt: skip
     model.model.use_native_stack = native
     return cpu_runner(model, cfg)
 
@@ -80,15 +86,19 @@ def model_dir(tiny_model_dir) -> str:
         (torch.bfloat16, "none"),
         (torch.bfloat16, "int4"),  # the prefill of 45 multiplies bf16-rounded weight tiles
         pytest.param(torch.bfloat16, "int4+copy", marks=needs_dense_copy),  # ... oneDNN's copy
+        pytest.param(torch.bfloat16, "int4+int8copy", marks=needs_dense_copy),  # ... W8A8
     ],
 )
 def test_stack_equals_the_modules_bit_for_bit(model_dir, dtype, quantization):
     quantization, _, copy = quantization.partition("+")
     copy_gb = 1.0 if copy else 0.0
-    modules = _runner(model_dir, dtype, quantization, native=False, copy_gb=copy_gb)
-    stack = _runner(model_dir, dtype, quantization, native=True, copy_gb=copy_gb)
+    copy_dtype = "int8" if copy == "int8copy" else "bfloat16"
+    modules = _runner(model_dir, dtype, quantization, False, copy_gb, copy_dtype)
+    stack = _runner(model_dir, dtype, quantization, True, copy_gb, copy_dtype)
     if copy:
-        assert stack.model.model.native_stack().dense_copies[0].is_mkldnn
+        copies = stack.model.model.native_stack()
+        int8 = copies.dense_copies[0].dtype == torch.int8
+        assert copies.dense_copies[0].is_mkldnn != int8 and (copy_dtype == "int8") == int8
     counted = _Counted(stack)
     want, got = _workload(modules), _workload(stack)
     assert counted.calls == len(got)  # every step took the op

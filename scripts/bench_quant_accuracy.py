@@ -1,0 +1,97 @@
+"""What each weight setting costs in accuracy on the default model: the perplexity of a fixed
+English passage, and how often each position's top token equals float32 `none`'s (the
+transformers-equal reference), teacher-forced in one prefill step (docs/quantization.md).
+
+    python scripts/bench_quant_accuracy.py [--text FILE] [--threads 2]
+
+One prefill of the whole passage takes the wide-batch path (32+ rows): the dense copies, bf16
+or int8 (W8A8), where a setting keeps them. Settings: float32 none, float32 auto (the GGUF
+blocks), bfloat16 auto with bf16 copies (the default), bfloat16 auto with int8 copies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import torch
+
+from radixrt.attention.torch_backend import TorchAttentionBackend
+from radixrt.cache.kv_pool import KVPool
+from radixrt.executor.forward_batch import ForwardBatch
+from radixrt.loader.default_model import default_model_path
+from radixrt.loader.load import load_model
+
+PASSAGE = (
+    "The lighthouse stood at the end of a long spit of sand, and for most of the year nobody "
+    "visited it except the keeper and the gulls. Every evening he climbed the spiral stairs, "
+    "wiped the salt from the great lens, and lit the lamp before the sun had quite gone down. "
+    "Ships that passed in the night saw its beam sweep across the water every twelve seconds, "
+    "and they knew where the rocks were. In the winter the storms came from the north and "
+    "threw spray over the gallery, and the keeper wrote in his logbook the speed of the wind, "
+    "the height of the waves and the names of the vessels he could read through his glass. "
+    "When the electric light arrived, engineers from the city replaced the old oil lamp with a "
+    "bulb that needed no tending. The keeper stayed on for a few more years, mostly to paint "
+    "the railings and answer letters from children who wanted to know what it was like to live "
+    "alone by the sea. He told them that it was never really lonely, because the sea was always "
+    "talking, and because somewhere out in the dark there was always someone glad of the light. "
+    "Today the tower is a small museum. Visitors can climb the same stairs, look at the brass "
+    "fittings and the logbooks behind glass, and read the children's letters pinned to a board "
+    "by the door. On clear days you can see the coast of the next country from the top."
+)
+
+SETTINGS = [  # (name, dtype, quantization, dense copy dtype or None)
+    ("float32 none (reference)", torch.float32, "none", None),
+    ("float32 auto (GGUF blocks)", torch.float32, "auto", None),
+    ("bfloat16 auto, bf16 copies (default)", torch.bfloat16, "auto", "bfloat16"),
+    ("bfloat16 auto, int8 copies (W8A8)", torch.bfloat16, "auto", "int8"),
+]
+
+
+def prefill_logits(model, cfg, tokens: list[int], dtype: torch.dtype) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """Logits [len(tokens), vocab] of one prefill step through the engine's model."""
+    n = len(tokens)
+    pool = KVPool(n, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype, "cpu")
+    ar = torch.arange(n)
+    batch = ForwardBatch(
+        input_ids=torch.tensor(tokens), positions=ar, out_cache_loc=ar,
+        qo_indptr=torch.tensor([0, n]), kv_indices=ar, kv_indptr=torch.tensor([0, n]),
+        seq_lens=torch.tensor([n]), extend_lens=torch.tensor([n]), seq_lens_cpu=[n],
+        extend_lens_cpu=[n], prefix_lens_cpu=[0], kv_pool=pool,
+        attn_backend=TorchAttentionBackend(),
+    )  # fmt: skip
+    with torch.no_grad():
+        return model.compute_logits(model(batch.input_ids, batch.positions, batch)).float()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--text", type=Path, help="a text file instead of the built-in passage")
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    from radixrt.loader.tokenizer import load_tokenizer
+
+    text = args.text.read_text() if args.text else PASSAGE
+    tokens = load_tokenizer(default_model_path()).encode(text)
+    target = torch.tensor(tokens[1:])
+    reference_top: torch.Tensor | None = None
+    print(f"{len(tokens)} tokens\n")
+    print("| setting | perplexity | top-1 equal to the reference |")
+    print("|---|---|---|")
+    for name, dtype, quantization, copy_dtype in SETTINGS:
+        model, cfg = load_model(
+            default_model_path(), dtype, "cpu", quantization=quantization,
+            dense_copy_gb=1.0 if copy_dtype else 0.0, dense_copy_dtype=copy_dtype or "bfloat16",
+        )  # fmt: skip
+        logits = prefill_logits(model, cfg, tokens, dtype)[:-1]
+        nll = torch.nn.functional.cross_entropy(logits, target).item()
+        top = logits.argmax(dim=-1)
+        reference_top = top if reference_top is None else reference_top
+        agree = (top == reference_top).float().mean().item()
+        print(f"| {name} | {math.exp(nll):.3f} | {agree:.1%} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
