@@ -72,7 +72,7 @@ class ServerArgs:
     cpu_kv_cache_gb: float = _f(1.0, "KV pool budget in GiB when running on the CPU")
     cpu_dense_copy_gb: float = _f(
         1.0,
-        "GiB for bfloat16 copies of packed weights that batches of 32+ rows multiply with "
+        "GiB for bfloat16 copies of packed weights that steps of 12+ rows multiply with "
         "oneDNN on a bf16 CPU (all or none; 0: off; see the README)",
     )
     cpu_dense_copy_dtype: str = _f(

@@ -4,8 +4,11 @@ batch-64 decode and a 1,000-token prefill, in milliseconds (the README's "Speed 
     python scripts/bench_cpu_step.py [--quantization auto,none] [--dtype float32] [--threads 2]
                                      [--compile] [--dense-copy-gb 0,1]
                                      [--dense-copy-dtype bfloat16,int8] [--rounds 1]
+                                     [--copy-from-rows 12,32]
 
 Each setting's runner is built once; with --rounds N every setting is timed N times, in turn.
+--copy-from-rows sets COPY_FROM_ROWS (radixrt/layers/quantized.py) per setting: from how many
+rows a step multiplies the dense copies instead of the blocks (the batch-16 decode shows it).
 
 Run it under other OpenMP settings (GOMP_SPINCOUNT=0 ...) or beside a busy process to see how
 a step degrades under contention. The model load is not timed.
@@ -23,6 +26,8 @@ from radixrt.cache.kv_pool import KVPool
 from radixrt.cache.req_to_token import ReqToTokenTable
 from radixrt.executor.forward_batch import SimpleStep
 from radixrt.executor.model_runner import ModelRunner
+from radixrt.layers import quantized
+from radixrt.models import native_stack
 from radixrt.loader.default_model import default_model_path
 from radixrt.loader.load import load_model
 
@@ -69,27 +74,34 @@ def main() -> None:
     )
     p.add_argument("--dense-copy-dtype", default="bfloat16", help="comma-separated")
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument(
+        "--copy-from-rows", default=str(quantized.COPY_FROM_ROWS), help="comma-separated"
+    )
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     decode_1 = SimpleStep([0], [100], [1], [5], [0])
     rows = list(range(ROWS))
     decode_64 = SimpleStep(rows, [200] * ROWS, [1] * ROWS, [5] * ROWS, rows)
+    decode_16 = SimpleStep(rows[:16], [200] * 16, [1] * 16, [5] * 16, rows[:16])
     prefill = SimpleStep([0], [0], [1000], [7] * 1000, [999])
     settings = [
-        (q, float(g), c)
+        (q, float(g), c, int(r))
         for q in args.quantization.split(",")
         for g in args.dense_copy_gb.split(",")
         for c in args.dense_copy_dtype.split(",")
+        for r in args.copy_from_rows.split(",")
     ]
     runners = [
-        make_runner(q, args.compile, getattr(torch, args.dtype), g, c) for q, g, c in settings
+        make_runner(q, args.compile, getattr(torch, args.dtype), g, c) for q, g, c, _ in settings
     ]
     for _ in range(args.rounds):
-        for (q, gb, copy_dtype), runner in zip(settings, runners, strict=True):
+        for (q, gb, copy_dtype, copy_from), runner in zip(settings, runners, strict=True):
+            quantized.COPY_FROM_ROWS = native_stack.COPY_FROM_ROWS = copy_from
             print(
                 f"quantization={q} dtype={args.dtype} dense_copy_gb={gb} copies={copy_dtype} "
-                f"threads={args.threads} compile={args.compile}: "
+                f"copy_from_rows={copy_from} threads={args.threads} compile={args.compile}: "
                 f"decode bs1 {ms(runner, decode_1, 30):.1f} ms, "
+                f"bs16 {ms(runner, decode_16, 10):.1f} ms, "
                 f"bs64 {ms(runner, decode_64, 5):.1f} ms, "
                 f"prefill 1000 {ms(runner, prefill, 2):.0f} ms",
                 flush=True,

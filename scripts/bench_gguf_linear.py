@@ -2,6 +2,7 @@
 for GGUF-block weights on this CPU (the README's kernel table; radixrt/layers/quantized.py).
 
     python scripts/bench_gguf_linear.py [--rows 1,4,16,32,64,256] [--threads 2] [--repeats 3]
+                                        [--kinds "bf16 copy,int8 copy (W8A8)"]
 
 Every kernel runs the same 30 layers x 4 projections of SmolLM2-135M's shapes plus the LM head
 (random weights, so no layer stays in cache between repeats, as in a real step) and reports
@@ -12,7 +13,9 @@ machine shared with other jobs slows them alike:
 - gguf expand + BLAS: the same blocks expanded to float32 per call, then the BLAS matmul
   (what radixrt does from `DENSE_FROM_ROWS` rows on);
 - aten int4pack / int8pack: torch's `_weight_int4pack_mm_for_cpu` (group 32) and
-  `_weight_int8pack_mm` (per row), bfloat16 activations, as the issue proposed.
+  `_weight_int8pack_mm` (per row), bfloat16 activations, as the issue proposed;
+- bf16 copy / int8 copy (W8A8): the blocks' copies for wide batches (`--cpu-dense-copy-dtype`),
+  oneDNN's bfloat16 matmul and radixrt::w8a8_linear, on bfloat16 activations.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from radixrt.layers.quantized import GGUFWeight, quantize
+from radixrt.layers.quantized import GGUFWeight, dense_copy_linear, quantize
 from radixrt.native import load_native
 
 LAYER_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # qkv, o, gate_up, down
@@ -46,6 +49,12 @@ def _kernel(kind: str, w: torch.Tensor, lm_head: bool) -> Callable[[torch.Tensor
     n, k = w.shape
     if kind == "dense fp32":
         return lambda x: F.linear(x, w)
+    if kind.endswith("copy") or kind.endswith("(W8A8)"):
+        copy = GGUFWeight(quantize(w, "int4"), "int4", k)
+        copy.keep_dense("bfloat16" if kind == "bf16 copy" else "int8")
+        dense, scale = copy.dense, copy.dense_scale
+        assert dense is not None
+        return lambda x: dense_copy_linear(x, dense, scale)
     if kind.startswith("gguf"):
         fmt = "int8" if lm_head else "int4"
         packed = GGUFWeight(quantize(w, fmt), fmt, k)
@@ -63,6 +72,10 @@ def _kernel(kind: str, w: torch.Tensor, lm_head: bool) -> Callable[[torch.Tensor
     return lambda x: torch.ops.aten._weight_int8pack_mm(x.bfloat16(), codes8, scale8).float()
 
 
+KINDS = [
+    "dense fp32", "gguf blocks", "gguf expand + BLAS", "aten int4pack", "aten int8pack",
+    "bf16 copy", "int8 copy (W8A8)",
+]  # fmt: skip
 Matmuls = dict[str, list[tuple[int, Callable[[torch.Tensor], torch.Tensor]]]]
 
 
@@ -70,12 +83,14 @@ def best_ms_per_step(matmuls: Matmuls, rows: int, repeats: int) -> list[float]:
     """Each kind's best step time in ms, the kinds interleaved within every repeat."""
     kinds = list(matmuls)
     inputs = {k: torch.randn(rows, k) for k in {k for k, _ in matmuls[kinds[0]]}}
+    bf16 = {k: x.bfloat16() for k, x in inputs.items()}
     best = dict.fromkeys(kinds, float("inf"))
     for repeat in range(repeats + 1):  # the first round warms up
         for kind in kinds:
+            x = bf16 if "copy" in kind else inputs
             start = time.perf_counter()
             for k, f in matmuls[kind]:
-                f(inputs[k])
+                f(x[k])
             if repeat:
                 best[kind] = min(best[kind], (time.perf_counter() - start) * 1000)
     return [best[kind] for kind in kinds]
@@ -86,11 +101,16 @@ def main() -> None:
     p.add_argument("--rows", default="1,4,16,32,64,256")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--kinds", default=",".join(KINDS), help="comma-separated, of: " + ", ".join(KINDS)
+    )
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     if load_native() is None:
         raise SystemExit("radixrt's native CPU ops did not build; see docs/cpu_kernels.md")
-    kinds = ["dense fp32", "gguf blocks", "gguf expand + BLAS", "aten int4pack", "aten int8pack"]
+    kinds = args.kinds.split(",")
+    if unknown := set(kinds) - set(KINDS):
+        raise SystemExit(f"--kinds: unknown {sorted(unknown)}; choose from {KINDS}")
     rows = [int(r) for r in args.rows.split(",")]
     matmuls = {kind: weights(kind) for kind in kinds}
     print(f"ms per step (30 layers + LM head), {args.threads} threads")

@@ -33,16 +33,20 @@ struct Copy {
 };
 
 // y = x W.T for a dense weight (F.linear's op) or GGUF blocks of that kind (gguf_linear.cpp);
-// from dense_rows rows on a bf16 x takes the blocks' copy where there is one, as
+// from copy_rows rows on a bf16 x takes the blocks' copy where there is one, as
 // GGUFWeight.forward does.
-at::Tensor project(const at::Tensor& x, const at::Tensor& w, int64_t kind, int64_t dense_rows,
+struct Rows {
+  int64_t dense, copy;  // the thresholds: DENSE_FROM_ROWS and COPY_FROM_ROWS (quantized.py)
+};
+
+at::Tensor project(const at::Tensor& x, const at::Tensor& w, int64_t kind, Rows rows,
                    const Copy& copy) {
   if (kind == kDense) return radixrt::dense_linear(x, w);
-  if (copy.weight.numel() > 0 && x.size(0) >= dense_rows && x.scalar_type() == at::kBFloat16) {
+  if (copy.weight.numel() > 0 && x.size(0) >= rows.copy && x.scalar_type() == at::kBFloat16) {
     if (copy.weight.is_mkldnn()) return radixrt::dense_copy_linear(x, copy.weight);
     return radixrt::w8a8_linear(x, copy.weight, copy.scale);
   }
-  return radixrt::gguf_linear(x, w, kind, dense_rows);
+  return radixrt::gguf_linear(x, w, kind, rows.dense);
 }
 
 // What every layer's attention shares: the batch's slots and index tables, and the shapes.
@@ -55,7 +59,8 @@ struct Step {
   const at::Tensor& kv_indices;
   at::TensorList cascade_rows;   // per shared prefix: the rows that attend to it
   at::TensorList cascade_slots;  // and its slots (left out of those rows' kv_indices)
-  int64_t hq, hkv, head_dim, dense_rows;
+  int64_t hq, hkv, head_dim;
+  Rows rows;
   double scale;
 };
 
@@ -63,7 +68,7 @@ struct Step {
 at::Tensor attention(const Step& s, const at::Tensor& x, const at::Tensor& w_qkv,
                      const at::Tensor& w_o, const int64_t* kinds, const Copy* copies,
                      const at::Tensor& k_cache, const at::Tensor& v_cache) {
-  const at::Tensor qkv = project(x, w_qkv, kinds[0], s.dense_rows, copies[0]);
+  const at::Tensor qkv = project(x, w_qkv, kinds[0], s.rows, copies[0]);
   const int64_t t = qkv.size(0), q_size = s.hq * s.head_dim, kv_size = s.hkv * s.head_dim;
   const at::Tensor qk = qkv.narrow(1, 0, q_size + kv_size).view({t, s.hq + s.hkv, s.head_dim});
   radixrt::rotary_(qk, s.cos, s.sin);
@@ -76,7 +81,7 @@ at::Tensor attention(const Step& s, const at::Tensor& x, const at::Tensor& w_qkv
   for (size_t c = 0; c < s.cascade_rows.size(); ++c)
     radixrt::cascade_attention(q, k_cache, v_cache, s.cascade_rows[c], s.cascade_slots[c],
                                s.scale, out, lse);
-  return project(out.reshape({t, q_size}), w_o, kinds[1], s.dense_rows, copies[1]);
+  return project(out.reshape({t, q_size}), w_o, kinds[1], s.rows, copies[1]);
 }
 
 void check_lists(at::TensorList weights, at::IntArrayRef kinds, at::TensorList copies,
@@ -103,7 +108,7 @@ at::Tensor decoder_layers(const at::Tensor& hidden, const at::Tensor& cos, const
                           const at::Tensor& qo_indptr, const at::Tensor& kv_indptr,
                           const at::Tensor& kv_indices, at::TensorList cascade_rows,
                           at::TensorList cascade_slots, int64_t num_heads, double eps,
-                          double scale, int64_t dense_from_rows) {
+                          double scale, int64_t dense_from_rows, int64_t copy_from_rows) {
   check_lists(weights, kinds, dense_copies, copy_scales, k_caches, v_caches);
   TORCH_CHECK(cascade_rows.size() == cascade_slots.size(),
               "decoder_layers: one slot list per cascade's rows");
@@ -112,7 +117,7 @@ at::Tensor decoder_layers(const at::Tensor& hidden, const at::Tensor& cos, const
                kv_indptr, kv_indices,
                cascade_rows, cascade_slots,
                num_heads, k_caches[0].size(1),
-               k_caches[0].size(2), dense_from_rows,
+               k_caches[0].size(2), Rows{dense_from_rows, copy_from_rows},
                scale};
   at::Tensor h = hidden, residual, x;
   const int64_t layers = static_cast<int64_t>(k_caches.size());
@@ -132,8 +137,8 @@ at::Tensor decoder_layers(const at::Tensor& hidden, const at::Tensor& cos, const
     }
     const at::Tensor a = attention(s, x, w[1], w[2], kind, copy, k_caches[i], v_caches[i]);
     std::tie(x, residual) = radixrt::add_rms_norm(a, residual, w[3], eps);
-    const at::Tensor gate_up = project(x, w[4], kind[2], dense_from_rows, copy[2]);
-    h = project(radixrt::silu_and_mul(gate_up), w[5], kind[3], dense_from_rows, copy[3]);
+    const at::Tensor gate_up = project(x, w[4], kind[2], s.rows, copy[2]);
+    h = project(radixrt::silu_and_mul(gate_up), w[5], kind[3], s.rows, copy[3]);
   }
   return std::get<0>(radixrt::add_rms_norm(h, residual, weights.back(), eps));
 }
@@ -147,7 +152,7 @@ TORCH_LIBRARY_FRAGMENT(radixrt, m) {
       "Tensor(a!)[] k_caches, Tensor(b!)[] v_caches, Tensor out_cache_loc, Tensor qo_indptr, "
       "Tensor kv_indptr, Tensor kv_indices, Tensor[] cascade_rows, Tensor[] cascade_slots, "
       "int num_heads, float eps, float scale, "
-      "int dense_from_rows) -> Tensor");
+      "int dense_from_rows, int copy_from_rows) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(radixrt, CPU, m) { m.impl("decoder_layers", decoder_layers); }

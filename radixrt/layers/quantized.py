@@ -12,9 +12,9 @@ block's d * sum(q * x) without writing the weights out), else plain torch: dequa
 F.linear (correct, and as slow as the dense layer it replaces).
 
 `keep_dense()` adds a bfloat16 copy of the weight in oneDNN's own blocked layout, which inputs
-of `DENSE_FROM_ROWS` rows or more multiply instead (`dense_copy_linear`): on a CPU with AVX-512
+of `COPY_FROM_ROWS` rows or more multiply instead (`dense_copy_linear`): on a CPU with AVX-512
 BF16 that measured 1.16x (2,048 rows) to 1.4x (64 rows) faster than expanding the blocks per
-call (docs/quantization.md says how), for 2 bytes per weight more memory (the loader's
+call, and 1.3-1.8x faster than the block kernel at 12-24 rows (docs/quantization.md says how), for 2 bytes per weight more memory (the loader's
 `dense_copy_gb` budget decides). `keep_dense("int8")` keeps int8 codes per output channel
 instead, which those inputs multiply as W8A8 (radixrt/csrc/w8a8_linear.cpp): each row of x
 rounded to int8 too, integer products, about twice the bfloat16 rate with VNNI.
@@ -36,6 +36,10 @@ FORMATS = {"int4": (0, 20), "int8": (1, 34)}
 # Inputs of at least this many rows (prefill chunks) expand the weights to float32 once per
 # call and use the BLAS matmul: there the step is compute-bound (scripts/bench_gguf_linear.py).
 DENSE_FROM_ROWS = 32
+# Inputs of at least this many rows multiply a layer's dense copy where it keeps one: from 12
+# rows on the copies (bf16 or int8) beat the block kernel (scripts/bench_gguf_linear.py --rows
+# 4,8,12,16: level at 8 rows, 0.69-0.75x its time at 12, 0.57-0.72x at 16).
+COPY_FROM_ROWS = 12
 
 
 class GGUFWeight(nn.Module):
@@ -73,7 +77,7 @@ class GGUFWeight(nn.Module):
         """x [..., in] -> x @ W.T [..., out], in x's dtype (computed in float32, except that
         the native op multiplies a bfloat16 prefill chunk in bfloat16: see gguf_linear.cpp)."""
         native_dtype = x.dtype in (torch.float32, torch.bfloat16)
-        if self.dense is not None and uses_dense_copy(x, DENSE_FROM_ROWS):
+        if self.dense is not None and uses_dense_copy(x, COPY_FROM_ROWS):
             return dense_copy_linear(x, self.dense, self.dense_scale)
         if self.native and x.dim() == 2 and native_dtype and x.device.type == "cpu":
             # The common case without the reshapes and casts: ~5 dispatches per call add up
@@ -95,11 +99,11 @@ class GGUFWeight(nn.Module):
         return f"{self.fmt}, in_features={self.in_features}, out_features={self.out_features}"
 
 
-def uses_dense_copy(x: torch.Tensor, dense_from_rows: int) -> bool:
+def uses_dense_copy(x: torch.Tensor, copy_from_rows: int) -> bool:
     """Whether a layer with a dense copy multiplies x with it (decoder_layers.cpp agrees)."""
     return (
         x.dim() == 2
-        and x.shape[0] >= dense_from_rows
+        and x.shape[0] >= copy_from_rows
         and x.dtype == torch.bfloat16
         and not torch.compiler.is_compiling()
     )

@@ -25,7 +25,7 @@ from radixrt.layers.attention import RotaryAttention
 from radixrt.layers.decoder import DecoderLayer
 from radixrt.layers.linear import PackableLinear
 from radixrt.layers.mlp import GatedMLP
-from radixrt.layers.quantized import DENSE_FROM_ROWS
+from radixrt.layers.quantized import COPY_FROM_ROWS, DENSE_FROM_ROWS
 from radixrt.native import load_native
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ class NativeLayerStack:
             pool.k_buffer, pool.v_buffer,
             batch.out_cache_loc, plan.qo_indptr, plan.kv_indptr, plan.kv_indices,
             [c.rows for c in plan.cascades], [c.prefix_slots for c in plan.cascades],
-            self.num_heads, self.eps, self.scaling, DENSE_FROM_ROWS,
+            self.num_heads, self.eps, self.scaling, DENSE_FROM_ROWS, COPY_FROM_ROWS,
         )  # fmt: skip
 
 

@@ -169,9 +169,9 @@ needs_dense_copy = pytest.mark.skipif(
 
 @needs_native
 @needs_dense_copy
-@pytest.mark.parametrize("rows", [1, 31, 32, 300])
+@pytest.mark.parametrize("rows", [1, 11, 12, 31, 32, 300])
 def test_a_dense_copy_serves_wide_bfloat16_inputs_only(rows):
-    """From DENSE_FROM_ROWS rows a bf16 input multiplies the bf16 copy (oneDNN): the same
+    """From COPY_FROM_ROWS rows a bf16 input multiplies the bf16 copy (oneDNN): the same
     weights, so within bf16's rounding of the block kernel's result; below, the blocks."""
     weight = GGUFWeight(quantize(_weights(300, 576, seed=rows), "int4"), "int4", 576)
     x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(3)).bfloat16()
@@ -184,8 +184,11 @@ def test_a_dense_copy_serves_wide_bfloat16_inputs_only(rows):
     ref = x.double() @ weight.dequantize().double().T
     assert y.dtype == torch.bfloat16 and y.shape == (rows, 300)
     assert (y.double() - ref).abs().max() <= 1e-2 * ref.abs().max()
-    if rows < quantized.DENSE_FROM_ROWS:
+    if rows < quantized.COPY_FROM_ROWS:
         assert torch.equal(y, blocks_only)
+    else:
+        copy = torch.ops.mkldnn._linear_pointwise.default(x, weight.dense, None, "none", [], "")
+        assert torch.equal(y, copy)
     assert torch.equal(y_float, torch.ops.radixrt.gguf_linear(x.float(), weight.blocks, 0, 32))
 
 

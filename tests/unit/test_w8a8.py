@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from radixrt.layers.quantized import (
-    DENSE_FROM_ROWS,
+    COPY_FROM_ROWS,
     GGUFWeight,
     quantize,
     quantize_channels,
@@ -93,8 +93,8 @@ def test_int8_copies_serve_wide_inputs_and_the_blocks_narrow_ones():
     layer.keep_dense("int8")
     assert layer.dense is not None and layer.dense.dtype == torch.int8
     assert layer.dense_scale is not None and layer.dense_scale.shape == (64,)
-    assert torch.equal(layer(_x(4, 96, torch.bfloat16)), narrow_before)  # below 32 rows
-    wide = _x(DENSE_FROM_ROWS, 96, torch.bfloat16)
+    assert torch.equal(layer(_x(4, 96, torch.bfloat16)), narrow_before)  # below 12 rows
+    wide = _x(COPY_FROM_ROWS, 96, torch.bfloat16)
     assert torch.equal(layer(wide), w8a8_reference(wide, layer.dense, layer.dense_scale))
 
 
