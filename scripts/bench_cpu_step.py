@@ -27,9 +27,9 @@ from radixrt.cache.req_to_token import ReqToTokenTable
 from radixrt.executor.forward_batch import SimpleStep
 from radixrt.executor.model_runner import ModelRunner
 from radixrt.layers import quantized
-from radixrt.models import native_stack
 from radixrt.loader.default_model import default_model_path
 from radixrt.loader.load import load_model
+from radixrt.models import native_stack
 
 ROWS, ROW_LEN = 64, 1024  # table rows (requests) and their slots
 

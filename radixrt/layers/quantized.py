@@ -14,10 +14,11 @@ F.linear (correct, and as slow as the dense layer it replaces).
 `keep_dense()` adds a bfloat16 copy of the weight in oneDNN's own blocked layout, which inputs
 of `COPY_FROM_ROWS` rows or more multiply instead (`dense_copy_linear`): on a CPU with AVX-512
 BF16 that measured 1.16x (2,048 rows) to 1.4x (64 rows) faster than expanding the blocks per
-call, and 1.3-1.8x faster than the block kernel at 12-24 rows (docs/quantization.md says how), for 2 bytes per weight more memory (the loader's
-`dense_copy_gb` budget decides). `keep_dense("int8")` keeps int8 codes per output channel
-instead, which those inputs multiply as W8A8 (radixrt/csrc/w8a8_linear.cpp): each row of x
-rounded to int8 too, integer products, about twice the bfloat16 rate with VNNI.
+call, and 1.3-1.8x faster than the block kernel at 12-24 rows (docs/quantization.md says how),
+for 2 bytes per weight more memory (the loader's `dense_copy_gb` budget decides).
+`keep_dense("int8")` keeps int8 codes per output channel instead, which those inputs multiply
+as W8A8 (radixrt/csrc/w8a8_linear.cpp): each row of x rounded to int8 too, integer products,
+0.68-0.75x the bfloat16 copy's time here.
 """
 
 from __future__ import annotations
