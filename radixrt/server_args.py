@@ -77,9 +77,9 @@ class ServerArgs:
     )
     cpu_dense_copy_dtype: str = _f(
         "bfloat16",
-        "dtype of those copies; int8: per-channel int8 weights times per-token int8 "
-        "activations (W8A8, VNNI): 1.1-1.8x the bf16 matmuls here, with the rounding of both (see "
-        "docs/quantization.md)",
+        "dtype of those copies (kept under --dtype bfloat16 only); int8: per-channel int8 "
+        "weights times per-token int8 activations (W8A8, VNNI): 0.68-0.75x the bf16 copies' "
+        "time, with the rounding of both (see docs/quantization.md)",
         DENSE_COPY_DTYPES,
     )
     disable_radix_cache: bool = _f(False, "turn the radix prefix cache off (for comparison)")

@@ -66,6 +66,11 @@ def load_model(
     apply_quantization(model, quantization, path, hf_config, torch.device(device), group.size)
     if resolved == torch.bfloat16 and torch.device(device).type == "cpu":
         keep_dense_copies(model, dense_copy_gb, dense_copy_dtype)
+    elif dense_copy_dtype != "bfloat16":  # asked for W8A8 copies where none are kept
+        logger.warning(
+            "cpu_dense_copy_dtype %s ignored: copies are kept for bfloat16 on the CPU only "
+            "(this model runs in %s on %s)", dense_copy_dtype, resolved, device,
+        )  # fmt: skip
     logger.info(
         "loaded weights: %s in %.1f s",
         format_bytes(_weight_bytes(model)),

@@ -132,3 +132,15 @@ def test_the_op_names_a_bad_weight():
         torch.ops.radixrt.w8a8_linear(x, wq.float(), ws)
     with pytest.raises(RuntimeError, match="w_scale must be contiguous float32"):
         torch.ops.radixrt.w8a8_linear(x, wq, ws[:4])
+
+
+def test_int8_copies_asked_for_under_float32_are_refused_in_the_log(tiny_model_dir, caplog):
+    from radixrt.loader.load import load_model
+
+    with caplog.at_level("WARNING", logger="radixrt.loader"):
+        model, _ = load_model(
+            tiny_model_dir("llama"), torch.float32, "cpu", quantization="int4",
+            dense_copy_gb=1.0, dense_copy_dtype="int8",
+        )  # fmt: skip
+    assert "cpu_dense_copy_dtype int8 ignored" in caplog.text
+    assert all(m.dense is None for m in model.modules() if isinstance(m, GGUFWeight))
