@@ -4,7 +4,7 @@ transformers-equal reference), teacher-forced in one prefill step (docs/quantiza
 
     python scripts/bench_quant_accuracy.py [--text FILE] [--threads 2]
 
-One prefill of the whole passage takes the wide-batch path (32+ rows): the dense copies, bf16
+One prefill of the whole passage takes the wide-batch path (12+ rows): the dense copies, bf16
 or int8 (W8A8), where a setting keeps them. Settings: float32 none, float32 auto (the GGUF
 blocks), bfloat16 auto with bf16 copies (the default), bfloat16 auto with int8 copies.
 """
@@ -16,12 +16,10 @@ import math
 from pathlib import Path
 
 import torch
+from bench_cpu_step import ROW_LEN, make_runner
 
-from radixrt.attention.torch_backend import TorchAttentionBackend
-from radixrt.cache.kv_pool import KVPool
-from radixrt.executor.forward_batch import ForwardBatch
+from radixrt.executor.forward_batch import SimpleStep
 from radixrt.loader.default_model import default_model_path
-from radixrt.loader.load import load_model
 
 PASSAGE = (
     "The lighthouse stood at the end of a long spit of sand, and for most of the year nobody "
@@ -49,22 +47,6 @@ SETTINGS = [  # (name, dtype, quantization, dense copy dtype or None)
 ]
 
 
-def prefill_logits(model, cfg, tokens: list[int], dtype: torch.dtype) -> torch.Tensor:  # type: ignore[no-untyped-def]
-    """Logits [len(tokens), vocab] of one prefill step through the engine's model."""
-    n = len(tokens)
-    pool = KVPool(n, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype, "cpu")
-    ar = torch.arange(n)
-    batch = ForwardBatch(
-        input_ids=torch.tensor(tokens), positions=ar, out_cache_loc=ar,
-        qo_indptr=torch.tensor([0, n]), kv_indices=ar, kv_indptr=torch.tensor([0, n]),
-        seq_lens=torch.tensor([n]), extend_lens=torch.tensor([n]), seq_lens_cpu=[n],
-        extend_lens_cpu=[n], prefix_lens_cpu=[0], kv_pool=pool,
-        attn_backend=TorchAttentionBackend(),
-    )  # fmt: skip
-    with torch.no_grad():
-        return model.compute_logits(model(batch.input_ids, batch.positions, batch)).float()
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--text", type=Path, help="a text file instead of the built-in passage")
@@ -75,17 +57,23 @@ def main() -> None:
 
     text = args.text.read_text() if args.text else PASSAGE
     tokens = load_tokenizer(default_model_path()).encode(text)
+    if len(tokens) > ROW_LEN:
+        raise SystemExit(f"--text: {len(tokens)} tokens, at most {ROW_LEN} fit one table row")
     target = torch.tensor(tokens[1:])
     reference_top: torch.Tensor | None = None
     print(f"{len(tokens)} tokens\n")
     print("| setting | perplexity | top-1 equal to the reference |")
     print("|---|---|---|")
+    # Table row 0 of bench_cpu_step's runner, every position's logits but the last.
+    step = SimpleStep([0], [0], [len(tokens)], tokens, list(range(len(tokens) - 1)))
     for name, dtype, quantization, copy_dtype in SETTINGS:
-        model, cfg = load_model(
-            default_model_path(), dtype, "cpu", quantization=quantization,
-            dense_copy_gb=1.0 if copy_dtype else 0.0, dense_copy_dtype=copy_dtype or "bfloat16",
+        runner = make_runner(
+            quantization, False, dtype, dense_copy_gb=1.0 if copy_dtype else 0.0,
+            dense_copy_dtype=copy_dtype or "bfloat16",
         )  # fmt: skip
-        logits = prefill_logits(model, cfg, tokens, dtype)[:-1]
+        with torch.no_grad():
+            logits = runner.forward(step)
+        del runner  # its KV pool: one setting's at a time
         nll = torch.nn.functional.cross_entropy(logits, target).item()
         top = logits.argmax(dim=-1)
         reference_top = top if reference_top is None else reference_top

@@ -120,6 +120,8 @@ def test_int8_copies_are_within_bfloat16s_rounding_of_transformers_on_their_weig
     # rounded to int8 (half a step: max|x| / 254, 0.4% of the row's largest), by the int8
     # per-channel copy of the int4 weights. transformers in bfloat16 holds exactly those
     # weights' values, so what is left is bf16's rounding of each op and the activations'.
+    # This bound catches wiring errors (a wrong scale or layout moves logits by O(1)); the
+    # arithmetic itself is checked bit for bit in tests/unit/test_w8a8.py.
     from transformers import AutoModelForCausalLM
 
     from radixrt.layers.quantized import can_keep_dense, quantize_channels

@@ -91,6 +91,7 @@ def test_rounds_alternate_the_order_and_report_the_median(monkeypatch, tmp_path)
         bench_cpu.parse_args(["--rounds", "0"])
 
 
+@pytest.mark.default_model
 def test_a_quick_run_measures_radixrt_and_reports_a_missing_peer(tmp_path):
     report = bench_cpu.main(
         ["--quick", "--engines", "radixrt,llamacpp", "--workloads", "decode,shared_prefix",
