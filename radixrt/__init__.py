@@ -13,15 +13,15 @@ __version__ = "0.1.0"
 __all__ = ["Engine", "ServerArgs", "SamplingParams", "__version__"]  # + radixrt.lang.__all__
 
 if TYPE_CHECKING:
-    from radixrt.engine import Engine
+    from radixrt.frontend.engine import Engine
     from radixrt.lang import *  # noqa: F403
-    from radixrt.sampling_params import SamplingParams
+    from radixrt.protocol.sampling_params import SamplingParams
     from radixrt.server_args import ServerArgs
 
 _LAZY = {
-    "Engine": "radixrt.engine",
+    "Engine": "radixrt.frontend.engine",
     "ServerArgs": "radixrt.server_args",
-    "SamplingParams": "radixrt.sampling_params",
+    "SamplingParams": "radixrt.protocol.sampling_params",
 }
 
 

@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         return _usage_error(ns.command, str(e))
     if ns.command == "launch":
-        from radixrt.server.launch import launch_server
+        from radixrt.entrypoints.launch import launch_server
 
         return launch_server(args)
     try:
@@ -85,8 +85,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _generate(args: ServerArgs, prompt: str, params: dict, stream: bool) -> int:
-    from radixrt.engine import Engine
-    from radixrt.log_setup import configure_logging
+    from radixrt.frontend.engine import Engine
+    from radixrt.observability.log_setup import configure_logging
 
     configure_logging("frontend", args.log_level)
     engine = Engine(**vars(args))

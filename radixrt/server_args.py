@@ -273,11 +273,11 @@ class ServerArgs:
                 f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}"
             )
         if self.chat_template is not None:  # a bad one fails now, not after the model loads
-            from radixrt.server.chat_template_loader import load_chat_template
+            from radixrt.frontend.chat_template_loader import load_chat_template
 
             load_chat_template(self.chat_template)
         if self.kv_events_config is not None:  # likewise: a bad config fails at the flags
-            from radixrt.kv_events import parse_kv_events_config
+            from radixrt.observability.kv_events import parse_kv_events_config
 
             parse_kv_events_config(self.kv_events_config)
 

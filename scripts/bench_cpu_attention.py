@@ -20,7 +20,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from radixrt.native import load_native
+from radixrt.native.build import load_native
 
 HQ, HKV, HEAD_DIM = 9, 3, 64  # SmolLM2-135M
 

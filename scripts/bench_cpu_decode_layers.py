@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from radixrt.native import load_native
+from radixrt.native.build import load_native
 
 LAYERS, HQ, HKV, HEAD_DIM = 30, 9, 3, 64  # SmolLM2-135M
 

@@ -21,10 +21,10 @@ import time
 
 import torch
 
+from radixrt.attention.forward_batch import SimpleStep
 from radixrt.attention.torch_backend import TorchAttentionBackend
 from radixrt.cache.kv_pool import KVPool
 from radixrt.cache.req_to_token import ReqToTokenTable
-from radixrt.executor.forward_batch import SimpleStep
 from radixrt.executor.model_runner import ModelRunner
 from radixrt.layers import quantized
 from radixrt.loader.default_model import default_model_path

@@ -1,5 +1,5 @@
 """Per-token cost of the detokenizer's two paths, side by side in one run: DecodeStream (the
-`tokenizers` package, radixrt/decode_stream.py's StreamDecoder) and the tokenizer's own decode
+`tokenizers` package, detokenizer/decode_stream.py's StreamDecoder) and the tokenizer's own decode
 over a window (WindowDecoder), each inside IncrementalDetokenizer fed one token at a time, as
 the scheduler sends a decode step's output.
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from radixrt.decode_stream import StreamDecoder, WindowDecoder
-from radixrt.detokenizer import IncrementalDetokenizer
+from radixrt.detokenizer.decode_stream import StreamDecoder, WindowDecoder
+from radixrt.detokenizer.detokenizer import IncrementalDetokenizer
 
 SAMPLE = (
     "The radix cache keeps finished sequences in a tree keyed by token ids; a new request "

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from radixrt.layers.quantized import GGUFWeight, dense_copy_linear, quantize
-from radixrt.native import load_native
+from radixrt.native.build import load_native
 
 LAYER_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # qkv, o, gate_up, down
 LM_HEAD = (49152, 576)

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from bench_cpu_step import ROW_LEN, make_runner
 
-from radixrt.executor.forward_batch import SimpleStep
+from radixrt.attention.forward_batch import SimpleStep
 from radixrt.loader.default_model import default_model_path
 
 PASSAGE = (

@@ -27,10 +27,10 @@ import time
 import torch
 
 import radixrt
+from radixrt.attention.forward_batch import SimpleStep
 from radixrt.attention.triton_backend import TritonAttentionBackend
 from radixrt.cache.kv_pool import KVPool
 from radixrt.cache.req_to_token import ReqToTokenTable
-from radixrt.executor.forward_batch import SimpleStep
 from radixrt.executor.model_runner import ModelRunner
 from radixrt.loader.default_model import default_model_path
 from radixrt.loader.load import load_model

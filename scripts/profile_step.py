@@ -17,10 +17,10 @@ from typing import Any
 import torch
 from torch.profiler import profile
 
+from radixrt.attention.forward_batch import SimpleStep
 from radixrt.attention.torch_backend import TorchAttentionBackend
 from radixrt.cache.kv_pool import KVPool
 from radixrt.cache.req_to_token import ReqToTokenTable
-from radixrt.executor.forward_batch import SimpleStep
 from radixrt.executor.model_runner import ModelRunner
 from radixrt.loader.default_model import default_model_path
 from radixrt.loader.load import load_model

@@ -147,9 +147,9 @@ def prefill_logits() -> Callable[..., torch.Tensor]:
     """`(model, cfg, tokens, dtype=float32) -> logits [len(tokens), vocab]`: one sequence
     prefilled through our model on the CPU with the torch attention backend and a fresh KV pool
     of that dtype (the model's own, for the native attention kernel to run)."""
+    from radixrt.attention.forward_batch import ForwardBatch
     from radixrt.attention.torch_backend import TorchAttentionBackend
     from radixrt.cache.kv_pool import KVPool
-    from radixrt.executor.forward_batch import ForwardBatch
 
     def run(
         model: Any, cfg: Any, tokens: list[int], dtype: torch.dtype = torch.float32

@@ -15,7 +15,7 @@ class EngineBackend(Backend):
 
     def __init__(self, engine: Any = None, **engine_args: Any) -> None:
         if engine is None:
-            from radixrt.engine import Engine
+            from radixrt.frontend.engine import Engine
 
             engine = Engine(**engine_args)
             self._owned = True

@@ -5,7 +5,7 @@ radixrt's ZeroMQ frontend (a real SGLang server) or when HTTP is asked for.
 stream is server-sent events `data: {...}` ending with `data: [DONE]`, whose "text" and
 "output_ids" are those so far, or only the new ones on a server started with
 --incremental-streaming-output (`incremental`, read from /server_info by RuntimeEndpoint).
-Refusals raise radixrt.zmq_client.FrontendError with the HTTP status, so both transports fail
+Refusals raise zmq_client.FrontendError with the HTTP status, so both transports fail
 the same way.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from radixrt.zmq_client import FrontendError
+from radixrt.lang.backends.zmq_client import FrontendError
 
 
 class HttpClient:

@@ -2,7 +2,7 @@
 
 HTTP is used first, to read /server_info and /model_info (SGLang 0.5's names, falling back to
 the older /get_*). A server that offers `zmq_frontend_address` (radixrt) then gets its
-requests over ZeroMQ as msgspec messages (radixrt.zmq_client); any other (a real SGLang
+requests over ZeroMQ as msgspec messages (lang/backends/zmq_client.py); any other (a real SGLang
 server), or any server with transport="http", over HTTP `POST /generate`. Both transports
 raise the same exceptions (ValueError for a refused request, PermissionError for a bad key).
 """
@@ -17,9 +17,9 @@ import httpx
 
 from radixrt.lang.backends.base import Backend
 from radixrt.lang.backends.http_client import HttpClient
+from radixrt.lang.backends.zmq_client import FrontendError, ZmqClient
 from radixrt.lang.chat_template import ChatTemplate
 from radixrt.lang.named_templates import named_template, template_name_for
-from radixrt.zmq_client import FrontendError, ZmqClient
 
 TRANSPORTS = ("auto", "zmq", "http")
 

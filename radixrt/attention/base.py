@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from radixrt.executor.forward_batch import ForwardBatch
+from radixrt.attention.forward_batch import ForwardBatch
 
 
 class AttentionBackend(ABC):

@@ -1,6 +1,6 @@
 """The torch backend's native CPU path: the whole batch in one `radixrt::paged_attention` call.
 
-The kernel (radixrt/csrc/paged_attention.cpp) reads each sequence's keys in place from the pool
+The kernel (native/csrc/paged_attention.cpp) reads each sequence's keys in place from the pool
 by slot, with a bottom-right causal mask, so decodes, short extends after a cached prefix and
 prefill chunks all go through it together, with no padding and no gathered copy of a prefix.
 A prefix shared by several sequences keeps the cascade of the torch path: the kernel covers each
@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from radixrt.executor.forward_batch import ForwardBatch
+from radixrt.attention.forward_batch import ForwardBatch
 
 
 @dataclass(frozen=True)

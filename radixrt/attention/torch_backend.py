@@ -6,7 +6,7 @@ extend sequences (a longer prefill chunk after an optional cached prefix) and bu
 index tables once. Per layer, all decode-like sequences go through one padded SDPA call; extend
 sequences, few per step, go one by one.
 
-On the CPU, when radixrt's native kernels are built (radixrt/native.py), the whole batch goes
+On the CPU, when radixrt's native kernels are built (radixrt/native/build.py), the whole batch goes
 through one unpadded paged-attention kernel instead (radixrt/attention/cpu_native.py); the
 SDPA path stays as the fallback and as the reference the kernel is tested against.
 """
@@ -32,8 +32,8 @@ from radixrt.attention.cpu_native import (
     offsets,
     plan_native,
 )
-from radixrt.executor.forward_batch import ForwardBatch
-from radixrt.native import load_native
+from radixrt.attention.forward_batch import ForwardBatch
+from radixrt.native.build import load_native
 
 # Decode sequences whose page tables start with the same slots (a radix-cache hit shared by
 # the whole batch) attend to that common prefix once, as one dense block, and to their own

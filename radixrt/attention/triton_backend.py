@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from radixrt.attention.base import AttentionBackend
-from radixrt.executor.forward_batch import ForwardBatch
+from radixrt.attention.forward_batch import ForwardBatch
 from radixrt.kernels.common import interpreting
 from radixrt.kernels.decode_attention import choose_num_splits, decode_attention
 from radixrt.kernels.extend_attention import extend_attention

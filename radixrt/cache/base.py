@@ -54,7 +54,7 @@ class Published:
 
 
 class CacheEventSink(Protocol):
-    """Listener of which pages a cache holds (KV events, `radixrt/kv_events.py`). A cache with
+    """Listener of which pages a cache holds (KV events, `observability/kv_events.py`). A cache with
     a sink reports every whole page that becomes resident, every page it frees and a reset;
     a page is named by its block hash, chained on the hash of the page before it."""
 

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from radixrt.histogram import FixedHistogram
+from radixrt.observability.histogram import FixedHistogram
 
 # KV block times: from a fraction of a second (a page reused by the next request) to an hour.
 BLOCK_SECONDS_BUCKETS = (0.001, 0.01, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from radixrt.native import load_native
+from radixrt.native.build import load_native
 
 
 class KVPool:

@@ -9,7 +9,7 @@ With page_size > 1 the tree works in whole pages: every node's key length is a m
 page_size, nodes split only at page boundaries, and each page-sized chunk of a node's value is
 one whole pool page, so freeing a node's slots frees exactly its pages.
 
-With an event sink (KV events, `radixrt/kv_events.py`) every node keeps the chained block hash
+With an event sink (KV events, `observability/kv_events.py`) every node keeps the chained block hash
 of each of its pages: a new leaf reports its pages as stored (chained on its parent's last
 page), a deleted leaf reports them removed, a reset reports everything cleared; a split moves
 hashes between the two halves and reports nothing (the same pages stay resident).

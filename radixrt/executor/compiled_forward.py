@@ -34,7 +34,7 @@ from radixrt.layers.rotary import rotate_qk
 from radixrt.models.decoder import DecoderModel
 
 if TYPE_CHECKING:
-    from radixrt.executor.forward_batch import ForwardBatch
+    from radixrt.attention.forward_batch import ForwardBatch
     from radixrt.models.base import CausalLM
 
 logger = logging.getLogger(__name__)

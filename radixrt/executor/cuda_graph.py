@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixrt.attention.base import AttentionBackend
+from radixrt.attention.forward_batch import ForwardBatch, StepInput
 from radixrt.cache.kv_pool import KVPool
 from radixrt.cache.req_to_token import ReqToTokenTable
-from radixrt.executor.forward_batch import ForwardBatch, StepInput
 
 if TYPE_CHECKING:
     from radixrt.models.base import CausalLM

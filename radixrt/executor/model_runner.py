@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixrt.attention.base import AttentionBackend
+from radixrt.attention.forward_batch import ForwardBatch, StepInput
 from radixrt.cache.kv_pool import KVPool
 from radixrt.cache.req_to_token import ReqToTokenTable
 from radixrt.executor.compiled_forward import CompiledDecoderForward, can_compile
 from radixrt.executor.cuda_graph import CudaGraphRunner
-from radixrt.executor.forward_batch import ForwardBatch, StepInput
 from radixrt.executor.step_threads import StepThreads
 
 if TYPE_CHECKING:

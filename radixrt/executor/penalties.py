@@ -20,7 +20,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from radixrt.sampling_params import SamplingParams
+from radixrt.protocol.sampling_params import SamplingParams
 
 
 @dataclass

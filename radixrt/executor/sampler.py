@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from radixrt.executor.penalties import PenaltyState, build_penalties
-from radixrt.sampling_params import SamplingParams
+from radixrt.protocol.sampling_params import SamplingParams
 
 
 @dataclass

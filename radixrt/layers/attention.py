@@ -9,13 +9,13 @@ import torch
 from torch import nn
 
 from radixrt.distributed import TPGroup
+from radixrt.layers.config import local_kv_heads
 from radixrt.layers.linear import MergedLinear, RowParallelLinear
 from radixrt.layers.rotary import rotate_qk
 from radixrt.layers.sharding import Narrow
-from radixrt.models.config import local_kv_heads
 
 if TYPE_CHECKING:
-    from radixrt.executor.forward_batch import ForwardBatch
+    from radixrt.attention.forward_batch import ForwardBatch
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,7 +12,7 @@ from radixrt.layers.mlp import GatedMLP
 from radixrt.layers.norm import RMSNorm
 
 if TYPE_CHECKING:
-    from radixrt.executor.forward_batch import ForwardBatch
+    from radixrt.attention.forward_batch import ForwardBatch
 
 
 class DecoderLayer(nn.Module):

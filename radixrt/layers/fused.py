@@ -1,5 +1,5 @@
 """Which fused kernels the layers take: Triton's on CUDA (radixrt.kernels.fused_layers), radixrt's
-native C++ ops on the CPU (radixrt/csrc/cpu_layers.cpp), else the torch reference path."""
+native C++ ops on the CPU (radixrt/native/csrc/cpu_layers.cpp), else the torch reference path."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from radixrt.kernels import has_triton
-from radixrt.native import load_native
+from radixrt.native.build import load_native
 
 
 def use_triton(x: torch.Tensor) -> bool:
@@ -19,7 +19,7 @@ def use_triton(x: torch.Tensor) -> bool:
 
 
 def native_cpu(x: torch.Tensor) -> Any | None:
-    """The native ops (`radixrt.native.NativeOps`) for a CPU tensor when they are built, else
+    """The native ops (`radixrt.native.build.NativeOps`) for a CPU tensor when they are built, else
     None.
 
     Not under torch.compile: there inductor fuses the torch path itself, and better than an
@@ -36,7 +36,7 @@ def dense_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """F.linear; float32 on the CPU through oneDNN's matmul instead of the BLAS (twice as fast
-    on an AVX-512 EPYC: radixrt/csrc/dense_linear.cpp, which the native layer stack calls, says
+    on an AVX-512 EPYC: native/csrc/dense_linear.cpp, which the native layer stack calls, says
     why). Not under torch.compile: inductor lowers that op only for constant weights."""
     if (
         ONEDNN

@@ -7,7 +7,7 @@ Two formats, blocks of 32 consecutive weights of a row (along the input features
 A GGUF file's Q4_1 and Q8_0 tensors are these bytes exactly (Q4_0 converts to Q4_1 without
 loss); `quantize` makes them from float weights for any other checkpoint.
 
-The matmul is radixrt/csrc/gguf_linear.cpp when the native build is available (it computes each
+The matmul is native/csrc/gguf_linear.cpp when the native build is available (it computes each
 block's d * sum(q * x) without writing the weights out), else plain torch: dequantize, then
 F.linear (correct, and as slow as the dense layer it replaces).
 
@@ -17,7 +17,7 @@ BF16 that measured 1.16x (2,048 rows) to 1.4x (64 rows) faster than expanding th
 call, and 1.3-1.8x faster than the block kernel at 12-24 rows (docs/quantization.md says how),
 for 2 bytes per weight more memory (the loader's `dense_copy_gb` budget decides).
 `keep_dense("int8")` keeps int8 codes per output channel instead, which those inputs multiply
-as W8A8 (radixrt/csrc/w8a8_linear.cpp): each row of x rounded to int8 too, integer products,
+as W8A8 (radixrt/native/csrc/w8a8_linear.cpp): each row of x rounded to int8 too, integer products,
 0.68-0.75x the bfloat16 copy's time here.
 """
 
@@ -152,8 +152,8 @@ def can_keep_dense() -> bool:
 
 @functools.cache
 def native_ops_loaded() -> bool:
-    """Whether radixrt's compiled CPU ops are registered (radixrt.native loads them)."""
-    from radixrt.native import load_native
+    """Whether radixrt's compiled CPU ops are registered (radixrt.native.build loads them)."""
+    from radixrt.native.build import load_native
 
     if load_native() is None:
         return False

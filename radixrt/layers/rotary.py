@@ -10,8 +10,8 @@ import math
 
 import torch
 
+from radixrt.layers.config import RopeConfig
 from radixrt.layers.fused import native_cpu, use_triton
-from radixrt.models.config import RopeConfig
 
 
 def compute_inv_freq(head_dim: int, rope: RopeConfig) -> torch.Tensor:

@@ -15,9 +15,9 @@ from radixrt.layers.sharding import CheckpointTensor
 from radixrt.loader.model_config import ModelConfig, architecture_of, resolve_dtype
 from radixrt.loader.quantize import apply_quantization, keep_dense_copies
 from radixrt.loader.weights import iter_safetensors, safetensors_files
-from radixrt.log_setup import format_bytes
 from radixrt.models.base import CausalLM
 from radixrt.models.registry import get_model_class
+from radixrt.observability.log_setup import format_bytes
 
 Weights = Iterator[tuple[str, CheckpointTensor]]
 

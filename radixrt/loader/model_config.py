@@ -11,7 +11,7 @@ import torch
 from transformers import PretrainedConfig
 
 if TYPE_CHECKING:
-    from radixrt.models.config import TransformerConfig
+    from radixrt.layers.config import TransformerConfig
 
 _DTYPES = {
     "float32": torch.float32,

@@ -16,11 +16,11 @@ import torch
 from torch import nn
 
 from radixrt.distributed import TPGroup
+from radixrt.layers.config import TransformerConfig
 from radixrt.layers.sharding import CheckpointTensor
-from radixrt.models.config import TransformerConfig
 
 if TYPE_CHECKING:
-    from radixrt.executor.forward_batch import ForwardBatch
+    from radixrt.attention.forward_batch import ForwardBatch
 
 # (Hugging Face name, tensor): a torch.Tensor, or a LazyTensor a sharded model reads part of.
 Weights = Iterable[tuple[str, CheckpointTensor]]

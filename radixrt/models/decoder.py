@@ -10,18 +10,18 @@ from torch import nn
 
 from radixrt.distributed import TPGroup
 from radixrt.layers.attention import AttentionShape, RotaryAttention
+from radixrt.layers.config import TransformerConfig
 from radixrt.layers.decoder import DecoderLayer
 from radixrt.layers.embedding import LMHead, VocabParallelEmbedding
 from radixrt.layers.mlp import GatedMLP
 from radixrt.layers.norm import RMSNorm
 from radixrt.layers.rotary import RotaryEmbedding
 from radixrt.models.base import CausalLM, Weights
-from radixrt.models.config import TransformerConfig
 from radixrt.models.native_stack import NativeLayerStack
 from radixrt.models.weight_loader import load_hf_weights
 
 if TYPE_CHECKING:
-    from radixrt.executor.forward_batch import ForwardBatch
+    from radixrt.attention.forward_batch import ForwardBatch
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixrt.models.config import TransformerConfig
+from radixrt.layers.config import TransformerConfig
 from radixrt.models.decoder import DecoderForCausalLM
 
 

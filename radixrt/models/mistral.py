@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixrt.models.config import TransformerConfig, refuse_sliding_window
+from radixrt.layers.config import TransformerConfig, refuse_sliding_window
 from radixrt.models.decoder import DecoderForCausalLM
 
 

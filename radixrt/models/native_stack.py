@@ -1,5 +1,5 @@
 """The decoder's layers as one native call on the CPU (`radixrt::decoder_layers`,
-radixrt/csrc/decoder_layers.cpp).
+radixrt/native/csrc/decoder_layers.cpp).
 
 Through the modules a layer is ~15 Python-level calls; at batch 1 on a 135M model that Python
 is a third of the step. The op runs the same native ops the modules would call on the CPU, in
@@ -26,10 +26,10 @@ from radixrt.layers.decoder import DecoderLayer
 from radixrt.layers.linear import PackableLinear
 from radixrt.layers.mlp import GatedMLP
 from radixrt.layers.quantized import COPY_FROM_ROWS, DENSE_FROM_ROWS
-from radixrt.native import load_native
+from radixrt.native.build import load_native
 
 if TYPE_CHECKING:
-    from radixrt.executor.forward_batch import ForwardBatch
+    from radixrt.attention.forward_batch import ForwardBatch
     from radixrt.layers.norm import RMSNorm
 
 DENSE = -1  # the op's kind for a dense weight (GGUF kinds are GGUFWeight.kind)

@@ -13,8 +13,8 @@ import torch
 
 from radixrt.distributed import TPGroup
 from radixrt.layers.attention import AttentionShape, RotaryAttention
+from radixrt.layers.config import TransformerConfig, refuse_sliding_window
 from radixrt.layers.norm import RMSNorm
-from radixrt.models.config import TransformerConfig, refuse_sliding_window
 from radixrt.models.decoder import DecoderForCausalLM
 
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from radixrt.layers.linear import MergedLinear
 from radixrt.layers.sharding import CheckpointTensor, Narrow
-from radixrt.loader.progress import WeightProgress
+from radixrt.models.load_progress import WeightProgress
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,13 @@ from collections.abc import Iterator
 import torch
 
 from radixrt.grammar.constraint import constraint_of
-from radixrt.messages import GenerateReq
-from radixrt.request_limits import validate_logprobs, validate_request_size, validate_token_ids
-from radixrt.sampling_params import SamplingParams
+from radixrt.protocol.messages import GenerateReq
+from radixrt.protocol.request_limits import (
+    validate_logprobs,
+    validate_request_size,
+    validate_token_ids,
+)
+from radixrt.protocol.sampling_params import SamplingParams
 from radixrt.scheduler.components import Components
 from radixrt.scheduler.req import Req
 from radixrt.server_args import ServerArgs

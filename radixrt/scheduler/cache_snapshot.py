@@ -20,7 +20,7 @@ from typing import Any
 
 from radixrt.cache.base import PrefixCache
 from radixrt.cache.radix_cache import RadixCache, TreeNode
-from radixrt.messages import MAX_CACHE_TREE_DEPTH, MAX_CACHE_TREE_NODES
+from radixrt.protocol.messages import MAX_CACHE_TREE_DEPTH, MAX_CACHE_TREE_NODES
 from radixrt.scheduler.req import Req
 
 # Nodes the size walk visits at most: about 10 ms of Python on a slow CPU. A tree with more

@@ -16,11 +16,11 @@ from radixrt.cache.kv_pool import KVPool
 from radixrt.cache.req_to_token import ReqToTokenTable
 from radixrt.distributed import TPGroup
 from radixrt.executor.model_runner import ModelRunner
-from radixrt.kv_events import create_kv_event_sink
 from radixrt.loader.default_model import default_model_path
 from radixrt.loader.load import load_model
 from radixrt.loader.model_config import ModelConfig, resolve_dtype
-from radixrt.log_setup import format_bytes
+from radixrt.observability.kv_events import create_kv_event_sink
+from radixrt.observability.log_setup import format_bytes
 from radixrt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ import torch
 
 from radixrt.executor.logprobs import compute_logprobs
 from radixrt.executor.sampler import NO_TOKEN, SamplingBatch, sample
-from radixrt.messages import DetokParams, ReqOutput
-from radixrt.sampling_params import SamplingParams
+from radixrt.protocol.messages import DetokParams, ReqOutput
+from radixrt.protocol.sampling_params import SamplingParams
 from radixrt.scheduler.req import Req, RequestFailed
 from radixrt.scheduler.schedule_batch import LogitRows
 from radixrt.scheduler.stops import matched_stop_regex, matched_stop_string

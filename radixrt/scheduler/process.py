@@ -4,7 +4,7 @@ ready, and runs the loop until told to shut down.
 
 With tensor parallelism one such process runs per rank (config "tp_rank" and "dist_init"):
 each joins the group, rank 0 alone has the ZeroMQ addresses, and the others follow it in
-lockstep (scheduler/tp_worker.py).
+lockstep (scheduler/lockstep.py).
 
 A process of its own keeps the model's OpenMP thread team off the caller's threads: on the CPU,
 torch ops run from a second thread of a process whose main thread has used torch are markedly
@@ -22,11 +22,11 @@ import time
 import traceback
 from typing import Any
 
-from radixrt.log_setup import configure_logging
-from radixrt.messages import SchedulerFailed, encode
-from radixrt.processes import guard_parent, ignore_stop_signals
+from radixrt.ipc.processes import guard_parent, ignore_stop_signals
+from radixrt.ipc.transport import ZmqTransport
+from radixrt.observability.log_setup import configure_logging
+from radixrt.protocol.messages import SchedulerFailed, encode
 from radixrt.server_args import ServerArgs
-from radixrt.transport import ZmqTransport
 
 logger = logging.getLogger("radixrt.scheduler")
 
@@ -45,8 +45,8 @@ def run(config: dict[str, Any]) -> int:
     try:
         from radixrt.loader.tokenizer import LazyTokenizer
         from radixrt.scheduler.components import build_components
+        from radixrt.scheduler.lockstep import NullTransport, join_group
         from radixrt.scheduler.scheduler import Scheduler
-        from radixrt.scheduler.tp_worker import NullTransport, join_group
 
         # The scheduler matches stop strings and builds grammars with it.
         tokenizer = LazyTokenizer.for_process(

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from radixrt.sampling_params import SamplingParams
+from radixrt.protocol.sampling_params import SamplingParams
 
 
 class RequestFailed(Exception):

@@ -15,7 +15,8 @@ from typing import Any
 import torch
 
 from radixrt.cache.invariants import check_kv_accounting
-from radixrt.messages import (
+from radixrt.ipc.transport import Transport
+from radixrt.protocol.messages import (
     CLIENT_ABORT_MESSAGE,
     AbortReq,
     BatchOutput,
@@ -34,6 +35,7 @@ from radixrt.scheduler.admission import make_req
 from radixrt.scheduler.cache_snapshot import cache_snapshot
 from radixrt.scheduler.components import Components
 from radixrt.scheduler.kv_manager import KVManager
+from radixrt.scheduler.lockstep import Lockstep, Relay
 from radixrt.scheduler.output import OutputProcessor, make_output
 from radixrt.scheduler.planner import Planner, resolve_max_prefill_tokens
 from radixrt.scheduler.policy import SchedulePolicy
@@ -41,9 +43,7 @@ from radixrt.scheduler.req import Req
 from radixrt.scheduler.schedule_batch import ScheduleBatch
 from radixrt.scheduler.step_metrics import StepMetrics
 from radixrt.scheduler.structured import Compiled, StructuredGeneration
-from radixrt.scheduler.tp_worker import Lockstep, Relay
 from radixrt.server_args import ServerArgs
-from radixrt.transport import Transport
 
 logger = logging.getLogger(__name__)
 

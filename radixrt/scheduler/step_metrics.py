@@ -1,9 +1,9 @@
 """Histograms and counters the scheduler loop keeps for /metrics (shipped in get_stats(); see
-radixrt/histogram.py)."""
+radixrt/observability/histogram.py)."""
 
 from __future__ import annotations
 
-from radixrt.histogram import FixedHistogram
+from radixrt.observability.histogram import FixedHistogram
 
 # vLLM's iteration_tokens_total buckets (powers of two up to a large prefill step).
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)

@@ -24,7 +24,7 @@ import torch
 
 from radixrt.grammar.constraint import constraint_of
 from radixrt.grammar.jump_forward import propose
-from radixrt.histogram import FixedHistogram
+from radixrt.observability.histogram import FixedHistogram
 from radixrt.scheduler.jump_verify import verify_proposal
 from radixrt.scheduler.req import GrammarState, Req, RequestFailed
 from radixrt.scheduler.step_metrics import COMPILE_SECONDS_BUCKETS

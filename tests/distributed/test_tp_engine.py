@@ -87,7 +87,7 @@ def _stand_in_scheduler(output_ids: list[int]) -> SimpleNamespace:
     from radixrt.cache.allocator import PageAllocator
     from radixrt.cache.base import create_prefix_cache
     from radixrt.cache.req_to_token import ReqToTokenTable
-    from radixrt.sampling_params import SamplingParams
+    from radixrt.protocol.sampling_params import SamplingParams
     from radixrt.scheduler.req import Req
 
     allocator = PageAllocator(8, 1)
@@ -103,7 +103,7 @@ def _stand_in_scheduler(output_ids: list[int]) -> SimpleNamespace:
 
 def _check_rank(rank: int, port: int, out: dict) -> None:
     from radixrt.distributed import init_tp_group
-    from radixrt.scheduler.tp_worker import Lockstep, LockstepError
+    from radixrt.scheduler.lockstep import Lockstep, LockstepError
 
     group = init_tp_group(rank, 2, f"tcp://127.0.0.1:{port}", "cpu", timeout_s=20)
     lockstep = Lockstep(group, check=True, local_ranks=range(2))

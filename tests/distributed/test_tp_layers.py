@@ -16,16 +16,16 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
+from radixrt.attention.forward_batch import ForwardBatch
 from radixrt.attention.torch_backend import TorchAttentionBackend
 from radixrt.cache.kv_pool import KVPool
 from radixrt.distributed import TPGroup, init_tp_group
-from radixrt.executor.forward_batch import ForwardBatch
 from radixrt.layers.attention import AttentionShape, RotaryAttention
+from radixrt.layers.config import RopeConfig
 from radixrt.layers.embedding import LMHead, VocabParallelEmbedding
 from radixrt.layers.linear import MergedLinear, RowParallelLinear
 from radixrt.layers.rotary import RotaryEmbedding
 from radixrt.loader.load import load_model
-from radixrt.models.config import RopeConfig
 from radixrt.models.weight_loader import checkpoint_targets, load_hf_weights
 
 # Float32 reduction-order differences (relative ~1e-7 per sum; the random layers' outputs reach

@@ -17,7 +17,7 @@ from test_equivalence import TINY_OVERRIDES, prompt_sets
 import radixrt
 from radixrt.layers.quantized import dequantize, quantize
 from radixrt.loader.load import load_model
-from radixrt.native import load_native
+from radixrt.native.build import load_native
 
 LOGIT_ATOL = 1e-4  # float32 logits of size ~10; the orders of summation differ
 MAX_NEW = 10

@@ -1,4 +1,4 @@
-"""radixrt's native CPU layer ops (radixrt/csrc/cpu_layers.cpp) against the torch paths of the
+"""radixrt's native CPU layer ops (native/csrc/cpu_layers.cpp) against the torch paths of the
 layers they replace (the reference: transformers' order of operations).
 
 Exactness: RMSNorm (its mean of squares is torch's own reduction), the rotary, the residual add
@@ -12,11 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixrt import native
 from radixrt.cache.kv_pool import KVPool
 from radixrt.layers import activation, norm, rotary
+from radixrt.layers.config import RopeConfig
 from radixrt.layers.norm import RMSNorm
-from radixrt.models.config import RopeConfig
+from radixrt.native.build import build as native
 
 OPS = native.load_native()
 pytestmark = pytest.mark.skipif(

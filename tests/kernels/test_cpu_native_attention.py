@@ -1,4 +1,4 @@
-"""radixrt::paged_attention (radixrt/csrc/paged_attention.cpp) against softmax(QK^T)V in float64.
+"""radixrt::paged_attention (native/csrc/paged_attention.cpp) against softmax(QK^T)V in float64.
 
 Tolerances: float32 inputs 2e-5 absolute on outputs of size ~1 (the kernel accumulates in
 float32, its exp is accurate to ~2e-7); bfloat16 inputs 1e-2 on the output (it is rounded to
@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixrt import native
+from radixrt.attention.forward_batch import ForwardBatch
 from radixrt.attention.torch_backend import TorchAttentionBackend
 from radixrt.cache.kv_pool import KVPool
-from radixrt.executor.forward_batch import ForwardBatch
+from radixrt.native.build import build as native
 
 CPU = "cpu"  # the native kernels run on CPU tensors, whatever TRITON_INTERPRET says
 OPS = native.load_native()

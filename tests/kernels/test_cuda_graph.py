@@ -11,6 +11,7 @@ pytest.importorskip("triton", reason="Triton is not installed (the `test` extra 
 
 from triton_device import interpreter_only  # noqa: E402
 
+from radixrt.attention.forward_batch import SimpleStep  # noqa: E402
 from radixrt.attention.triton_backend import TritonAttentionBackend  # noqa: E402
 from radixrt.cache.kv_pool import KVPool  # noqa: E402
 from radixrt.cache.req_to_token import ReqToTokenTable  # noqa: E402
@@ -19,7 +20,6 @@ from radixrt.executor.cuda_graph import (  # noqa: E402
     graph_batch_sizes,
     padded_batch_size,
 )
-from radixrt.executor.forward_batch import SimpleStep  # noqa: E402
 from radixrt.executor.model_runner import ModelRunner  # noqa: E402
 from radixrt.kernels.common import interpreting  # noqa: E402
 from radixrt.loader.load import load_model  # noqa: E402

@@ -15,10 +15,10 @@ from triton_device import KERNEL_DEVICE, interpreter_only, on_kernel_device  # n
 
 import radixrt  # noqa: E402
 from radixrt.attention.base import create_backend  # noqa: E402
+from radixrt.attention.forward_batch import ForwardBatch  # noqa: E402
 from radixrt.attention.torch_backend import TorchAttentionBackend  # noqa: E402
 from radixrt.attention.triton_backend import TritonAttentionBackend  # noqa: E402
 from radixrt.cache.kv_pool import KVPool  # noqa: E402
-from radixrt.executor.forward_batch import ForwardBatch  # noqa: E402
 
 HQ, HKV, D = 6, 2, 64
 

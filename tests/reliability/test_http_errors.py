@@ -14,9 +14,9 @@ from launch_helpers import assert_pool_conserved
 from starlette.testclient import TestClient
 from test_http_hostile import openai_error
 
-from radixrt.request_state import SchedulerDied
-from radixrt.server.http_server import ServerState, build_app
-from radixrt.server.metrics import ServerMetrics
+from radixrt.entrypoints.http_server import ServerState, build_app
+from radixrt.entrypoints.metrics import ServerMetrics
+from radixrt.frontend.request_state import SchedulerDied
 from radixrt.server_args import ServerArgs
 
 

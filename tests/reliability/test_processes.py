@@ -267,11 +267,11 @@ def test_graceful_shutdown_timeout_lets_running_requests_finish(launch_server, m
 
 def test_engine_calls_fail_fast_naming_a_dead_child(model):
     import radixrt
-    from radixrt.request_state import SchedulerDied
+    from radixrt.frontend.request_state import SchedulerDied
 
     engine = radixrt.Engine(model_path=model, dtype="float32", max_total_tokens=32768)
     try:
-        (detokenizer,) = _child_pids("radixrt.server.detokenizer_process")
+        (detokenizer,) = _child_pids("radixrt.detokenizer.process")
         stream = engine.generate(input_ids=[5, 6], sampling_params=ENDLESS, stream=True)
         next(stream)
         os.kill(detokenizer, signal.SIGKILL)

@@ -10,11 +10,11 @@ import pytest
 from transformers import AutoTokenizer
 
 from radixrt.cli import main
-from radixrt.server.chat_template import chat_prompt
-from radixrt.server.chat_template_loader import SHIPPED_DIR, load_chat_template, shipped_names
-from radixrt.server.openai_api import TOOLS_IGNORED, WARNING_HEADER
-from radixrt.server.openai_protocol import ChatCompletionRequest
-from radixrt.server.tool_calls import parse_tool_calls
+from radixrt.entrypoints.openai.api import TOOLS_IGNORED, WARNING_HEADER
+from radixrt.entrypoints.openai.chat_template import chat_prompt
+from radixrt.entrypoints.openai.protocol import ChatCompletionRequest
+from radixrt.entrypoints.openai.tool_calls import parse_tool_calls
+from radixrt.frontend.chat_template_loader import SHIPPED_DIR, load_chat_template, shipped_names
 from radixrt.server_args import ServerArgs
 
 TOOLS = [

@@ -24,8 +24,8 @@ from launch_helpers import LaunchedServer, server_stats
 from radixrt.cache.allocator import PageAllocator
 from radixrt.cache.base import create_prefix_cache
 from radixrt.cache.radix_cache import RadixCache
+from radixrt.entrypoints.dashboard import add_previews
 from radixrt.scheduler.cache_snapshot import cache_snapshot
-from radixrt.server.dashboard import add_previews
 
 KEY = "sk-dash-123"
 SHARED = "Shared system prompt for the dashboard test. "  # its first 24 bytes: the preview
@@ -249,7 +249,7 @@ class StaticServer:
         files = {"/cache_tree": (cache_tree_body, "application/json")}
         for name in ("dashboard.html", "dashboard.js", "dashboard.css"):
             kind = {"html": "text/html", "js": "text/javascript", "css": "text/css"}
-            body = (resources.files("radixrt.server") / "static" / name).read_bytes()
+            body = (resources.files("radixrt.entrypoints") / "static" / name).read_bytes()
             path = "/dashboard" if name.endswith(".html") else f"/dashboard/{name}"
             files[path] = (body, kind[name.rsplit(".", 1)[1]])
 

@@ -25,11 +25,11 @@ from launch_helpers import STARTUP_TIMEOUT_S, free_port, tiny_server_flags
 FORBIDDEN = ("radixrt.scheduler", "radixrt.executor", "radixrt.models", "radixrt.cache")
 # Loaded only on the paths exercised below: their presence shows the log catches lazy imports.
 EXPECTED = (
-    "radixrt.server.openai_api",
-    "radixrt.frontend_validation",
+    "radixrt.entrypoints.openai.api",
+    "radixrt.frontend.validation",
     "radixrt.grammar.checker",
-    "radixrt.server.tool_calls",
-    "radixrt.server.zmq_frontend",
+    "radixrt.entrypoints.openai.tool_calls",
+    "radixrt.entrypoints.zmq_frontend",
 )
 TOOL = {
     "type": "function",
@@ -201,7 +201,7 @@ def _abort_a_stream(client: httpx.Client) -> None:
 
 
 def _zmq_requests(address: str) -> None:
-    from radixrt.zmq_client import ZmqClient
+    from radixrt.lang.backends.zmq_client import ZmqClient
 
     zmq = ZmqClient(address, timeout_s=120)
     try:

@@ -19,8 +19,8 @@ from fastapi import FastAPI
 from launch_helpers import tiny_server_flags
 from prometheus_client.parser import text_string_to_metric_families
 
-from radixrt.server.http_metrics import add_http_metrics
-from radixrt.server.metrics import ServerMetrics
+from radixrt.entrypoints.http_metrics import add_http_metrics
+from radixrt.entrypoints.metrics import ServerMetrics
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "grafana" / "radixrt-dashboard.json"

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from radixrt.zmq_client import FrontendError, ZmqClient
+from radixrt.lang.backends.zmq_client import FrontendError, ZmqClient
 
 pytestmark = pytest.mark.slow
 PROMPT = "Once upon a time, in a small village by the sea, there lived"

@@ -16,7 +16,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from radixrt import Engine
-from radixrt.server.openai_api import add_openai_routes
+from radixrt.entrypoints.openai.api import add_openai_routes
 
 MODEL = "tiny"
 MESSAGES = [
@@ -193,7 +193,7 @@ def test_chat_logprobs(client):
 
 
 def test_token_bytes_are_exact(server):
-    from radixrt.server.openai_stream import TokenTexts
+    from radixrt.entrypoints.openai.stream import TokenTexts
 
     tok = server[0].tokenizer
     texts = TokenTexts(tok)

@@ -13,8 +13,8 @@ import jsonschema
 import openai
 import pytest
 
-from radixrt.server.http_utils import APIError
-from radixrt.server.openai_responses import ResponseStore, StoredResponse
+from radixrt.entrypoints.http_utils import APIError
+from radixrt.entrypoints.openai.responses import ResponseStore, StoredResponse
 
 MODEL = "default"
 WEATHER_TOOL = {

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from launch_helpers import tiny_server_flags
 
-from radixrt.zmq_client import FrontendError, ZmqClient
+from radixrt.lang.backends.zmq_client import FrontendError, ZmqClient
 
 KEY = "sk-test-123"
 LONG = {"max_new_tokens": 3000, "ignore_eos": True}

@@ -17,7 +17,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from radixrt.zmq_client import ZmqClient
+from radixrt.lang.backends.zmq_client import ZmqClient
 
 pytestmark = pytest.mark.slow
 MODEL = "SmolLM2-135M-Instruct"

@@ -27,7 +27,7 @@ import httpx
 import pytest
 from launch_helpers import LaunchedServer, free_port, free_port_run
 
-from radixrt.server import dp_launch
+from radixrt.entrypoints import dp_launch
 from radixrt.server_args import ServerArgs
 
 SMG = shutil.which("smg") or str(Path(sys.executable).with_name("smg"))

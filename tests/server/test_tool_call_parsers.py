@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 
-from radixrt.server.chat_template import template_message as _template_message
-from radixrt.server.openai_protocol import ChatMessage
-from radixrt.server.tool_calls import (
+from radixrt.entrypoints.openai.chat_template import template_message as _template_message
+from radixrt.entrypoints.openai.protocol import ChatMessage
+from radixrt.entrypoints.openai.tool_calls import (
     AutoToolStream,
     ForcedCallScanner,
     hermes_call_tag,

@@ -13,8 +13,8 @@ import jsonschema
 import openai
 import pytest
 
-from radixrt.server.tool_calls import hermes_call_tag
-from radixrt.server.tool_parsers import parse_tool_calls
+from radixrt.entrypoints.openai.tool_calls import hermes_call_tag
+from radixrt.entrypoints.openai.tool_parsers import parse_tool_calls
 
 WEATHER = {
     "type": "object",

@@ -11,8 +11,8 @@ import pytest
 from radixrt.cache.allocator import PageAllocator
 from radixrt.cache.base import create_prefix_cache
 from radixrt.cache.radix_cache import RadixCache
-from radixrt.messages import MAX_CACHE_TREE_DEPTH, MAX_CACHE_TREE_NODES
-from radixrt.sampling_params import SamplingParams
+from radixrt.protocol.messages import MAX_CACHE_TREE_DEPTH, MAX_CACHE_TREE_NODES
+from radixrt.protocol.sampling_params import SamplingParams
 from radixrt.scheduler import cache_snapshot as snap
 from radixrt.scheduler.req import Req
 

@@ -1,4 +1,4 @@
-"""DecodeStream (radixrt/decode_stream.py) against today's window path: for many seeded random
+"""DecodeStream (detokenizer/decode_stream.py) against today's window path: for many seeded random
 id sequences (multi-byte characters split across tokens, special tokens, random vocabulary ids)
 fed in random chunks, the two give the same deltas, whose concatenation is the whole sequence's
 decode, with skip_special_tokens on and off; stop strings behave as before."""
@@ -10,8 +10,8 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
-from radixrt.decode_stream import StreamDecoder, WindowDecoder, new_decoder
-from radixrt.detokenizer import IncrementalDetokenizer
+from radixrt.detokenizer.decode_stream import StreamDecoder, WindowDecoder, new_decoder
+from radixrt.detokenizer.detokenizer import IncrementalDetokenizer
 
 TEXTS = [
     "Hello world, streaming text.",

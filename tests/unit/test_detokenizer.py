@@ -10,8 +10,9 @@ import threading
 import pytest
 from transformers import AutoTokenizer
 
-from radixrt.detokenizer import Detokenizer, IncrementalDetokenizer, failure, serve
-from radixrt.messages import (
+from radixrt.detokenizer.detokenizer import Detokenizer, IncrementalDetokenizer, failure, serve
+from radixrt.ipc.transport import queue_pipeline
+from radixrt.protocol.messages import (
     BatchOutput,
     ControlReply,
     DetokParams,
@@ -20,7 +21,6 @@ from radixrt.messages import (
     decode_from_scheduler,
     encode,
 )
-from radixrt.transport import queue_pipeline
 
 TEXTS = [
     "Hello world, this is a test of streaming.",
@@ -155,7 +155,7 @@ def test_a_failure_names_the_detokenizer():
 
 def test_in_process_engine_gets_its_text_from_the_detokenizer_thread(tiny_model_dir, monkeypatch):
     import radixrt
-    from radixrt.request_state import SchedulerDied
+    from radixrt.frontend.request_state import SchedulerDied
 
     with radixrt.Engine(
         tiny_model_dir("llama"),
@@ -180,7 +180,7 @@ def test_in_process_engine_gets_its_text_from_the_detokenizer_thread(tiny_model_
                 raise UnicodeError("cannot decode")
 
         # The detokenizer thread picks each request's decoder through this name.
-        monkeypatch.setattr("radixrt.detokenizer.new_decoder", lambda *args: Broken())
+        monkeypatch.setattr("radixrt.detokenizer.detokenizer.new_decoder", lambda *args: Broken())
         with pytest.raises(SchedulerDied, match="the detokenizer failed: cannot decode"):
             engine.generate(input_ids=[5, 6, 7], sampling_params=params)
         with pytest.raises(SchedulerDied, match="detokenizer"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from radixrt.server.http_server import _stream_chunks
+from radixrt.entrypoints.http_server import _stream_chunks
 
 
 def engine_chunks() -> list[dict]:

@@ -119,7 +119,7 @@ def test_compile_cache_reuses_by_text_and_retries_failures(backend):
 
 
 def test_the_scheduler_masks_exactly_the_forbidden_tokens_of_constrained_rows(tokenizer):
-    from radixrt.sampling_params import SamplingParams
+    from radixrt.protocol.sampling_params import SamplingParams
     from radixrt.scheduler.req import GrammarState, Req
     from radixrt.scheduler.structured import StructuredGeneration
 

@@ -20,8 +20,8 @@ from vllm_kv_events import DECODER, END_SEQ, BlockRemoved, BlockStored, KVEventB
 
 from radixrt.cache.allocator import PageAllocator
 from radixrt.cache.radix_cache import RadixCache, TreeNode
-from radixrt.kv_events import KVEventSink, parse_kv_events_config
-from radixrt.kv_events_publisher import ZmqEventPublisher
+from radixrt.observability.kv_events import KVEventSink, parse_kv_events_config
+from radixrt.observability.kv_events_publisher import ZmqEventPublisher
 
 _endpoints = itertools.count()
 

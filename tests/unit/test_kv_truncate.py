@@ -9,7 +9,7 @@ from radixrt.cache.allocator import PageAllocator
 from radixrt.cache.invariants import check_kv_accounting
 from radixrt.cache.radix_cache import RadixCache
 from radixrt.cache.req_to_token import ReqToTokenTable
-from radixrt.sampling_params import SamplingParams
+from radixrt.protocol.sampling_params import SamplingParams
 from radixrt.scheduler.kv_manager import KVManager
 from radixrt.scheduler.req import Req
 

@@ -1,5 +1,5 @@
-"""The one log format (radixrt/log_setup.py), the access-log middleware (server/access_log.py)
-and the weight-loading progress lines (loader/progress.py), without a server."""
+"""The one log format, the access-log middleware (entrypoints/access_log.py)
+and the weight-loading progress lines (models/load_progress.py), without a server."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
-from radixrt.loader.progress import WeightProgress
-from radixrt.log_setup import (
+from radixrt.entrypoints.access_log import add_access_log
+from radixrt.models.load_progress import WeightProgress
+from radixrt.observability.log_setup import (
     configure_default_logging,
     configure_logging,
     format_bytes,
     logging_config,
 )
-from radixrt.server.access_log import add_access_log
 
 LINE = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d (\w+)\] (\w+) ([\w.]+): (.*)$")
 

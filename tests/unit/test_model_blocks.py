@@ -9,16 +9,16 @@ from transformers import LlamaConfig, Qwen3Config
 from transformers.models.llama import modeling_llama as hf_llama
 from transformers.models.qwen3 import modeling_qwen3 as hf_qwen3
 
+from radixrt.attention.forward_batch import ForwardBatch
 from radixrt.attention.torch_backend import TorchAttentionBackend
 from radixrt.cache.kv_pool import KVPool
-from radixrt.executor.forward_batch import ForwardBatch
 from radixrt.layers import fused
 from radixrt.layers.attention import AttentionShape
+from radixrt.layers.config import RopeConfig, TransformerConfig
 from radixrt.layers.embedding import LMHead
 from radixrt.layers.mlp import GatedMLP
 from radixrt.layers.norm import RMSNorm
 from radixrt.layers.rotary import RotaryEmbedding, apply_rotary
-from radixrt.models.config import RopeConfig, TransformerConfig
 from radixrt.models.qwen3 import QKNormAttention, Qwen3ForCausalLM
 from radixrt.models.weight_loader import load_hf_weights
 

@@ -12,9 +12,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
+from radixrt.attention.forward_batch import ForwardBatch
 from radixrt.attention.torch_backend import TorchAttentionBackend
 from radixrt.cache.kv_pool import KVPool
-from radixrt.executor.forward_batch import ForwardBatch
 from radixrt.loader.load import load_model
 from radixrt.loader.model_config import ModelConfig, cpu_has_bf16, resolve_dtype
 from radixrt.loader.quantize import packs_weights

@@ -14,7 +14,7 @@ from radixrt.executor.model_runner import ModelRunner
 from radixrt.layers.decoder import DecoderLayer
 from radixrt.layers.quantized import can_keep_dense
 from radixrt.loader.load import load_model
-from radixrt.native import load_native
+from radixrt.native.build import load_native
 
 pytestmark = pytest.mark.skipif(load_native() is None, reason="native CPU kernels not built")
 needs_dense_copy = pytest.mark.skipif(

@@ -14,7 +14,7 @@ from gguf.quants import quantize as gguf_quantize
 from radixrt.layers import quantized
 from radixrt.layers.fused import dense_linear
 from radixrt.layers.quantized import GGUFWeight, dequantize, q4_0_to_q4_1, quantize
-from radixrt.native import load_native
+from radixrt.native.build import load_native
 
 GGUF_TYPE = {"int4": T.Q4_1, "int8": T.Q8_0}
 # The native kernel sums each row in float32 in its own order: relative to the float64

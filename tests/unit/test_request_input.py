@@ -6,9 +6,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from radixrt import request_input as ri
 from radixrt.errors import ParamError
-from radixrt.messages import ClientGenerate, decode_from_client, encode
+from radixrt.protocol import request_input as ri
+from radixrt.protocol.messages import ClientGenerate, decode_from_client, encode
 
 # The fields of sglang/srt/managers/io_struct.py GenerateReqInput in SGLang 0.5.23.
 SGLANG_FIELDS = """rid session_id text input_ids input_embeds image_data video_data audio_data

@@ -14,11 +14,11 @@ import torch
 
 from radixrt.errors import ParamError
 from radixrt.executor.sampler import NO_TOKEN, SamplingBatch, sample
-from radixrt.frontend_validation import build_requests
+from radixrt.frontend.validation import build_requests
 from radixrt.grammar.constraint import json_text_depth
-from radixrt.request_input import make_request
-from radixrt.request_limits import validate_logprobs
-from radixrt.sampling_params import SamplingParams
+from radixrt.protocol.request_input import make_request
+from radixrt.protocol.request_limits import validate_logprobs
+from radixrt.protocol.sampling_params import SamplingParams
 from radixrt.server_args import ServerArgs
 
 VOCAB = 49152
@@ -208,7 +208,7 @@ def test_param_error_names_its_field_first_and_is_a_value_error():
 
 
 def test_shared_checks_name_the_field_they_are_given():
-    from radixrt.request_limits import validate_prompt_len, validate_token_ids
+    from radixrt.protocol.request_limits import validate_prompt_len, validate_token_ids
 
     with pytest.raises(ParamError, match="the prompt is empty") as err:
         validate_prompt_len(0, 64, "text")
@@ -223,7 +223,7 @@ def test_shared_checks_name_the_field_they_are_given():
 
 
 def test_openai_layer_takes_param_from_the_error_not_its_text():
-    from radixrt.server.openai_translate import rename_engine_error
+    from radixrt.entrypoints.openai.translate import rename_engine_error
 
     names = {"max_new_tokens": "max_tokens", "input_ids": "prompt"}
     # The message names other fields first: only the exception's own param counts.

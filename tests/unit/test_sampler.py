@@ -10,7 +10,7 @@ import torch
 from radixrt.executor.logprobs import compute_logprobs
 from radixrt.executor.penalties import build_penalties, token_counts
 from radixrt.executor.sampler import NO_TOKEN, SamplingBatch, sample
-from radixrt.sampling_params import SamplingParams
+from radixrt.protocol.sampling_params import SamplingParams
 
 V = 16
 

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from radixrt.sampling_params import SamplingParams
+from radixrt.protocol.sampling_params import SamplingParams
 
 VOCAB = 100
 

@@ -8,8 +8,8 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
-from radixrt.detokenizer import IncrementalDetokenizer
-from radixrt.sampling_params import SamplingParams
+from radixrt.detokenizer.detokenizer import IncrementalDetokenizer
+from radixrt.protocol.sampling_params import SamplingParams
 
 VOCAB = 100
 # The API fields of sglang/srt/sampling/sampling_params.py SamplingParams in SGLang 0.5.23.

@@ -12,16 +12,16 @@ from concurrent.futures import Future
 import msgspec
 import pytest
 
-from radixrt.messages import BatchOutput, GenerateReq, decode_from_scheduler, encode
+from radixrt.protocol.messages import BatchOutput, GenerateReq, decode_from_scheduler, encode
 from radixrt.server_args import ServerArgs
 
 
 @pytest.fixture(scope="module")
 def scheduler_and_outbox(tiny_model_dir):
+    from radixrt.ipc.transport import queue_pair
     from radixrt.loader.tokenizer import load_tokenizer
     from radixrt.scheduler.components import build_components
     from radixrt.scheduler.scheduler import Scheduler
-    from radixrt.transport import queue_pair
 
     path = tiny_model_dir("llama")
     args = ServerArgs(
@@ -108,7 +108,7 @@ def test_raw_messages_are_refused_with_an_abort_message(scheduler_and_outbox, ms
 
 
 def test_a_compile_past_the_timeout_ends_its_request(scheduler_and_outbox):
-    from radixrt.sampling_params import SamplingParams
+    from radixrt.protocol.sampling_params import SamplingParams
     from radixrt.scheduler.req import Req
 
     scheduler, front = scheduler_and_outbox

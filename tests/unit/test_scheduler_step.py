@@ -14,8 +14,9 @@ import torch
 from radixrt.cache.allocator import PageAllocator
 from radixrt.cache.base import create_prefix_cache
 from radixrt.cache.req_to_token import ReqToTokenTable
-from radixrt.messages import BatchOutput, FlushCacheReq, GenerateReq, decode_from_scheduler
-from radixrt.sampling_params import SamplingParams
+from radixrt.ipc.transport import queue_pair
+from radixrt.protocol.messages import BatchOutput, FlushCacheReq, GenerateReq, decode_from_scheduler
+from radixrt.protocol.sampling_params import SamplingParams
 from radixrt.scheduler.components import Components
 from radixrt.scheduler.planner import resolve_max_prefill_tokens
 from radixrt.scheduler.policy import SchedulePolicy
@@ -23,7 +24,6 @@ from radixrt.scheduler.req import Req
 from radixrt.scheduler.schedule_batch import ScheduleBatch
 from radixrt.scheduler.scheduler import Scheduler
 from radixrt.server_args import ServerArgs
-from radixrt.transport import queue_pair
 
 VOCAB = 64
 EOS = 1

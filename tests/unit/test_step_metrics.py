@@ -11,9 +11,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from radixrt.cache.allocator import PageAllocator
 from radixrt.cache.block_timings import KVBlockTimings
 from radixrt.cache.radix_cache import RadixCache
-from radixrt.histogram import FixedHistogram
+from radixrt.entrypoints.metrics import ServerMetrics, finished_reason
+from radixrt.observability.histogram import FixedHistogram
 from radixrt.scheduler.step_metrics import StepMetrics
-from radixrt.server.metrics import ServerMetrics, finished_reason
 
 
 class FakeClock:

@@ -13,12 +13,12 @@ import jsonschema
 import pytest
 import torch
 
+from radixrt.entrypoints.openai.tool_calls import hermes_call_tag
+from radixrt.entrypoints.openai.tool_parsers import parse_tool_calls
 from radixrt.grammar.backend import GrammarBackend
 from radixrt.grammar.constraint import check_constraint, parse_constraint
 from radixrt.grammar.jump_forward import propose
-from radixrt.sampling_params import SamplingParams
-from radixrt.server.tool_calls import hermes_call_tag
-from radixrt.server.tool_parsers import parse_tool_calls
+from radixrt.protocol.sampling_params import SamplingParams
 
 VOCAB = 49152  # SmolLM2's
 WEATHER = {

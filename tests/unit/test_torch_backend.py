@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from radixrt.attention.base import create_backend
+from radixrt.attention.forward_batch import ForwardBatch
 from radixrt.attention.torch_backend import TorchAttentionBackend
 from radixrt.cache.kv_pool import KVPool
-from radixrt.executor.forward_batch import ForwardBatch
 
 HQ, HKV, D = 6, 2, 16
 

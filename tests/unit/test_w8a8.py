@@ -15,7 +15,7 @@ from radixrt.layers.quantized import (
     w8a8_reference,
 )
 from radixrt.loader.quantize import keep_dense_copies
-from radixrt.native import load_native
+from radixrt.native.build import load_native
 from radixrt.server_args import ServerArgs
 
 needs_native = pytest.mark.skipif(

@@ -12,8 +12,8 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from radixrt.messages import ClientControl, client_frames, decode_client_reply
-from radixrt.server.zmq_frontend import ZmqFrontend
+from radixrt.entrypoints.zmq_frontend import ZmqFrontend
+from radixrt.protocol.messages import ClientControl, client_frames, decode_client_reply
 
 
 class _Engine:

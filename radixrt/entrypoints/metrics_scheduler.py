@@ -1,0 +1,99 @@
+"""The metrics only the scheduler knows, fetched over one control round trip when Prometheus
+scrapes: gauges of the batch and the KV pool, its counters, and its histograms (bucket counts
+kept in the scheduler process in radixrt/observability/histogram.py buckets)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+# get_stats() key -> (metric name without the prefix, help); counters get `_total` appended.
+_COUNTERS = {
+    "num_preemptions": ("num_preemptions", "Requests retracted to free KV"),
+    "jump_forward_tokens": ("jump_forward_tokens", "Jump-forward tokens the model confirmed"),
+    "prefix_cache_queries": (
+        "prefix_cache_queries",
+        "Prompt tokens looked up in the prefix cache (at each request's admission)",
+    ),
+    "prefix_cache_hits": ("prefix_cache_hits", "Prompt tokens the prefix cache served"),
+    "evicted_tokens": ("evicted_tokens", "Tokens evicted from the prefix cache (flush included)"),
+}
+_HISTOGRAMS = {
+    "iteration_tokens_total": "Tokens computed per scheduler step (prefill and decode)",
+    "kv_block_lifetime_seconds": "KV page lifetime, from insertion in the cache to eviction",
+    "kv_block_idle_before_evict_seconds": "KV page idle time (unused) before its eviction",
+    "kv_block_reuse_gap_seconds": "Time from a request releasing a KV page to the next reuse",
+    "grammar_compile_time_seconds": "Time a constrained request waited for its grammar",
+}
+
+
+class SchedulerCollector:
+    """A prometheus_client custom collector over `get_stats` (Scheduler.get_stats)."""
+
+    def __init__(self, get_stats: Callable[[], dict[str, Any]], model_name: str) -> None:
+        self.get_stats = get_stats
+        self.model_name = model_name
+
+    def describe(self) -> list[Metric]:  # none up front: collect() must not run at registration
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.get_stats()
+        yield from self._gauges(stats)
+        for key, (name, doc) in _COUNTERS.items():
+            c = CounterMetricFamily(f"radixrt:{name}", doc, labels=["model_name"])
+            c.add_metric([self.model_name], stats[key])
+            yield c
+        for name, doc in _HISTOGRAMS.items():
+            yield self._histogram(name, doc, stats["histograms"][name])
+
+    def _gauges(self, stats: dict[str, Any]) -> Iterator[Metric]:
+        pool = max(stats["pool_tokens"], 1)
+        used = stats["pool_tokens"] - stats["free_tokens"] - stats["evictable_tokens"]
+        gauges = {
+            "num_running_reqs": ("Requests running in the batch", stats["running"]),
+            "num_queue_reqs": ("Requests waiting for admission", stats["queued"]),
+            "num_grammar_queue_reqs": (
+                "Constrained requests waiting for their grammar to compile",
+                stats["grammar_queue"],
+            ),
+            "token_usage": ("Fraction of the KV pool held by running requests", used / pool),
+            "num_used_tokens": ("KV pool tokens held by running requests", used),
+            "num_evictable_tokens": (
+                "KV pool tokens the prefix cache holds that no request uses (evictable)",
+                stats["evictable_tokens"],
+            ),
+            "cache_hit_rate": (
+                "Prompt tokens served from the cache / prompt tokens, since start-up",
+                stats["cache_hit_rate"],
+            ),
+            "max_total_num_tokens": ("KV pool size in tokens", stats["pool_tokens"]),
+        }
+        for name, (doc, value) in gauges.items():
+            g = GaugeMetricFamily(f"radixrt:{name}", doc, labels=["model_name"])
+            g.add_metric([self.model_name], value)
+            yield g
+
+    def _histogram(self, name: str, doc: str, snap: dict[str, Any]) -> Metric:
+        """A HistogramMetricFamily from a FixedHistogram snapshot (counts per bucket)."""
+        h = HistogramMetricFamily(f"radixrt:{name}", doc, labels=["model_name"])
+        bounds = [*snap["bounds"], math.inf]
+        cumulative, buckets = 0, []
+        for bound, count in zip(bounds, snap["counts"], strict=True):
+            cumulative += count
+            buckets.append((_le(bound), cumulative))
+        h.add_metric([self.model_name], buckets, snap["sum"])
+        return h
+
+
+def _le(bound: float) -> str:
+    """A bucket's `le` label as prometheus_client writes it ("1.0", "0.5", "+Inf")."""
+    return "+Inf" if math.isinf(bound) else repr(float(bound))
