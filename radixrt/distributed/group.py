@@ -8,9 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-
-class RankDied(RuntimeError):
-    """A collective did not complete within the group's timeout: a rank is gone or stuck."""
+from radixrt.errors import RankDied
 
 
 @dataclass(frozen=True)

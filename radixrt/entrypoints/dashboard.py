@@ -17,7 +17,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from radixrt.entrypoints.http_utils import APIError, exception_response, json_response
+from radixrt.entrypoints.http_utils import exception_response, json_response
+from radixrt.errors import APIError
 from radixrt.protocol.messages import MAX_CACHE_TREE_DEPTH, MAX_CACHE_TREE_NODES, GetCacheTreeReq
 
 DASHBOARD_PATH = "/dashboard"

@@ -28,9 +28,6 @@ from radixrt.entrypoints.http_metrics import add_http_metrics
 from radixrt.entrypoints.http_utils import (
     CLIENT_CLOSED,
     SCHEMA_REF,
-    APIError,
-    BodyTooLarge,
-    ClientDisconnected,
     await_or_disconnect,
     error_response,
     event_stream,
@@ -47,8 +44,14 @@ from radixrt.entrypoints.metrics import ServerMetrics
 from radixrt.entrypoints.openai.api import add_openai_routes
 from radixrt.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from radixrt.entrypoints.openai.responses_protocol import ResponsesRequest
+from radixrt.errors import (
+    APIError,
+    BodyTooLarge,
+    ClientDisconnected,
+    SchedulerDied,
+    ServerOverloaded,
+)
 from radixrt.frontend.engine import Engine
-from radixrt.frontend.request_state import SchedulerDied, ServerOverloaded
 from radixrt.protocol.request_input import GenerateReqInput
 from radixrt.protocol.request_input import from_dict as request_from_dict
 from radixrt.protocol.sampling_params import SamplingParams
@@ -71,8 +74,9 @@ class ServerState:
     zmq_address: str | None = None
 
 
-class AbortReq(BaseModel):
-    """SGLang's AbortReq: the request with exactly this rid (and the n samples or batch made
+class AbortRequestBody(BaseModel):
+    """The body of /abort_request (SGLang's AbortReq fields; the message the engine sends is
+    protocol.messages.AbortReq): the request with exactly this rid (and the n samples or batch made
     from it), or with abort_all every request."""
 
     rid: str = ""
@@ -218,7 +222,7 @@ def _declare_bodies(app: FastAPI) -> None:
     """/openapi.json describes every request body: the handlers read the raw body (their
     errors keep the OpenAI shape), so the schemas are added to the document's components."""
     components = pydantic_components(
-        ChatCompletionRequest, CompletionRequest, ResponsesRequest, AbortReq, *NATIVE_BODIES
+        ChatCompletionRequest, CompletionRequest, ResponsesRequest, AbortRequestBody, *NATIVE_BODIES
     )
     components.update(_generate_components())
     build = app.openapi
@@ -299,7 +303,7 @@ def _add_native_routes(app: FastAPI, state: ServerState) -> None:
             operation_id=f"flush_cache_{method.lower()}",
         )
 
-    @app.post("/abort_request", openapi_extra=json_body("AbortReq"))
+    @app.post("/abort_request", openapi_extra=json_body("AbortRequestBody"))
     async def abort_request(request: Request) -> Response:
         try:
             rid, abort_all = _abort_target(await read_json(request))

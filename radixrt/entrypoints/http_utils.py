@@ -15,8 +15,13 @@ from typing import Any, TypeVar
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from radixrt.errors import ParamError
-from radixrt.frontend.request_state import SchedulerDied, ServerOverloaded
+from radixrt.errors import (
+    APIError,
+    ClientDisconnected,
+    ParamError,
+    SchedulerDied,
+    ServerOverloaded,
+)
 
 T = TypeVar("T")
 logger = logging.getLogger("radixrt.server")
@@ -44,42 +49,6 @@ STATUS_CODES = {
     500: "internal_error",
     503: "service_unavailable",
 }
-
-
-class APIError(Exception):
-    """Raised by endpoint code for a bad request; rendered by `error_response`. `code`:
-    OpenAI's error code, when not the one of `status` (STATUS_CODES)."""
-
-    def __init__(
-        self,
-        message: str,
-        param: str | None = None,
-        status: int = 400,
-        err_type: str = "invalid_request_error",
-        code: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
-        self.status = status
-        self.err_type = err_type
-        self.code = code
-
-
-class BodyTooLarge(APIError):
-    """The request body is over --max-request-bytes (HTTP 413)."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(
-            f"the request body is larger than the server's limit of {limit} "
-            "bytes (--max-request-bytes)",
-            None,
-            413,
-        )
-
-
-class ClientDisconnected(Exception):
-    """The client closed the connection before its answer was ready."""
 
 
 def error_response(

@@ -18,13 +18,8 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict
 
 import radixrt
-from radixrt.entrypoints.http_utils import (
-    APIError,
-    exception_response,
-    json_body,
-    json_response,
-    read_json,
-)
+from radixrt.entrypoints.http_utils import exception_response, json_body, json_response, read_json
+from radixrt.errors import APIError
 
 HEALTH_GENERATE_TIMEOUT_S = 20.0  # a one-token generation on an idle server takes far less
 

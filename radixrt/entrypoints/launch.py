@@ -26,7 +26,7 @@ import time
 
 import uvicorn
 
-from radixrt.frontend.request_state import ServerShuttingDown
+from radixrt.errors import ServerShuttingDown
 from radixrt.observability.log_setup import configure_logging, uvicorn_log_config
 from radixrt.server_args import ServerArgs
 

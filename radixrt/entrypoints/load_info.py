@@ -18,7 +18,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from radixrt.entrypoints.http_utils import APIError, exception_response, json_response
+from radixrt.entrypoints.http_utils import exception_response, json_response
+from radixrt.errors import APIError
 
 # SGLang's /v1/loads sections. "core" is always answered; radixrt has nothing to report for
 # speculative decoding, LoRA or disaggregation, so those sections are accepted and left out

@@ -18,12 +18,11 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
+from radixrt.errors import SchedulerDied, ServerOverloaded
 from radixrt.frontend.engine_start import start_backend
 from radixrt.frontend.request_registry import RequestRegistry
 from radixrt.frontend.request_state import (
     ReqState,
-    SchedulerDied,
-    ServerOverloaded,
     new_queues,
     raise_if_error,
     stream_async,

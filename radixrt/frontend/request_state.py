@@ -14,21 +14,6 @@ from typing import Any
 
 from radixrt.protocol.messages import ReqOutput
 
-
-class SchedulerDied(RuntimeError):
-    """The scheduler side is gone (a child process died, or the engine was shut down): every
-    request waiting on it fails with this, and so does every later call (HTTP 503)."""
-
-
-class ServerShuttingDown(SchedulerDied):
-    """The server is stopping (SIGTERM): new requests are refused and the requests still
-    running at the end of the grace period end with this (HTTP 503)."""
-
-
-class ServerOverloaded(RuntimeError):
-    """More requests are waiting than max_queued_requests allows (HTTP 503)."""
-
-
 _TOKEN_KEYS = ("input_token_logprobs", "output_token_logprobs")
 _TOP_KEYS = ("input_top_logprobs", "output_top_logprobs")
 _IDS_KEYS = ("input_token_ids_logprobs", "output_token_ids_logprobs")

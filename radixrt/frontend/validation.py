@@ -254,7 +254,7 @@ def _checked_params(raw, engine: Any, prompt_len: int) -> SamplingParams:
 
 def _check_constraint(engine: Any, params: SamplingParams) -> None:
     """A regex / json_schema / ebnf compiles in time and some token can start its text."""
-    from radixrt.grammar.checker import GrammarBusy
+    from radixrt.errors import GrammarBusy
     from radixrt.grammar.constraint import constraint_of
 
     found = constraint_of(params)
@@ -269,7 +269,7 @@ def _check_constraint(engine: Any, params: SamplingParams) -> None:
     try:
         _checker(engine).check(*found)
     except GrammarBusy as e:
-        from radixrt.frontend.request_state import ServerOverloaded
+        from radixrt.errors import ServerOverloaded
 
         raise ServerOverloaded(str(e)) from None
 

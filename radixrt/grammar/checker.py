@@ -19,7 +19,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from radixrt.errors import ParamError
+from radixrt.errors import GrammarBusy, ParamError
 from radixrt.grammar.backend import allows_some_token, make_compiler
 from radixrt.grammar.constraint import check_constraint_size, parse_constraint
 from radixrt.grammar.workers import DaemonExecutor
@@ -27,10 +27,6 @@ from radixrt.grammar.workers import DaemonExecutor
 CACHE_SIZE = 1024
 WORKERS = 2  # compiles at once: one slow constraint does not hold up every other
 SETUP_TIMEOUT_S = 120.0  # reading the vocabulary once; not the request's compile time
-
-
-class GrammarBusy(Exception):
-    """Every compile worker stayed busy for the whole timeout: retry later (an HTTP 503)."""
 
 
 class ConstraintChecker:

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from radixrt.errors import SchedulerStartError
 from radixrt.ipc.transport import Transport, ZmqTransport
 from radixrt.protocol.messages import (
     SchedulerFailed,
@@ -42,10 +43,6 @@ PARENT_POLL_S = 0.5  # how often a child checks that its parent is alive
 _LOCK_NAME = "owner.lock"
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _PARENT_DEATH_SIGNAL = signal.SIGUSR1  # what the kernel sends a child when its parent dies
-
-
-class SchedulerStartError(RuntimeError):
-    pass
 
 
 _REraisable = {

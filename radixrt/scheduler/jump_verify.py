@@ -16,8 +16,9 @@ from typing import Any
 
 import torch
 
+from radixrt.errors import RequestFailed
 from radixrt.executor.sampler import NO_TOKEN, SamplingBatch, sample
-from radixrt.scheduler.req import Req, RequestFailed
+from radixrt.scheduler.req import Req
 
 
 def verify_proposal(

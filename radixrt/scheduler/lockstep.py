@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from radixrt.distributed import TPGroup, init_tp_group
+from radixrt.errors import LockstepError
 from radixrt.grammar.constraint import constraint_of
 from radixrt.scheduler.components import resolve_device
 from radixrt.scheduler.req import GrammarState, Req
@@ -30,10 +31,6 @@ if TYPE_CHECKING:
     from radixrt.scheduler.kv_manager import KVManager
     from radixrt.scheduler.schedule_batch import ScheduleBatch
     from radixrt.scheduler.scheduler import Scheduler
-
-
-class LockstepError(RuntimeError):
-    """A rank's scheduler state no longer matches rank 0's."""
 
 
 class Relay(msgspec.Struct, array_like=True):

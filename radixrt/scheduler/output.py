@@ -13,11 +13,12 @@ from typing import Any
 
 import torch
 
+from radixrt.errors import RequestFailed
 from radixrt.executor.logprobs import compute_logprobs
 from radixrt.executor.sampler import NO_TOKEN, SamplingBatch, sample
 from radixrt.protocol.messages import DetokParams, ReqOutput
 from radixrt.protocol.sampling_params import SamplingParams
-from radixrt.scheduler.req import Req, RequestFailed
+from radixrt.scheduler.req import Req
 from radixrt.scheduler.schedule_batch import LogitRows
 from radixrt.scheduler.stops import matched_stop_regex, matched_stop_string
 from radixrt.scheduler.structured import StructuredGeneration

@@ -10,11 +10,6 @@ import torch
 from radixrt.protocol.sampling_params import SamplingParams
 
 
-class RequestFailed(Exception):
-    """This request cannot go on (its constraint admits no token, a stop regex runs away...):
-    it ends alone, with finish reason abort and this message; the others go on."""
-
-
 @dataclass
 class GrammarState:
     """A constrained request's grammar: its kind (regex, json_schema, ebnf), its xgrammar

@@ -12,7 +12,8 @@ from typing import Any
 
 import regex
 
-from radixrt.scheduler.req import Req, RequestFailed
+from radixrt.errors import RequestFailed
+from radixrt.scheduler.req import Req
 
 _MAX_STOP_REGEX_WIDTH = 4096  # wider than this: decode the whole output to search it
 STOP_REGEX_TIMEOUT_S = 0.05  # per search; real stop patterns take microseconds

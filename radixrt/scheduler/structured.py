@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from radixrt.errors import RequestFailed
 from radixrt.grammar.constraint import constraint_of
 from radixrt.grammar.jump_forward import propose
 from radixrt.observability.histogram import FixedHistogram
 from radixrt.scheduler.jump_verify import verify_proposal
-from radixrt.scheduler.req import GrammarState, Req, RequestFailed
+from radixrt.scheduler.req import GrammarState, Req
 from radixrt.scheduler.step_metrics import COMPILE_SECONDS_BUCKETS
 
 if TYPE_CHECKING:

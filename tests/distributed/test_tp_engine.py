@@ -103,7 +103,8 @@ def _stand_in_scheduler(output_ids: list[int]) -> SimpleNamespace:
 
 def _check_rank(rank: int, port: int, out: dict) -> None:
     from radixrt.distributed import init_tp_group
-    from radixrt.scheduler.lockstep import Lockstep, LockstepError
+    from radixrt.errors import LockstepError
+    from radixrt.scheduler.lockstep import Lockstep
 
     group = init_tp_group(rank, 2, f"tcp://127.0.0.1:{port}", "cpu", timeout_s=20)
     lockstep = Lockstep(group, check=True, local_ranks=range(2))

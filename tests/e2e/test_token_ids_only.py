@@ -47,7 +47,7 @@ def test_child_scheduler_death_is_an_error_not_a_hang(tiny_model_dir):
     import signal
     import time
 
-    from radixrt.frontend.request_state import SchedulerDied
+    from radixrt.errors import SchedulerDied
 
     engine = radixrt.Engine(model_path=tiny_model_dir("llama"), dtype="float32")
     try:

@@ -16,7 +16,7 @@ from test_http_hostile import openai_error
 
 from radixrt.entrypoints.http_server import ServerState, build_app
 from radixrt.entrypoints.metrics import ServerMetrics
-from radixrt.frontend.request_state import SchedulerDied
+from radixrt.errors import SchedulerDied
 from radixrt.server_args import ServerArgs
 
 

@@ -267,7 +267,7 @@ def test_graceful_shutdown_timeout_lets_running_requests_finish(launch_server, m
 
 def test_engine_calls_fail_fast_naming_a_dead_child(model):
     import radixrt
-    from radixrt.frontend.request_state import SchedulerDied
+    from radixrt.errors import SchedulerDied
 
     engine = radixrt.Engine(model_path=model, dtype="float32", max_total_tokens=32768)
     try:

@@ -13,8 +13,8 @@ import jsonschema
 import openai
 import pytest
 
-from radixrt.entrypoints.http_utils import APIError
 from radixrt.entrypoints.openai.responses import ResponseStore, StoredResponse
+from radixrt.errors import APIError
 
 MODEL = "default"
 WEATHER_TOOL = {

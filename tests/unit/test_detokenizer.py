@@ -155,7 +155,7 @@ def test_a_failure_names_the_detokenizer():
 
 def test_in_process_engine_gets_its_text_from_the_detokenizer_thread(tiny_model_dir, monkeypatch):
     import radixrt
-    from radixrt.frontend.request_state import SchedulerDied
+    from radixrt.errors import SchedulerDied
 
     with radixrt.Engine(
         tiny_model_dir("llama"),

@@ -174,7 +174,8 @@ def test_a_row_with_nothing_left_to_draw_samples_no_token():
 
 
 def test_a_stop_regex_that_backtracks_forever_fails_its_request_quickly():
-    from radixrt.scheduler.req import Req, RequestFailed
+    from radixrt.errors import RequestFailed
+    from radixrt.scheduler.req import Req
     from radixrt.scheduler.stops import matched_stop_regex
 
     class Chars:

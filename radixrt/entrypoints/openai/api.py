@@ -61,7 +61,6 @@ from fastapi.responses import JSONResponse, Response
 
 from radixrt.entrypoints.http_utils import (
     CLIENT_CLOSED,
-    APIError,
     await_or_disconnect,
     error_response,
     event_stream,
@@ -78,6 +77,7 @@ from radixrt.entrypoints.openai.protocol import ChatCompletionRequest, Completio
 from radixrt.entrypoints.openai.responses import add_responses_routes
 from radixrt.entrypoints.openai.stream import TokenTexts, chat_events, completion_events
 from radixrt.entrypoints.openai.tool_calls import MISTRAL_MARK, ToolPlan, plan_tools
+from radixrt.errors import APIError, ModelNotFound
 from radixrt.protocol.request_limits import (
     validate_prompt_len,
     validate_request_size,
@@ -313,14 +313,6 @@ class OpenAIServing:
             max_new = max(1, min(default, info.context_length - prompt_len))
         validate_request_size(prompt_len, max_new, info.context_length, info.pool_tokens)
         return max_new
-
-
-class ModelNotFound(Exception):
-    """A request's `model` is not the served model."""
-
-    def __init__(self, model: str | None) -> None:
-        super().__init__(model)
-        self.model = model
 
 
 def _model_not_found(model: str | None, served: str) -> JSONResponse:

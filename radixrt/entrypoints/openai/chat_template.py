@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 from typing import Any, NamedTuple
 
-from radixrt.entrypoints.http_utils import APIError, check_json_value
+from radixrt.entrypoints.http_utils import check_json_value
 from radixrt.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
+from radixrt.errors import APIError
 
 _RESERVED = {"conversation", "tokenize"}  # apply_chat_template arguments the server passes
 

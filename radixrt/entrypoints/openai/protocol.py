@@ -14,7 +14,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from radixrt.entrypoints.http_utils import APIError
+from radixrt.errors import APIError
 
 MAX_TOP_LOGPROBS = 20  # the OpenAI API's limit for chat top_logprobs
 ROLES = ("system", "user", "assistant", "tool", "developer", "function")

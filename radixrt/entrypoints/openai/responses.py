@@ -26,7 +26,6 @@ from fastapi.responses import JSONResponse, Response
 
 from radixrt.entrypoints.http_utils import (
     CLIENT_CLOSED,
-    APIError,
     await_or_disconnect,
     error_response,
     event_stream,
@@ -53,6 +52,7 @@ from radixrt.entrypoints.openai.responses_protocol import (
 )
 from radixrt.entrypoints.openai.responses_stream import response_events
 from radixrt.entrypoints.openai.tool_calls import read_calls
+from radixrt.errors import APIError
 
 MAX_STORED_RESPONSES = 1024  # responses kept for previous_response_id and GET (LRU)
 

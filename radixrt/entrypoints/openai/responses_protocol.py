@@ -14,9 +14,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from radixrt.entrypoints.http_utils import APIError
 from radixrt.entrypoints.openai.protocol import _validation_error
 from radixrt.entrypoints.openai.tool_calls import ToolCall
+from radixrt.errors import APIError
 
 INPUT_ROLES = ("user", "system", "developer", "assistant")
 TEXT_PART_TYPES = ("input_text", "output_text", "text")

@@ -28,7 +28,6 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from radixrt.entrypoints.http_utils import APIError
 from radixrt.entrypoints.openai.tool_parsers import (  # re-exported for the server modules
     HERMES_CLOSE,
     HERMES_OPEN,
@@ -40,6 +39,7 @@ from radixrt.entrypoints.openai.tool_parsers import (  # re-exported for the ser
     new_call_id,
     parse_tool_calls,
 )
+from radixrt.errors import APIError
 
 __all__ = [
     "AutoToolStream",

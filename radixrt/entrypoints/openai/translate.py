@@ -10,13 +10,12 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from radixrt.entrypoints.http_utils import APIError
 from radixrt.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     ResponseFormat,
     SamplingFields,
 )
-from radixrt.errors import ParamError
+from radixrt.errors import APIError, ParamError
 
 _SAME_NAMES = (
     "n",
