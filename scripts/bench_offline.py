@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 import bench_common as bc
 import torch
 
-from radixrt.loader.model_config import resolve_dtype
+from radixrt.loader.hf_config import resolve_dtype
 
 
 @dataclass

@@ -13,7 +13,7 @@ from radixrt.attention.torch_backend import TorchAttentionBackend
 from radixrt.cache.kv_pool import KVPool
 from radixrt.cache.req_to_token import ReqToTokenTable
 from radixrt.executor.model_runner import ModelRunner
-from radixrt.loader.model_config import ModelConfig
+from radixrt.layers.config import TransformerConfig
 from radixrt.models.base import CausalLM
 
 ROW_SLOTS = 128  # table row r owns pool slots r*128 .. (except the shared prefix)
@@ -30,7 +30,7 @@ class Seq:
     generated: list[int] = field(default_factory=list)
 
 
-def cpu_runner(model: CausalLM, cfg: ModelConfig, **kw: Any) -> ModelRunner:
+def cpu_runner(model: CausalLM, cfg: TransformerConfig, **kw: Any) -> ModelRunner:
     """A runner over 8 table rows of ROW_SLOTS slots each, the pool in the model's dtype, the
     torch backend; `kw` goes to ModelRunner (torch.compile settings)."""
     dims = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)

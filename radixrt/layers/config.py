@@ -1,13 +1,18 @@
-"""The typed shape of a decoder-only transformer, read once from its Hugging Face config.
+"""The one model config: the typed shape of a decoder-only transformer, read once from its
+Hugging Face config, plus the EOS ids and dtype the loader adds.
 
 Layers take their scalars from a `TransformerConfig`, never from the raw HF config: the HF
 config's spelling (defaults, renamed fields, transformers 4 vs 5) is dealt with here, once.
+The scheduler sizes its KV pool and stops from the same object.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -73,6 +78,11 @@ class TransformerConfig:
     qkv_bias: bool = False
     o_bias: bool = False
     mlp_bias: bool = False
+    # Set by the loader (loader/load.py), which knows the checkpoint's folder and the dtype:
+    eos_token_ids: list[int] = field(
+        default_factory=list
+    )  # config.json's then generation_config.json's
+    dtype: torch.dtype | None = None  # the dtype the weights were loaded in
 
     @property
     def q_size(self) -> int:

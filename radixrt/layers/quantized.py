@@ -145,7 +145,7 @@ def w8a8_reference(x: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor) -> 
 
 def can_keep_dense() -> bool:
     """bfloat16 oneDNN matmuls are what the copy is for: a CPU with AVX-512 BF16 or AMX."""
-    from radixrt.loader.model_config import cpu_has_bf16
+    from radixrt.native.cpu import cpu_has_bf16
 
     return torch.backends.mkldnn.is_available() and cpu_has_bf16()
 

@@ -1,17 +1,16 @@
-"""What the runtime needs to know about a model, read once from its Hugging Face config."""
+"""What the loader reads beside the layers' shape (layers/config.py's TransformerConfig, the one
+model config): the architecture's name, the EOS ids of config.json and generation_config.json,
+and the dtype the weights load in."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from transformers import PretrainedConfig
 
-if TYPE_CHECKING:
-    from radixrt.layers.config import TransformerConfig
+from radixrt.native.cpu import cpu_has_bf16
 
 _DTYPES = {
     "float32": torch.float32,
@@ -20,45 +19,6 @@ _DTYPES = {
     "float16": torch.float16,
     "half": torch.float16,
 }
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    hf_config: PretrainedConfig
-    architecture: str  # HF architectures[0], e.g. "LlamaForCausalLM"
-    num_layers: int
-    num_q_heads: int
-    num_kv_heads: int
-    head_dim: int
-    hidden_size: int
-    vocab_size: int
-    context_length: int  # max_position_embeddings
-    eos_token_ids: list[int]  # config.json's and generation_config.json's, deduplicated
-    dtype: torch.dtype  # the dtype the weights were loaded in
-
-    @classmethod
-    def from_hf(
-        cls,
-        hf_config: PretrainedConfig,
-        arch: TransformerConfig,
-        dtype: torch.dtype,
-        model_dir: str | Path | None = None,
-    ) -> ModelConfig:
-        """Build from an HF config and the model's typed config read from it; `model_dir` is
-        searched for generation_config.json."""
-        return cls(
-            hf_config=hf_config,
-            architecture=arch.architecture,
-            num_layers=arch.num_layers,
-            num_q_heads=arch.num_heads,
-            num_kv_heads=arch.num_kv_heads,
-            head_dim=arch.head_dim,
-            hidden_size=arch.hidden_size,
-            vocab_size=arch.vocab_size,
-            context_length=arch.max_position_embeddings,
-            eos_token_ids=eos_token_ids(hf_config, model_dir),
-            dtype=dtype,
-        )
 
 
 def architecture_of(hf_config: PretrainedConfig) -> str:
@@ -81,16 +41,6 @@ def _as_list(value: int | list[int] | None) -> list[int]:
     if value is None:
         return []
     return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
-
-
-def cpu_has_bf16() -> bool:
-    """AVX-512 BF16 (or AMX) makes bf16 matmuls about twice as fast as fp32 on the CPU."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Iterator
@@ -11,8 +12,9 @@ import torch
 from transformers import AutoConfig, PretrainedConfig
 
 from radixrt.distributed import TPGroup
+from radixrt.layers.config import TransformerConfig
 from radixrt.layers.sharding import CheckpointTensor
-from radixrt.loader.model_config import ModelConfig, architecture_of, resolve_dtype
+from radixrt.loader.hf_config import architecture_of, eos_token_ids, resolve_dtype
 from radixrt.loader.quantize import apply_quantization, keep_dense_copies
 from radixrt.loader.weights import iter_safetensors, safetensors_files
 from radixrt.models.base import CausalLM
@@ -32,7 +34,7 @@ def load_model(
     quantization: str = "none",
     dense_copy_gb: float = 0.0,
     dense_copy_dtype: str = "bfloat16",
-) -> tuple[CausalLM, ModelConfig]:
+) -> tuple[CausalLM, TransformerConfig]:
     """Build the model for `model_path` and load its weights, in `dtype` on `device`.
 
     `dtype` may also be a name or "auto" (see `resolve_dtype`). `dense_copy_gb`: the GiB that
@@ -40,8 +42,9 @@ def load_model(
     on the CPU (see `keep_dense_copies`; 0: none). Returns the model in eval mode, without
     gradients. With a tensor-parallel `group` of more than one rank the model is this
     rank's part (see docs/tensor_parallel.md), and only its shards are read: slices of the
-    safetensors files, or slices of each GGUF tensor once dequantized. The returned ModelConfig
-    describes the whole model; `model.num_local_kv_heads` is what the rank's KV pool holds.
+    safetensors files, or slices of each GGUF tensor once dequantized. The returned config
+    (the model's own, with the EOS ids and dtype) describes the whole model;
+    `model.num_local_kv_heads` is what the rank's KV pool holds.
     Raises FileNotFoundError naming the path for a missing path, a folder without config.json
     or without weight files; ValueError for an unsupported architecture or config field (or
     one --tp-size does not divide), and for weights that leave a parameter unset.
@@ -56,6 +59,8 @@ def load_model(
     hf_config, weights, model_dir = _open_checkpoint(path, lazy=group.size > 1)
     model_cls = get_model_class(architecture_of(hf_config))
     config = model_cls.config_from_hf(hf_config)  # raises before any weight is read
+    eos = eos_token_ids(hf_config, model_dir)
+    config = dataclasses.replace(config, eos_token_ids=eos, dtype=resolved)
     # Build on the meta device, so that no memory is spent on (or time on initializing) weights
     # that load_weights overwrites anyway; it raises for any parameter left unset.
     with torch.device("meta"):
@@ -76,7 +81,7 @@ def load_model(
         format_bytes(_weight_bytes(model)),
         time.monotonic() - start,
     )
-    return model, ModelConfig.from_hf(hf_config, config, resolved, model_dir)
+    return model, config
 
 
 def _open_checkpoint(path: Path, lazy: bool) -> tuple[PretrainedConfig, Weights, Path | None]:

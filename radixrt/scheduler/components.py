@@ -16,9 +16,10 @@ from radixrt.cache.kv_pool import KVPool
 from radixrt.cache.req_to_token import ReqToTokenTable
 from radixrt.distributed import TPGroup
 from radixrt.executor.model_runner import ModelRunner
+from radixrt.layers.config import TransformerConfig
 from radixrt.loader.default_model import default_model_path
+from radixrt.loader.hf_config import resolve_dtype
 from radixrt.loader.load import load_model
-from radixrt.loader.model_config import ModelConfig, resolve_dtype
 from radixrt.observability.kv_events import create_kv_event_sink
 from radixrt.observability.log_setup import format_bytes
 from radixrt.server_args import ServerArgs
@@ -32,7 +33,7 @@ MAX_CPU_POOL_TOKENS = 1 << 20
 
 @dataclass
 class Components:
-    model_config: ModelConfig
+    model_config: TransformerConfig
     runner: ModelRunner
     allocator: PageAllocator
     cache: PrefixCache
@@ -56,7 +57,7 @@ def resolve_device(device: str | None) -> str:
 
 
 def pool_size_tokens(
-    args: ServerArgs, cfg: ModelConfig, dtype: torch.dtype, device: str, kv_heads: int
+    args: ServerArgs, cfg: TransformerConfig, dtype: torch.dtype, device: str, kv_heads: int
 ) -> int:
     """`kv_heads`: the KV heads this rank's pool holds (all of them at tp 1)."""
     per_token = KVPool.bytes_per_token(cfg.num_layers, kv_heads, cfg.head_dim, dtype)
@@ -91,7 +92,7 @@ def build_components(
         dense_copy_gb=args.cpu_dense_copy_gb, dense_copy_dtype=args.cpu_dense_copy_dtype,
     )  # fmt: skip
     kv_heads = model.num_local_kv_heads
-    context_length = args.context_length or cfg.context_length
+    context_length = args.context_length or cfg.max_position_embeddings
     tokens = pool_size_tokens(args, cfg, dtype, device, kv_heads)
     if group is not None:  # every rank's pool must have the same pages: the smallest
         gathered = group.all_gather(torch.tensor([tokens], device=group.device), dim=0)

@@ -71,7 +71,7 @@ def test_config_equals_transformers(gguf_path, hf_model):
 
 def test_forward_matches_transformers(gguf_path, hf_model, prefill_logits):
     model, cfg = load_model(gguf_path, torch.float32, "cpu")
-    assert (cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim) == (30, 9, 3, 64)
+    assert (cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (30, 9, 3, 64)
     assert cfg.eos_token_ids == [2]
     tokens = [1, 504, 3458, 282, 4649, 314, 253, 1345, 30, 378, 1]
     ours = prefill_logits(model, cfg, tokens)

@@ -15,10 +15,12 @@ from transformers import AutoModelForCausalLM
 from radixrt.attention.forward_batch import ForwardBatch
 from radixrt.attention.torch_backend import TorchAttentionBackend
 from radixrt.cache.kv_pool import KVPool
+from radixrt.layers.config import TransformerConfig
+from radixrt.loader.hf_config import resolve_dtype
 from radixrt.loader.load import load_model
-from radixrt.loader.model_config import ModelConfig, cpu_has_bf16, resolve_dtype
 from radixrt.loader.quantize import packs_weights
 from radixrt.models.registry import SUPPORTED_ARCHITECTURES, get_model_class
+from radixrt.native.cpu import cpu_has_bf16
 
 SLOTS_PER_SEQ = 64  # sequence i owns pool slots i*64 .. i*64+63
 
@@ -173,14 +175,19 @@ def test_model_config_fields(tiny_model_dir, tmp_path):
     shutil.copytree(tiny_model_dir("llama", head_dim=32), model_dir)
     (model_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 258]}))
     model, cfg = load_model(str(model_dir), "bfloat16", "cpu")
-    assert isinstance(cfg, ModelConfig)
-    assert (cfg.architecture, cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads) == (
+    assert isinstance(cfg, TransformerConfig)
+    assert (cfg.architecture, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads) == (
         "LlamaForCausalLM",
         2,
         4,
         2,
     )
-    assert (cfg.head_dim, cfg.hidden_size, cfg.vocab_size, cfg.context_length) == (32, 64, 320, 512)
+    assert (cfg.head_dim, cfg.hidden_size, cfg.vocab_size, cfg.max_position_embeddings) == (
+        32,
+        64,
+        320,
+        512,
+    )
     assert cfg.eos_token_ids == [258, 7]
     assert cfg.dtype == torch.bfloat16
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
