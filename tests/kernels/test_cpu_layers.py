@@ -16,7 +16,7 @@ from radixrt.cache.kv_pool import KVPool
 from radixrt.layers import activation, norm, rotary
 from radixrt.layers.config import RopeConfig
 from radixrt.layers.norm import RMSNorm
-from radixrt.native.build import build as native
+from radixrt.native import build as native
 
 OPS = native.load_native()
 pytestmark = pytest.mark.skipif(

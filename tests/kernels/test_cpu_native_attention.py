@@ -13,7 +13,7 @@ import torch
 from radixrt.attention.forward_batch import ForwardBatch
 from radixrt.attention.torch_backend import TorchAttentionBackend
 from radixrt.cache.kv_pool import KVPool
-from radixrt.native.build import build as native
+from radixrt.native import build as native
 
 CPU = "cpu"  # the native kernels run on CPU tensors, whatever TRITON_INTERPRET says
 OPS = native.load_native()
