@@ -169,9 +169,9 @@ def model_identity(model_path: str) -> tuple[str | None, list[str] | None]:
 
 
 def _gguf_identity(path: Path) -> tuple[str | None, list[str] | None]:
-    from radixrt.loader.gguf_loader import GGUFCheckpoint
+    from radixrt.loader.gguf_metadata import hf_identity  # torch-free, unlike the loader
 
-    model_type, architecture = GGUFCheckpoint(path).hf_identity()
+    model_type, architecture = hf_identity(path)
     return model_type, [architecture]
 
 

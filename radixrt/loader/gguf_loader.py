@@ -16,13 +16,8 @@ import torch
 from transformers import PretrainedConfig
 
 from radixrt.layers.quantized import q4_0_to_q4_1
+from radixrt.loader.gguf_metadata import ARCHS, fast_reader, supported_architecture
 
-# GGUF general.architecture -> (transformers model_type, HF architecture name).
-_ARCHS = {
-    "llama": ("llama", "LlamaForCausalLM"),
-    "qwen2": ("qwen2", "Qwen2ForCausalLM"),
-    "qwen3": ("qwen3", "Qwen3ForCausalLM"),
-}
 # "<arch>.<key>" metadata -> HF config field.
 _CONFIG_KEYS = {
     "block_count": "num_hidden_layers",
@@ -60,28 +55,6 @@ _BLOCK_TENSORS = {
 }
 
 
-def _fast_reader(path: Path) -> Any:
-    import gguf
-
-    class PlainArrayReader(gguf.GGUFReader):
-        """GGUFReader over a plain ndarray view of its memory map.
-
-        The reader slices its buffer ~800k times while parsing the vocabulary; on an np.memmap
-        each slice pays memmap's Python __array_finalize__, which made opening SmolLM2's file
-        take 2.0 s instead of 0.7 s. The view shares the same read-only mapping.
-        """
-
-        @property  # type: ignore[override]  # a plain ndarray where the base has an np.memmap
-        def data(self) -> np.ndarray:
-            return self._plain_data
-
-        @data.setter
-        def data(self, value: np.ndarray) -> None:
-            self._plain_data = value.view(np.ndarray)
-
-    return PlainArrayReader(str(path))
-
-
 class GGUFCheckpoint:
     """One GGUF file, opened once (memory-mapped) for both its config and its weights."""
 
@@ -89,18 +62,9 @@ class GGUFCheckpoint:
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"GGUF file not found: {self.path}")
-        self._reader = _fast_reader(self.path)
-        self.gguf_arch = str(self._field("general.architecture"))
-        if self.gguf_arch not in _ARCHS:
-            raise ValueError(
-                f"GGUF general.architecture {self.gguf_arch!r} is not supported; "
-                f"supported: {sorted(_ARCHS)}"
-            )
+        self._reader = fast_reader(self.path)
+        self.gguf_arch = supported_architecture(self._reader)
         self._tensor_names = {t.name for t in self._reader.tensors}
-
-    def hf_identity(self) -> tuple[str, str]:
-        """(transformers model_type, HF architecture name) of the file's model."""
-        return _ARCHS[self.gguf_arch]
 
     def _field(self, key: str, default: Any = None) -> Any:
         field = self._reader.fields.get(key)
@@ -110,7 +74,7 @@ class GGUFCheckpoint:
         """The Hugging Face config the file describes (architectures set, tied if no output)."""
         from transformers import AutoConfig
 
-        model_type, architecture = _ARCHS[self.gguf_arch]
+        model_type, architecture = ARCHS[self.gguf_arch]
         kwargs: dict[str, Any] = {"architectures": [architecture]}
         for key, hf_key in _CONFIG_KEYS.items():
             value = self._field(f"{self.gguf_arch}.{key}")
