@@ -1,5 +1,8 @@
 """Tensor parallelism's lockstep: every rank's scheduler takes the same decisions.
 
+The scheduler is given one `Lockstep` (lockstep_base.py) when it is built: `SingleRank` without
+tensor parallelism, `Leader` on rank 0, `Follower` on the others.
+
 Rank 0 alone talks to the frontend, compiles grammars and samples; each iteration it relays
 to the other ranks what it received (`Relay`: the raw messages, the constrained requests whose
 grammar it has taken, whether to stop), and after each forward what sampling decided for each
@@ -24,13 +27,18 @@ from radixrt.distributed import TPGroup, init_tp_group
 from radixrt.errors import LockstepError
 from radixrt.grammar.constraint import constraint_of
 from radixrt.scheduler.components import resolve_device
+from radixrt.scheduler.lockstep_base import Lockstep, SingleRank, Turn
 from radixrt.scheduler.req import GrammarState, Req
+from radixrt.scheduler.structured import Compiled
 from radixrt.server_args import ServerArgs
 
 if TYPE_CHECKING:
+    from radixrt.ipc.transport import Transport
     from radixrt.scheduler.kv_manager import KVManager
+    from radixrt.scheduler.output import OutputProcessor
     from radixrt.scheduler.schedule_batch import ScheduleBatch
     from radixrt.scheduler.scheduler import Scheduler
+    from radixrt.scheduler.structured import StructuredGeneration
 
 
 class Relay(msgspec.Struct, array_like=True):
@@ -71,8 +79,8 @@ class ReplicaMatcher:
         pass
 
 
-class Lockstep:
-    """The relay, outcome and digest steps of one rank's scheduler."""
+class TensorParallel:
+    """What rank 0 and the others share: the group, the relay and the digest check."""
 
     def __init__(self, group: TPGroup, check: bool, local_ranks: range) -> None:
         """`local_ranks`: the ranks on this node (whose pids this one can look up)."""
@@ -80,13 +88,7 @@ class Lockstep:
         self.check = check
         self.local_ranks = local_ranks
         self.pids: list[int] = []  # every rank's, once `join` has run
-        self._held: dict[int, Req] = {}  # rank > 0: constrained requests until rank 0 takes them
         self._codec_relay = (msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(Relay))
-        self._outcomes = msgspec.msgpack.Decoder(list[Outcome])
-
-    @property
-    def is_leader(self) -> bool:
-        return self.group.rank == 0
 
     @property
     def idle_wait_s(self) -> float:
@@ -94,7 +96,7 @@ class Lockstep:
         return min(1.0, self.group.timeout_s / 4)
 
     def join(self) -> None:
-        """Once every rank has built its model: learn each rank's pid (to name a dead one)."""
+        """Learn each rank's pid (to name a dead one)."""
         pid = torch.tensor([os.getpid()], dtype=torch.int64, device=self.group.device)
         self.pids = self.group.all_gather(pid, dim=0).cpu().tolist()
 
@@ -102,6 +104,11 @@ class Lockstep:
         """Leave the group (its threads must not outlive the interpreter's exit)."""
         if dist.is_initialized():
             dist.destroy_process_group()
+
+    def failure_message(self, error: BaseException) -> str:
+        if type(error).__name__ == "RankDied":
+            return f"{error} [{self.dead_ranks()}]"
+        return str(error)
 
     def dead_ranks(self) -> str:
         """Which ranks of this node have ended (a pid gone or a zombie), for an error."""
@@ -114,24 +121,111 @@ class Lockstep:
             return "every rank of this node still runs: one is stuck, or another node's is gone"
         return ", ".join(dead) + " ended"
 
-    # -- relay ------------------------------------------------------------------------------
     def relay(self, relay: Relay | None) -> Relay:
         """Rank 0 passes what it received; every rank gets it back."""
         enc, dec = self._codec_relay
         data = self.group.broadcast_bytes(enc.encode(relay) if relay is not None else None, 0)
         return relay if relay is not None else dec.decode(data)
 
+    def after_step(self, scheduler: Scheduler) -> None:
+        if self.check:
+            self.check_agreement(scheduler)
+
+    def check_agreement(self, scheduler: Scheduler) -> None:
+        """All-gather every rank's state digest; LockstepError naming the ranks that differ."""
+        digest = torch.tensor([state_digest(scheduler)], dtype=torch.int64)
+        every = self.group.all_gather(digest.to(self.group.device), dim=0).cpu().tolist()
+        diverged = [rank for rank, d in enumerate(every) if d != every[0]]
+        if diverged:
+            ranks = ", ".join(str(r) for r in diverged)
+            raise LockstepError(
+                f"tensor-parallel rank(s) {ranks} diverged from rank 0 after step "
+                f"{scheduler.stats.steps}: their running requests, radix tree or page "
+                "tables differ"
+            )
+
+
+class Leader(TensorParallel):
+    """Rank 0: it alone hears the frontend, compiles grammars and samples, and relays each
+    turn and each sampling outcome to the others."""
+
+    logs_stats = True
+
+    def __init__(self, group: TPGroup, check: bool, local_ranks: range) -> None:
+        super().__init__(group, check, local_ranks)
+        self._messages: list[bytes] = []  # this turn's, relayed at its end
+
+    def receive(self, transport: Transport, timeout: float | None) -> list[bytes]:
+        if timeout is None or timeout > self.idle_wait_s:
+            timeout = self.idle_wait_s
+        self._messages = transport.recv(timeout=timeout)
+        return self._messages
+
+    def end_turn(self, structured: StructuredGeneration, stopped: bool) -> Turn:
+        compiled = structured.take_compiled()
+        ready = [r.arrival_order for r in compiled.ready]
+        refused = [r.arrival_order for r, _ in compiled.failed]
+        self.relay(Relay(self._messages, ready, refused, stopped))
+        return Turn(compiled, stopped)
+
+    def submit(self, req: Req, structured: StructuredGeneration) -> bool:
+        return structured.submit(req)
+
+    def cancel(self, rid: str, structured: StructuredGeneration) -> list[Req]:
+        return structured.cancel(rid)
+
+    def sample(
+        self, batch: ScheduleBatch, logits: torch.Tensor, outputs: OutputProcessor, kv: KVManager
+    ) -> None:
+        lengths = [len(r.output_ids) for r in batch.reqs]
+        outputs.process(batch.logits, logits)
+        self.share_outcome(batch, lengths)
+
+    def share_outcome(self, batch: ScheduleBatch, lengths: list[int]) -> None:
+        """After sampling: tell the others what each request of the batch became."""
+        outcomes = [_outcome_of(req, n) for req, n in zip(batch.reqs, lengths, strict=True)]
+        self.group.broadcast_bytes(msgspec.msgpack.encode(outcomes), 0)
+
+
+class Follower(TensorParallel):
+    """A rank > 0: it handles what rank 0 relays, holds constrained requests until rank 0
+    has their grammar, and takes rank 0's sampling outcomes; it sends nothing."""
+
+    logs_stats = False
+
+    def __init__(self, group: TPGroup, check: bool, local_ranks: range) -> None:
+        super().__init__(group, check, local_ranks)
+        self._held: dict[int, Req] = {}  # constrained requests until rank 0 takes them
+        self._relayed = Relay([], [], [])  # this turn's
+        self._outcomes = msgspec.msgpack.Decoder(list[Outcome])
+
+    def receive(self, transport: Transport, timeout: float | None) -> list[bytes]:
+        self._relayed = self.relay(None)
+        return self._relayed.messages
+
+    def end_turn(self, structured: StructuredGeneration, stopped: bool) -> Turn:
+        return Turn(Compiled(self.release_held(self._relayed), []), self._relayed.stop)
+
+    def submit(self, req: Req, structured: StructuredGeneration) -> bool:
+        return self.hold(req)
+
+    def cancel(self, rid: str, structured: StructuredGeneration) -> list[Req]:
+        """Rank 0 tells the client; nothing here was submitted to `structured`."""
+        for order in [o for o, r in self._held.items() if r.rid == rid]:
+            del self._held[order]
+        return []
+
     def hold(self, req: Req) -> bool:
-        """Rank > 0: keep a constrained request until rank 0 says its grammar compiled; False
-        (nothing done) if it has no constraint."""
+        """Keep a constrained request until rank 0 says its grammar compiled; False (nothing
+        done) if it has no constraint."""
         if constraint_of(req.sampling_params) is None:
             return False
         self._held[req.arrival_order] = req
         return True
 
     def release_held(self, relay: Relay) -> list[Req]:
-        """Rank > 0: the held requests rank 0 took, in its order, with a stand-in matcher;
-        those it refused are forgotten (it has told the client)."""
+        """The held requests rank 0 took, in its order, with a stand-in matcher; those it
+        refused are forgotten (it has told the client)."""
         for order in relay.refused:
             self._held.pop(order, None)
         ready = []
@@ -148,21 +242,10 @@ class Lockstep:
             ready.append(req)
         return ready
 
-    def cancel_held(self, rid: str) -> None:
-        for order in [o for o, r in self._held.items() if r.rid == rid]:
-            del self._held[order]
-
-    # -- outcome ----------------------------------------------------------------------------
-    def before_sampling(self, batch: ScheduleBatch) -> list[int]:
-        return [len(r.output_ids) for r in batch.reqs]
-
-    def share_outcome(self, batch: ScheduleBatch, lengths: list[int]) -> None:
-        """Rank 0, after sampling: tell the others what each request of the batch became."""
-        outcomes = [_outcome_of(req, n) for req, n in zip(batch.reqs, lengths, strict=True)]
-        self.group.broadcast_bytes(msgspec.msgpack.encode(outcomes), 0)
-
-    def apply_outcome(self, batch: ScheduleBatch, kv: KVManager) -> None:
-        """Rank > 0, instead of sampling: take rank 0's outcome of every request."""
+    def sample(
+        self, batch: ScheduleBatch, logits: torch.Tensor, outputs: OutputProcessor, kv: KVManager
+    ) -> None:
+        """Instead of sampling: take rank 0's outcome of every request."""
         outcomes = self._outcomes.decode(self.group.broadcast_bytes(None, 0))
         if len(outcomes) != len(batch.reqs):
             raise LockstepError(
@@ -178,20 +261,6 @@ class Lockstep:
                 kv.truncate(req, out.num_slots)
             if req.grammar is not None:
                 req.grammar.unverified = out.unverified
-
-    # -- digest -----------------------------------------------------------------------------
-    def check_agreement(self, scheduler: Scheduler) -> None:
-        """All-gather every rank's state digest; LockstepError naming the ranks that differ."""
-        digest = torch.tensor([state_digest(scheduler)], dtype=torch.int64)
-        every = self.group.all_gather(digest.to(self.group.device), dim=0).cpu().tolist()
-        diverged = [rank for rank, d in enumerate(every) if d != every[0]]
-        if diverged:
-            ranks = ", ".join(str(r) for r in diverged)
-            raise LockstepError(
-                f"tensor-parallel rank(s) {ranks} diverged from rank 0 after step "
-                f"{scheduler.stats['steps']}: their running requests, radix tree or page "
-                "tables differ"
-            )
 
 
 def _outcome_of(req: Req, length_before: int) -> Outcome:
@@ -233,11 +302,11 @@ def state_digest(scheduler: Scheduler) -> int:
 
 def join_group(
     args: ServerArgs, rank: int, init_method: str | None
-) -> tuple[TPGroup | None, Lockstep | None]:
-    """This rank's group and lockstep (both None at tp_size 1: no collectives). On CUDA rank
-    r of a node takes its device r; gloo runs on the CPU."""
+) -> tuple[TPGroup | None, Lockstep]:
+    """This rank's group (None at tp_size 1: no collectives) and lockstep. On CUDA rank r of a
+    node takes its device r; gloo runs on the CPU."""
     if args.tp_size == 1:
-        return None, None
+        return None, SingleRank()
     assert init_method is not None, "processes.py gives every rank the rendezvous address"
     per_node = args.tp_size // args.nnodes
     device = resolve_device(args.device)
@@ -247,4 +316,5 @@ def join_group(
     group = init_tp_group(rank, args.tp_size, init_method, device, args.dist_timeout)
     node = rank // per_node
     local = range(node * per_node, (node + 1) * per_node)
-    return group, Lockstep(group, args.enable_kv_checks, local)
+    role = Leader if group.is_leader else Follower
+    return group, role(group, args.enable_kv_checks, local)

@@ -20,6 +20,7 @@ from radixrt.protocol.messages import DetokParams, ReqOutput
 from radixrt.protocol.sampling_params import SamplingParams
 from radixrt.scheduler.req import Req
 from radixrt.scheduler.schedule_batch import LogitRows
+from radixrt.scheduler.stats import SchedulerStats
 from radixrt.scheduler.stops import matched_stop_regex, matched_stop_string
 from radixrt.scheduler.structured import StructuredGeneration
 
@@ -45,16 +46,18 @@ class OutputProcessor:
         vocab_size: int,
         context_length: int,
         structured: StructuredGeneration,
+        stats: SchedulerStats,
         tokenizer: Any = None,
         device: str = "cpu",
     ) -> None:
+        """`stats`: counts the requests that fail here."""
         self.structured = structured
+        self.stats = stats
         self.eos_token_ids = set(eos_token_ids)
         self.vocab_size = vocab_size
         self.context_length = context_length
         self.tokenizer = tokenizer
         self.device = device
-        self.num_failed = 0  # requests ended by a failure of their own
 
     def process(self, plan: LogitRows, logits: torch.Tensor) -> None:
         """Record logprobs, settle proposals, sample; a request that fails is ended alone."""
@@ -94,7 +97,7 @@ class OutputProcessor:
 
     def fail(self, req: Req, message: str, exc: BaseException | None = None) -> None:
         """End `req` alone (finish reason abort, `message`); the scheduler releases it."""
-        self.num_failed += 1
+        self.stats.failed_requests += 1
         logger.warning(
             "request %s ended with an error: %s",
             req.rid,

@@ -7,6 +7,7 @@ from radixrt.scheduler.kv_manager import KVManager
 from radixrt.scheduler.policy import SchedulePolicy
 from radixrt.scheduler.req import Req
 from radixrt.scheduler.schedule_batch import ScheduleBatch
+from radixrt.scheduler.stats import SchedulerStats
 
 # A waiting request defers one step when a request prefilling now shares at least this many
 # more tokens with it than the cache holds (SGLang's in-batch prefix sharing threshold), or its
@@ -40,7 +41,9 @@ class Planner:
         chunked_prefill_size: int,
         max_running_requests: int,
         conservativeness: float,
+        stats: SchedulerStats,
     ) -> None:
+        """`stats`: counts the preemptions."""
         self.kv = kv
         self.policy = policy
         self.max_prefill_tokens = max_prefill_tokens
@@ -48,7 +51,7 @@ class Planner:
         self.max_running = max_running_requests
         self.conservativeness = conservativeness
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
-        self.num_preemptions = 0
+        self.stats = stats
 
     def plan(self, running: list[Req], waiting: list[Req]) -> ScheduleBatch:
         """What this step computes, with its slots taken. Mutates `running` and `waiting`:
@@ -101,7 +104,7 @@ class Planner:
         running.remove(req)
         req.num_retractions += 1
         waiting.insert(0, req)
-        self.num_preemptions += 1
+        self.stats.num_preemptions += 1
         self.new_token_ratio = 1.0
 
     def _reserved_tokens(self, reqs: list[Req]) -> int:

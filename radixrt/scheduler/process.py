@@ -26,6 +26,7 @@ from radixrt.ipc.processes import guard_parent, ignore_stop_signals
 from radixrt.ipc.transport import ZmqTransport
 from radixrt.observability.log_setup import configure_logging
 from radixrt.protocol.messages import SchedulerFailed, encode
+from radixrt.scheduler.lockstep_base import Lockstep, SingleRank
 from radixrt.server_args import ServerArgs
 
 logger = logging.getLogger("radixrt.scheduler")
@@ -41,7 +42,7 @@ def run(config: dict[str, Any]) -> int:
     transport = (
         ZmqTransport(config["recv_addr"], config["send_addr"], bind=False) if rank == 0 else None
     )
-    lockstep = None
+    lockstep: Lockstep = SingleRank()  # until this rank has joined its group
     try:
         from radixrt.loader.tokenizer import LazyTokenizer
         from radixrt.scheduler.components import build_components
@@ -58,13 +59,12 @@ def run(config: dict[str, Any]) -> int:
         group, lockstep = join_group(args, rank, config.get("dist_init"))
         parts = build_components(args, tokenizer, group)
         scheduler = Scheduler(args, parts, transport or NullTransport(), lockstep)
-        if lockstep is not None:
-            lockstep.join()  # every rank is ready
+        lockstep.join()  # every rank is ready
         if transport is not None:
             transport.send(encode(scheduler.ready_message()))
         logger.info(
             "scheduler%s ready in %.1f s (pid %d)",
-            f" rank {rank}" if lockstep else "",
+            f" rank {rank}" if args.tp_size > 1 else "",
             time.monotonic() - started,
             os.getpid(),
         )
@@ -72,18 +72,15 @@ def run(config: dict[str, Any]) -> int:
         # guard_parent ends this process when the frontend dies, busy or idle; the loop's
         # own check (while idle) is the slower second line.
         scheduler.run_forever(orphaned=lambda: os.getppid() != parent)
-        if lockstep is not None:
-            lockstep.close()
+        lockstep.close()
         if os.getppid() != parent and config.get("ipc_dir"):
             # The frontend died without cleaning up the folder of our sockets: do it here.
             shutil.rmtree(config["ipc_dir"], ignore_errors=True)
         return 0
     except BaseException as e:  # tell the frontend why, then die
         logger.error("scheduler rank %d failed:\n%s", rank, traceback.format_exc())
-        message = str(e)
-        if lockstep is not None and type(e).__name__ == "RankDied":
-            message = f"{message} [{lockstep.dead_ranks()}]"
         if transport is not None:
+            message = lockstep.failure_message(e)
             transport.send(encode(SchedulerFailed(message, type(e).__name__)))
         return 1
     finally:

@@ -35,13 +35,13 @@ from radixrt.scheduler.admission import make_req
 from radixrt.scheduler.cache_snapshot import cache_snapshot
 from radixrt.scheduler.components import Components
 from radixrt.scheduler.kv_manager import KVManager
-from radixrt.scheduler.lockstep import Lockstep, Relay
+from radixrt.scheduler.lockstep_base import Lockstep, SingleRank
 from radixrt.scheduler.output import OutputProcessor, make_output
 from radixrt.scheduler.planner import Planner, resolve_max_prefill_tokens
 from radixrt.scheduler.policy import SchedulePolicy
 from radixrt.scheduler.req import Req
 from radixrt.scheduler.schedule_batch import ScheduleBatch
-from radixrt.scheduler.step_metrics import StepMetrics
+from radixrt.scheduler.stats import Gauges, SchedulerStats
 from radixrt.scheduler.structured import Compiled, StructuredGeneration
 from radixrt.server_args import ServerArgs
 
@@ -56,13 +56,14 @@ class Scheduler:
         transport: Transport,
         lockstep: Lockstep | None = None,
     ) -> None:
-        """`lockstep`: this rank's part in tensor parallelism (None: a single rank, no
+        """`lockstep`: this rank's part in tensor parallelism (None: SingleRank, no
         collectives); a rank > 0's `transport` is a NullTransport."""
         self.args = args
         self.parts = parts
         self.transport = transport
-        self.tp = lockstep
+        self.lockstep = lockstep if lockstep is not None else SingleRank()
         self.page_size = args.page_size
+        self.stats = SchedulerStats()
         self.kv = KVManager(parts.allocator, parts.cache, parts.table)
         policy = SchedulePolicy(args.schedule_policy, self.kv, seed=args.random_seed)
         self.planner = Planner(
@@ -72,6 +73,7 @@ class Scheduler:
             args.chunked_prefill_size,
             args.max_running_requests,
             args.schedule_conservativeness,
+            self.stats,
         )
         cfg = parts.model_config
         self.structured = StructuredGeneration(
@@ -82,12 +84,14 @@ class Scheduler:
             jump_forward=not args.disable_jump_forward,
             json_any_whitespace=args.json_any_whitespace,
             truncate_kv=self.kv.truncate,
+            stats=self.stats,
         )
         self.outputs = OutputProcessor(
             cfg.eos_token_ids,
             cfg.vocab_size,
             parts.context_length,
             self.structured,
+            self.stats,
             parts.tokenizer,
             parts.device,
         )
@@ -96,10 +100,7 @@ class Scheduler:
         self.arrivals = itertools.count()
         self._failed_outputs: list[Req] = []
         self.stopped = False
-        self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0, "steps": 0}
-        self.step_metrics = StepMetrics()
         self._log_mark = (time.monotonic(), 0)  # (time, decode tokens) at the last stats line
-        self._decode_tokens = 0
         torch.manual_seed(args.random_seed)
 
     # -- the loop ---------------------------------------------------------------------------
@@ -112,8 +113,6 @@ class Scheduler:
                 # Idle: sleep on the socket, briefly while grammars compile.
                 compiling = self.structured.compiling
                 timeout = 0.005 if compiling else (1.0 if orphaned else None)
-                if self.tp is not None:
-                    timeout = min(timeout or self.tp.idle_wait_s, self.tp.idle_wait_s)
             self._take_turn(timeout)
             if self.running or self.waiting:
                 self.step()
@@ -127,21 +126,9 @@ class Scheduler:
     def _take_turn(self, timeout: float | None) -> None:
         """Handle what arrived and admit compiled requests; with tensor parallelism rank 0
         relays both (and whether to stop), and the others follow it."""
-        if self.tp is not None and not self.tp.is_leader:
-            relay = self.tp.relay(None)
-            for data in relay.messages:
-                self._receive(data)
-            self.waiting.extend(self.tp.release_held(relay))
-            self.stopped = relay.stop
-            return
-        messages = self.transport.recv(timeout=timeout)
-        for data in messages:
+        for data in self.lockstep.receive(self.transport, timeout):
             self._receive(data)
-        compiled = self.structured.take_compiled()
-        if self.tp is not None:
-            ready = [r.arrival_order for r in compiled.ready]
-            refused = [r.arrival_order for r, _ in compiled.failed]
-            self.tp.relay(Relay(messages, ready, refused, self.stopped))
+        compiled, self.stopped = self.lockstep.end_turn(self.structured, self.stopped)
         self._admit_compiled(compiled)
 
     def step(self) -> None:
@@ -150,45 +137,33 @@ class Scheduler:
         for req in batch.reqs:
             if req.admitted_at is None:
                 req.admitted_at = now
-                self.step_metrics.admitted(len(req.origin_input_ids), req.cached_tokens)
+                self.stats.admitted(len(req.origin_input_ids), req.cached_tokens)
         if batch.reqs:
-            self.step_metrics.iteration_tokens.observe(sum(batch.extend_lens))
+            self.stats.iteration_tokens.observe(sum(batch.extend_lens))
             logits = self.parts.runner.forward(batch)
             batch.commit()
-            self._sample(batch, logits)
+            self.lockstep.sample(batch, logits, self.outputs, self.kv)
             now = time.time()
             for req in batch.logits.sample_reqs:
                 if req.first_token_at is None:
                     req.first_token_at = now
         self._settle(batch)
-        self.stats["steps"] += 1
-        self._decode_tokens += batch.num_decodes
+        self.stats.steps += 1
+        self.stats.decode_tokens += batch.num_decodes
         if self.args.enable_kv_checks:
             self.check_kv()
-        if self.tp is not None and self.tp.check:
-            self.tp.check_agreement(self)
+        self.lockstep.after_step(self)
         self._maybe_log_stats()
-
-    def _sample(self, batch: ScheduleBatch, logits: torch.Tensor) -> None:
-        """Sample and settle each request; with tensor parallelism rank 0 alone does, and the
-        others take what it decided."""
-        if self.tp is None:
-            self.outputs.process(batch.logits, logits)
-        elif self.tp.is_leader:
-            lengths = self.tp.before_sampling(batch)
-            self.outputs.process(batch.logits, logits)
-            self.tp.share_outcome(batch, lengths)
-        else:
-            self.tp.apply_outcome(batch, self.kv)
 
     def _maybe_log_stats(self, every_s: float = 5.0) -> None:
         """One line every few seconds of activity, as SGLang and vLLM operators expect."""
         then, tokens_then = self._log_mark
         now = time.monotonic()
-        if now - then < every_s or (self.tp is not None and not self.tp.is_leader):
+        if now - then < every_s or not self.lockstep.logs_stats:
             return
-        throughput = (self._decode_tokens - tokens_then) / (now - then)
-        self._log_mark = (now, self._decode_tokens)
+        decoded = self.stats.decode_tokens
+        throughput = (decoded - tokens_then) / (now - then)
+        self._log_mark = (now, decoded)
         pool = self.parts.pool_tokens
         used = pool - self.parts.allocator.available_tokens - self.parts.cache.evictable_size()
         logger.info(
@@ -198,7 +173,7 @@ class Scheduler:
             len(self.waiting),
             100 * used / pool,
             pool,
-            100 * self.cache_hit_rate,
+            100 * self.stats.cache_hit_rate,
             throughput,
         )
 
@@ -210,8 +185,7 @@ class Scheduler:
                 # A failed request's K/V may not match its tokens: none of it is cached.
                 self.kv.release(req, publish=not req.failed)
                 self.running.remove(req)
-                self.stats["generated_tokens"] += len(req.output_ids)
-                self.stats["cached_tokens"] += req.cached_tokens
+                self.stats.finished(len(req.output_ids), req.cached_tokens)
             elif n > 1:
                 self.kv.cache_unfinished(req)
             if req.finished or (req.stream and req.num_emittable > req.num_sent_ids):
@@ -281,30 +255,17 @@ class Scheduler:
         )
 
     def get_stats(self) -> dict[str, Any]:
-        p, timings = self.parts, self.parts.cache.block_timings
-        return {
-            **self.stats,
-            "num_preemptions": self.planner.num_preemptions,
-            "jump_forward_tokens": self.structured.jump_forward_tokens,
-            "failed_requests": self.outputs.num_failed,
-            "grammar_queue": len(self.structured.compiling),
-            "cache_hit_rate": self.cache_hit_rate,
-            "running": len(self.running),
-            "queued": len(self.waiting),
-            "pool_tokens": p.pool_tokens,
-            "free_tokens": p.allocator.available_tokens,
-            "evictable_tokens": p.cache.evictable_size(),
-            "protected_tokens": p.cache.protected_size(),
-            "evicted_tokens": timings.evicted_tokens,
-            "prefix_cache_queries": self.step_metrics.prefix_cache_queries,
-            "prefix_cache_hits": self.step_metrics.prefix_cache_hits,
-            # Bucket counts for the frontend's Prometheus histograms (see step_metrics.py).
-            "histograms": {
-                "iteration_tokens_total": self.step_metrics.iteration_tokens.snapshot(),
-                "grammar_compile_time_seconds": self.structured.compile_time.snapshot(),
-                **timings.snapshot(),
-            },
-        }
+        p = self.parts
+        now = Gauges(
+            grammar_queue=len(self.structured.compiling),
+            running=len(self.running),
+            queued=len(self.waiting),
+            pool_tokens=p.pool_tokens,
+            free_tokens=p.allocator.available_tokens,
+            evictable_tokens=p.cache.evictable_size(),
+            protected_tokens=p.cache.protected_size(),
+        )
+        return self.stats.to_dict(now, p.cache.block_timings)
 
     def _send_stats(self, check_kv: bool) -> None:
         message = ""
@@ -338,13 +299,8 @@ class Scheduler:
             logger.warning("request %s refused: %s", msg.rid, e, exc_info=True)
             self._send_abort(msg.rid, len(msg.input_ids), f"the request is invalid: {e}")
             return
-        self.stats["prompt_tokens"] += len(req.origin_input_ids)
-        self.stats["requests"] = self.stats.get("requests", 0) + 1
-        if self.tp is not None and not self.tp.is_leader:
-            held = self.tp.hold(req)  # until rank 0 has compiled its grammar
-        else:
-            held = self.structured.submit(req)
-        if not held:
+        self.stats.accepted(len(req.origin_input_ids))
+        if not self.lockstep.submit(req, self.structured):
             self.waiting.append(req)
 
     def _admit_compiled(self, compiled: Compiled) -> None:
@@ -356,9 +312,7 @@ class Scheduler:
             self._send_abort(req.rid, len(req.origin_input_ids), message)
 
     def _abort(self, rid: str) -> None:
-        if self.tp is not None:
-            self.tp.cancel_held(rid)
-        for held in self.structured.cancel(rid):
+        for held in self.lockstep.cancel(rid, self.structured):
             self._send_abort(rid, len(held.origin_input_ids), CLIENT_ABORT_MESSAGE)
         for queue_ in (self.waiting, self.running):
             for req in [r for r in queue_ if r.rid == rid]:
@@ -384,7 +338,3 @@ class Scheduler:
             self.parts.cache.reset()
             reply = ControlReply("flush_cache", True)
         self.transport.send(encode(reply))
-
-    @property
-    def cache_hit_rate(self) -> float:
-        return self.stats["cached_tokens"] / max(self.stats["prompt_tokens"], 1)

@@ -25,10 +25,9 @@ import torch
 from radixrt.errors import RequestFailed
 from radixrt.grammar.constraint import constraint_of
 from radixrt.grammar.jump_forward import propose
-from radixrt.observability.histogram import FixedHistogram
 from radixrt.scheduler.jump_verify import verify_proposal
 from radixrt.scheduler.req import GrammarState, Req
-from radixrt.scheduler.step_metrics import COMPILE_SECONDS_BUCKETS
+from radixrt.scheduler.stats import SchedulerStats
 
 if TYPE_CHECKING:
     from radixrt.grammar.backend import GrammarBackend
@@ -53,8 +52,10 @@ class StructuredGeneration:
         jump_forward: bool = True,
         json_any_whitespace: bool = False,
         truncate_kv: Callable[[Req, int], None] | None = None,
+        stats: SchedulerStats | None = None,
     ) -> None:
-        """`truncate_kv` (KVManager.truncate) drops the K/V of a rejected proposal."""
+        """`truncate_kv` (KVManager.truncate) drops the K/V of a rejected proposal; `stats`
+        (the scheduler's; its own if None) counts compile times and confirmed proposals."""
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_ids = sorted(eos_token_ids)
@@ -62,10 +63,8 @@ class StructuredGeneration:
         self.jump_forward = jump_forward
         self.json_any_whitespace = json_any_whitespace
         self.truncate_kv = truncate_kv
-        self.jump_forward_tokens = 0  # proposed tokens the model confirmed
+        self.stats = stats if stats is not None else SchedulerStats()
         self.compiling: list[tuple[Req, Future[Any]]] = []
-        # How long each constrained request waited for its grammar (a cache hit: ~0).
-        self.compile_time = FixedHistogram(COMPILE_SECONDS_BUCKETS)
         self._submitted_at: dict[int, float] = {}  # id(req) -> monotonic time of submit
         self._backend: GrammarBackend | None = None  # made at the first constraint
 
@@ -92,7 +91,7 @@ class StructuredGeneration:
             if not future.done() and not late:
                 continue
             self.compiling.remove(item)
-            self.compile_time.observe(now - self._submitted_at.pop(id(req), now))
+            self.stats.grammar_compile_time.observe(now - self._submitted_at.pop(id(req), now))
             try:
                 req.grammar = self._state_of(req, future)
             except Exception as e:  # noqa: BLE001 - xgrammar's errors end this request only
@@ -196,7 +195,7 @@ class StructuredGeneration:
         tok, kept = verify_proposal(
             req, logits, self.backend, self.vocab_size, self.eos_token_ids, self.truncate_kv
         )
-        self.jump_forward_tokens += kept
+        self.stats.jump_forward_tokens += kept
         return tok
 
     def close(self) -> None:

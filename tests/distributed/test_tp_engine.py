@@ -98,16 +98,16 @@ def _stand_in_scheduler(output_ids: list[int]) -> SimpleNamespace:
     parts = SimpleNamespace(
         table=table, cache=create_prefix_cache("radix", allocator), allocator=allocator
     )
-    return SimpleNamespace(running=[req], waiting=[], parts=parts, stats={"steps": 3})
+    return SimpleNamespace(running=[req], waiting=[], parts=parts, stats=SimpleNamespace(steps=3))
 
 
 def _check_rank(rank: int, port: int, out: dict) -> None:
     from radixrt.distributed import init_tp_group
     from radixrt.errors import LockstepError
-    from radixrt.scheduler.lockstep import Lockstep
+    from radixrt.scheduler.lockstep import Follower, Leader
 
     group = init_tp_group(rank, 2, f"tcp://127.0.0.1:{port}", "cpu", timeout_s=20)
-    lockstep = Lockstep(group, check=True, local_ranks=range(2))
+    lockstep = (Leader if rank == 0 else Follower)(group, check=True, local_ranks=range(2))
     for diverge in (False, True):  # then rank 1 has taken one token rank 0 did not
         scheduler = _stand_in_scheduler([9, 9] + ([8] if diverge and rank == 1 else []))
         try:

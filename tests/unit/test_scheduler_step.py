@@ -18,6 +18,7 @@ from radixrt.ipc.transport import queue_pair
 from radixrt.protocol.messages import BatchOutput, FlushCacheReq, GenerateReq, decode_from_scheduler
 from radixrt.protocol.sampling_params import SamplingParams
 from radixrt.scheduler.components import Components
+from radixrt.scheduler.lockstep_base import Lockstep
 from radixrt.scheduler.planner import resolve_max_prefill_tokens
 from radixrt.scheduler.policy import SchedulePolicy
 from radixrt.scheduler.req import Req
@@ -61,7 +62,11 @@ class FakeRunner:
 
 
 def make_scheduler(
-    pool_tokens: int = 256, page_size: int = 1, cache: str = "radix", **overrides
+    pool_tokens: int = 256,
+    page_size: int = 1,
+    cache: str = "radix",
+    lockstep: Lockstep | None = None,
+    **overrides,
 ) -> tuple[Scheduler, FakeRunner, object]:
     args = ServerArgs(
         page_size=page_size,
@@ -87,7 +92,7 @@ def make_scheduler(
         tokenizer=None,
     )
     front, back = queue_pair()
-    return Scheduler(args, parts, back), runner, front
+    return Scheduler(args, parts, back, lockstep), runner, front
 
 
 def submit(scheduler: Scheduler, rid: str, ids: list[int], max_new: int = 4) -> None:
@@ -208,7 +213,7 @@ def test_preemption_when_the_pool_runs_out_keeps_outputs_and_accounting(page_siz
     for rid, ids in prompts.items():
         submit(scheduler, rid, ids, max_new=20)
     outs = run_until_idle(scheduler, front)
-    assert scheduler.planner.num_preemptions > 0
+    assert scheduler.stats.num_preemptions > 0
     assert outs == {rid: expected(ids, 20) for rid, ids in prompts.items()}
     scheduler.handle(FlushCacheReq())
     assert scheduler.parts.allocator.num_free_pages == 48 // page_size
@@ -259,3 +264,36 @@ def test_token_slice_spans_prompt_and_output():
     for start in range(6):
         for end in range(start, 6):
             assert r.token_slice(start, end) == r.fill_ids[start:end]
+
+
+# get_stats() is read by key (/metrics, /v1/loads, /server_info, the dashboard): these keys,
+# in this order; "requests" once one was accepted.
+STATS_KEYS = [
+    "prompt_tokens", "cached_tokens", "generated_tokens", "steps", "num_preemptions",
+    "jump_forward_tokens", "failed_requests", "grammar_queue", "cache_hit_rate", "running",
+    "queued", "pool_tokens", "free_tokens", "evictable_tokens", "protected_tokens",
+    "evicted_tokens", "prefix_cache_queries", "prefix_cache_hits", "histograms",
+]  # fmt: skip
+HISTOGRAMS = [
+    "iteration_tokens_total", "grammar_compile_time_seconds", "kv_block_lifetime_seconds",
+    "kv_block_idle_before_evict_seconds", "kv_block_reuse_gap_seconds",
+]  # fmt: skip
+
+
+def test_get_stats_keeps_its_keys_and_counts_what_the_loop_did():
+    scheduler, _, front = make_scheduler()
+    assert list(scheduler.get_stats()) == STATS_KEYS
+    prefix = list(range(10, 30))
+    submit(scheduler, "a", prefix + [3], max_new=5)
+    run_until_idle(scheduler, front)
+    submit(scheduler, "b", prefix + [4], max_new=5)
+    run_until_idle(scheduler, front)
+    stats = scheduler.get_stats()
+    assert list(stats) == STATS_KEYS[:4] + ["requests"] + STATS_KEYS[4:]
+    assert list(stats["histograms"]) == HISTOGRAMS
+    assert stats["requests"] == 2 and stats["prompt_tokens"] == 42
+    assert stats["generated_tokens"] == 10 and stats["cached_tokens"] == 20
+    assert stats["cache_hit_rate"] == 20 / 42
+    assert stats["prefix_cache_queries"] == 42 and stats["prefix_cache_hits"] == 20
+    assert stats["steps"] == scheduler.stats.steps > 0
+    assert stats["histograms"]["iteration_tokens_total"]["sum"] == 42 - 20 + 2 * 4

@@ -13,7 +13,7 @@ from radixrt.cache.block_timings import KVBlockTimings
 from radixrt.cache.radix_cache import RadixCache
 from radixrt.entrypoints.metrics import ServerMetrics, finished_reason
 from radixrt.observability.histogram import FixedHistogram
-from radixrt.scheduler.step_metrics import StepMetrics
+from radixrt.scheduler.stats import SchedulerStats
 
 
 class FakeClock:
@@ -35,7 +35,7 @@ def test_values_land_in_the_first_bucket_whose_bound_they_do_not_exceed() -> Non
 
 
 def test_a_snapshot_survives_the_scheduler_socket() -> None:
-    m = StepMetrics()
+    m = SchedulerStats()
     m.iteration_tokens.observe(17)
     m.admitted(prompt_tokens=10, cached_tokens=4)
     snap = {"h": m.iteration_tokens.snapshot(), "q": m.prefix_cache_queries}
