@@ -20,22 +20,25 @@ MAX_TOP_LOGPROBS = 20  # the OpenAI API's limit for chat top_logprobs
 ROLES = ("system", "user", "assistant", "tool", "developer", "function")
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
+    """Unknown fields kept (and ignored), known ones type-checked strictly: the base of every
+    OpenAI request model, chat, completions and Responses alike."""
+
     model_config = ConfigDict(extra="allow", strict=True)
 
 
-class StreamOptions(_Strict):
+class StreamOptions(Strict):
     include_usage: bool = False
 
 
-class ResponseFormat(_Strict):
+class ResponseFormat(Strict):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: dict[str, Any] | None = None
     # With "json_object": Together's and Fireworks' field (instructor's JSON_SCHEMA mode sends it).
     schema_: dict[str, Any] | None = Field(None, alias="schema")
 
 
-class SamplingFields(_Strict):
+class SamplingFields(Strict):
     """Fields both endpoints share: OpenAI's, then the engine's extras (SGLang's names)."""
 
     model: str | None = None
@@ -69,17 +72,17 @@ class SamplingFields(_Strict):
     ebnf: str | None = None
 
 
-class ContentPart(_Strict):
+class ContentPart(Strict):
     type: str
     text: str | None = None
 
 
-class CalledFunction(_Strict):
+class CalledFunction(Strict):
     name: str
     arguments: str | dict[str, Any]  # JSON text (OpenAI); an object is accepted too
 
 
-class MessageToolCall(_Strict):
+class MessageToolCall(Strict):
     """A call in an assistant message of the conversation."""
 
     id: str | None = None
@@ -87,7 +90,7 @@ class MessageToolCall(_Strict):
     function: CalledFunction
 
 
-class ChatMessage(_Strict):
+class ChatMessage(Strict):
     role: Literal[ROLES]  # type: ignore[valid-type]
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -95,14 +98,14 @@ class ChatMessage(_Strict):
     tool_call_id: str | None = None  # tool messages: the call this answers
 
 
-class FunctionDef(_Strict):
+class FunctionDef(Strict):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None  # a JSON schema; none = no parameters
     strict: bool | None = None
 
 
-class Tool(_Strict):
+class Tool(Strict):
     type: Literal["function"]
     function: FunctionDef
 

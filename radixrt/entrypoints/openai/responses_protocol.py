@@ -12,9 +12,9 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
-from radixrt.entrypoints.openai.protocol import _validation_error
+from radixrt.entrypoints.openai.protocol import ContentPart, Strict, _validation_error
 from radixrt.entrypoints.openai.tool_calls import ToolCall
 from radixrt.errors import APIError
 
@@ -24,16 +24,7 @@ TEXT_PART_TYPES = ("input_text", "output_text", "text")
 HARMLESS_INCLUDES = ("reasoning.encrypted_content",)
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-
-
-class ContentPart(_Strict):
-    type: str
-    text: str | None = None
-
-
-class InputItem(_Strict):
+class InputItem(Strict):
     """A message (the default type), a function_call or a function_call_output."""
 
     type: str = "message"
@@ -45,7 +36,7 @@ class InputItem(_Strict):
     output: str | list[ContentPart] | None = None
 
 
-class ToolSpec(_Strict):
+class ToolSpec(Strict):
     """A Responses tool: flat ({"type": "function", "name", "parameters", ...})."""
 
     type: str
@@ -55,7 +46,7 @@ class ToolSpec(_Strict):
     strict: bool | None = None
 
 
-class TextFormat(_Strict):
+class TextFormat(Strict):
     type: Literal["text", "json_object", "json_schema"]
     name: str | None = None
     json_schema: dict[str, Any] | None = Field(None, alias="schema")
@@ -63,12 +54,12 @@ class TextFormat(_Strict):
     strict: bool | None = None
 
 
-class TextConfig(_Strict):
+class TextConfig(Strict):
     format: TextFormat | None = None
     verbosity: str | None = None  # a hint to OpenAI's models; nothing to do here
 
 
-class ResponsesRequest(_Strict):
+class ResponsesRequest(Strict):
     model: str | None = None
     input: str | list[InputItem]
     instructions: str | None = None
