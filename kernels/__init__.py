@@ -1,4 +1,4 @@
-"""Triton kernels: paged decode and extend attention, fused layers (see README, "Triton kernels").
+"""Triton kernels: paged decode and extend attention, fused layers (see docs/gpu.md).
 
 The kernel modules import triton; this package and `reference` do not, so that importing
 radixrt never needs it.

@@ -58,7 +58,7 @@ class ServerArgs:
         "auto",
         "weight format of the linear layers; auto: the checkpoint's own packed format where a "
         "CPU kernel runs it (GGUF Q4_*: int4, Q8_0: int8), else the dtype; none: dequantize; "
-        "int8/int4: weight-only, groupwise (see the README)",
+        "int8/int4: weight-only, groupwise (see docs/quantization.md)",
         QUANTIZATIONS,
     )
     device: str | None = _f(None, "cpu or cuda; default: cuda if available, else cpu")
@@ -92,7 +92,7 @@ class ServerArgs:
     max_prefill_tokens: int | None = _f(
         None,
         "token budget of new prefill tokens per step; default: 8192 on a GPU, 2048 on the CPU "
-        "(where smaller steps were faster: see the README's Speed on the CPU)",
+        "(where smaller steps were faster: see docs/cpu_kernels.md)",
     )
     max_running_requests: int = _f(128, "max requests decoding at once")
     schedule_conservativeness: float = _f(1.0, "KV headroom reserved for running decodes")

@@ -1,5 +1,5 @@
 """One model-runner step on the default model, per --quantization setting: batch-1 decode,
-batch-64 decode and a 1,000-token prefill, in milliseconds (the README's "Speed on the CPU").
+batch-64 decode and a 1,000-token prefill, in milliseconds (docs/cpu_kernels.md).
 
     python scripts/bench_cpu_step.py [--quantization auto,none] [--dtype float32] [--threads 2]
                                      [--compile] [--dense-copy-gb 0,1]

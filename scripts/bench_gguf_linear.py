@@ -1,5 +1,5 @@
 """The default model's linear layers at one step, per kernel and batch rows: which matmul to use
-for GGUF-block weights on this CPU (the README's kernel table; radixrt/layers/quantized.py).
+for GGUF-block weights on this CPU (docs/quantization.md's kernel table; layers/quantized.py).
 
     python scripts/bench_gguf_linear.py [--rows 1,4,16,32,64,256] [--threads 2] [--repeats 3]
                                         [--kinds "bf16 copy,int8 copy (W8A8)"]

@@ -1,5 +1,5 @@
 """Where one forward step's time goes: torch profiler tables for a batch-1 decode step and a
-2,000-token prefill on the default model (the README's profile). With --compile: the
+2,000-token prefill on the default model (docs/benchmarks.md's profile). With --compile: the
 torch.compile warm-up time and decode steps at batch 1 and 32, eager against compiled in the
 same process (interleaved, best of 5), and the host side of a batch-64 decode step
 (ModelRunner.build_batch + the attention metadata), in microseconds.

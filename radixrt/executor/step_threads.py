@@ -3,7 +3,7 @@
 OpenMP threads wait for each other at the end of every parallel region (a decode step has ~150
 of them). When another process holds a core, the thread that shares it is descheduled for a
 whole time slice and its partner spins: a batch-1 decode step on this project's 2-core machine
-went from 22 ms to 160-1300 ms with 2 threads, and to 35-46 ms with 1 (README: Threads).
+went from 22 ms to 160-1300 ms with 2 threads, and to 35-46 ms with 1 (cpu_kernels.md: Threads).
 Which is faster depends on the load of the moment, so each step size is timed with both:
 steps mostly run on the count that has been faster lately, and the other is tried again now
 and then, less and less often while it keeps losing (an exploration that costs at most a few

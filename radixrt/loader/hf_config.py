@@ -48,7 +48,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") 
     CUDA (float16 where bf16 is unsupported); on the CPU bfloat16 where it has bf16 matmul
     units, else float32, for dense and packed GGUF weights alike (the packed kernels take
     bf16 activations; from 32 rows on they multiply bf16 tiles, about twice float32's speed,
-    and below that they add a cast each way, a few percent of a batch-1 step: the README's
+    and below that they add a cast each way, a few percent of a batch-1 step: cpu_kernels.md's
     table). Raises ValueError for anything else."""
     if isinstance(dtype, torch.dtype):
         return dtype
