@@ -11,25 +11,27 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from concurrent.futures import Future
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from radixrt.grammar.constraint import parse_constraint
 from radixrt.grammar.workers import DaemonExecutor
+
+if TYPE_CHECKING:  # torch only in annotations: the frontend's checker imports this module
+    import torch
 
 CACHE_SIZE = 256
 
 
 def make_compiler(tokenizer: Any, vocab_size: int) -> tuple[Any, Any]:
-    """(the xgrammar module, a GrammarCompiler for `tokenizer`): a transformers tokenizer or
-    a LazyTokenizer. Takes most of a second (importing xgrammar, reading the vocabulary)."""
+    """(the xgrammar module, a GrammarCompiler for `tokenizer`): a transformers tokenizer, or
+    an object whose get() loads one (the loader's LazyTokenizer: loading may take seconds, so
+    it happens here, on the caller's worker). Takes most of a second (importing xgrammar,
+    reading the vocabulary)."""
     import xgrammar as xgr
 
-    from radixrt.loader.tokenizer import LazyTokenizer
-
-    if isinstance(tokenizer, LazyTokenizer):  # loading it may take seconds
-        tokenizer = tokenizer.get()
+    load = getattr(tokenizer, "get", None)  # transformers' tokenizers have no get()
+    if callable(load):
+        tokenizer = load()
     info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
     return xgr, xgr.GrammarCompiler(info, cache_enabled=False)  # callers cache by text
 

@@ -177,7 +177,15 @@ def _xgrammar_parse(kind: str, parse: Any, text: str) -> Any:
 @functools.lru_cache(maxsize=1024)
 def check_constraint(kind: str, text: str) -> None:
     """ParamError naming the field if `text` is not a valid constraint of `kind`.
-    Runs xgrammar's parser in the caller's thread: unbounded in time for large inputs."""
+    Runs xgrammar's parser in the caller's thread (in a process that cannot import torch,
+    in its xgrammar child, the caller waiting): unbounded in time for large inputs."""
+    from radixrt.grammar import xgrammar_process
+
+    if xgrammar_process.needed():
+        message = xgrammar_process.shared().call("parse", kind=kind, text=text).result()
+        if message is not None:
+            raise ParamError(kind, message)
+        return
     import xgrammar as xgr
 
     parse_constraint(xgr, kind, text)
