@@ -60,6 +60,9 @@ def launch_server(args: ServerArgs) -> int:
         from radixrt.entrypoints.dp_launch import launch_replicas
 
         return launch_replicas(args)
+    from radixrt.loader.tokenizer import keep_torch_out
+
+    keep_torch_out()  # HTTP and tokenizing only: torch stays in the children
     from radixrt.entrypoints.http_server import ServerState, build_app
     from radixrt.entrypoints.metrics import ServerMetrics
     from radixrt.frontend.engine import Engine
