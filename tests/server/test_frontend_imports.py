@@ -1,9 +1,13 @@
-"""The HTTP process never loads the scheduler, the model runner, the models or the cache.
+"""The HTTP process never loads torch, nor the scheduler, the model runner, the models or
+the cache.
 
-A real `radixrt launch` runs under `python -X importtime`, which logs every module the process
-imports, lazily or not, to its stderr (the flag is not passed on to the scheduler and
-detokenizer children, whose own imports therefore do not show). The server then serves one
-request of every kind, is stopped, and the log says what its main process loaded.
+A real `radixrt launch` of the default model (a GGUF file: its tokenizer and /model_info read
+GGUF) runs under `python -X importtime`, which logs every module the process imports, lazily
+or not, to its stderr (the flag is not passed on to its children, whose own imports therefore
+do not show). The server serves one request of every kind, constrained ones and tool calls
+included; then its main process's memory map must hold no libtorch (the external signal: a
+module could hide from the log, a loaded shared object cannot), the server is stopped, and the
+log says what its main process imported.
 """
 
 from __future__ import annotations
@@ -20,15 +24,25 @@ from pathlib import Path
 
 import httpx
 import pytest
-from launch_helpers import STARTUP_TIMEOUT_S, free_port, tiny_server_flags
+from launch_helpers import STARTUP_TIMEOUT_S, free_port
 
-FORBIDDEN = ("radixrt.scheduler", "radixrt.executor", "radixrt.models", "radixrt.cache")
+FORBIDDEN = (
+    "torch",
+    "xgrammar",
+    "radixrt.scheduler",
+    "radixrt.executor",
+    "radixrt.models",
+    "radixrt.cache",
+)
 # Loaded only on the paths exercised below: their presence shows the log catches lazy imports.
 EXPECTED = (
+    "transformers",
     "radixrt.entrypoints.openai.api",
     "radixrt.frontend.validation",
     "radixrt.grammar.checker",
+    "radixrt.grammar.xgrammar_process",
     "radixrt.entrypoints.openai.tool_calls",
+    "radixrt.loader.gguf_metadata",
     "radixrt.entrypoints.zmq_frontend",
 )
 TOOL = {
@@ -42,12 +56,20 @@ TOOL = {
         },
     },
 }
+STRUCTURAL_TAG = {
+    "type": "structural_tag",
+    "structures": [{"begin": "<n>", "schema": {"type": "integer"}, "end": "</n>"}],
+    "triggers": ["<n>"],
+}
 GREEDY = {"temperature": 0, "max_new_tokens": 4}
 
 
 @pytest.fixture(scope="module")
-def imports_log(tiny_model_dir, tmp_path_factory) -> str:
-    """The stderr of a launched server, stopped after serving `_serve_every_kind`."""
+def served(tmp_path_factory) -> tuple[str, str]:
+    """(the main process's memory map once it served `_serve_every_kind`, its stderr after
+    it was stopped)."""
+    from radixrt.loader.default_model import default_model_path
+
     log = tmp_path_factory.mktemp("imports") / "server.log"
     port = free_port()
     cmd = [
@@ -59,7 +81,10 @@ def imports_log(tiny_model_dir, tmp_path_factory) -> str:
         "launch",
         "--port",
         str(port),
-        *tiny_server_flags(tiny_model_dir("llama")),
+        "--model-path",
+        default_model_path(),
+        "--max-total-tokens",
+        "4096",
         "--log-level",
         "warning",
     ]
@@ -71,13 +96,14 @@ def imports_log(tiny_model_dir, tmp_path_factory) -> str:
         url = f"http://127.0.0.1:{port}"
         _wait_healthy(proc, url, log)
         _serve_every_kind(url, _zmq_address(log.read_text()))
+        maps = Path(f"/proc/{proc.pid}/maps").read_text()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    return log.read_text()
+    return maps, log.read_text()
 
 
 def _wait_healthy(proc: subprocess.Popen, url: str, log: Path) -> None:
@@ -134,6 +160,9 @@ def _serve_every_kind(url: str, zmq_address: str) -> None:
             },
         },
     )
+    ok("POST", "/generate", {"text": "?", "sampling_params": {**GREEDY, "ebnf": 'root ::= "yes"'}})
+    tag = json.dumps(STRUCTURAL_TAG)
+    ok("POST", "/generate", {"text": "n", "sampling_params": {**GREEDY, "structural_tag": tag}})
     chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}
     ok("POST", "/v1/chat/completions", chat)
     ok(
@@ -146,6 +175,13 @@ def _serve_every_kind(url: str, zmq_address: str) -> None:
         "/v1/chat/completions",
         {**chat, "max_tokens": 16, "tools": [TOOL], "tool_choice": "required"},
     )
+    named = {"type": "function", "function": {"name": "pick"}}
+    ok(
+        "POST",
+        "/v1/chat/completions",
+        {**chat, "max_tokens": 16, "tools": [TOOL], "tool_choice": named},
+    )
+    ok("POST", "/v1/chat/completions", {**chat, "tools": [TOOL]})  # auto: a structural tag
     ok(
         "POST",
         "/v1/chat/completions",
@@ -164,11 +200,15 @@ def _serve_every_kind(url: str, zmq_address: str) -> None:
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt", bad.text
     bad = client.post("/generate", json={"text": "x", "sampling_params": {"regex": "(["}})
     assert bad.status_code == 400, bad.text
+    bad_tool = {**TOOL, "function": {"name": "f", "parameters": {"type": "no-such-type"}}}
+    bad = client.post("/v1/chat/completions", json={**chat, "tools": [bad_tool]})
+    assert bad.status_code == 400 and "parameters" in bad.json()["error"]["param"], bad.text
     _abort_a_stream(client)
+    info = ok("GET", "/model_info").json()
+    assert (info["load_format"], info["architectures"]) == ("gguf", ["LlamaForCausalLM"]), info
     for path in (
         "/get_server_info",
         "/server_info",
-        "/model_info",
         "/v1/models",
         "/metrics",
         "/version",
@@ -222,8 +262,15 @@ def _imported(log: str) -> set[str]:
     }
 
 
-def test_the_http_process_never_imports_the_scheduler_side(imports_log):
-    imported = _imported(imports_log)
+def test_the_http_process_never_maps_libtorch(served):
+    maps, _ = served
+    assert "libc" in maps, "not a memory map"
+    torch_files = {line.split()[-1] for line in maps.splitlines() if "libtorch" in line}
+    assert not torch_files, f"the HTTP process loaded {sorted(torch_files)}"
+
+
+def test_the_http_process_never_imports_torch_or_the_scheduler_side(served):
+    imported = _imported(served[1])
     missing = [name for name in EXPECTED if name not in imported]
     assert not missing, f"the import log misses {missing}: it does not show what ran"
     loaded = sorted(
