@@ -9,8 +9,7 @@ from collections.abc import Hashable
 import torch
 
 from radixrt.cache.allocator import PageAllocator
-from radixrt.cache.base import CacheNode, MatchResult, PrefixCache, Published
-from radixrt.cache.block_timings import KVBlockTimings
+from radixrt.cache.base import CacheNode, Dropped, MatchResult, PrefixCache, Published
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
@@ -29,10 +28,8 @@ class NoSharingCache(PrefixCache):
     """Holds no tokens: matches are empty, publishing keeps nothing, nothing is evictable."""
 
     def __init__(self, allocator: PageAllocator) -> None:
-        self.allocator = allocator
-        self.page_size = allocator.page_size
+        super().__init__(allocator)  # its observers never hear of a node: nothing is kept
         self.root = _ROOT
-        self.block_timings = KVBlockTimings()  # never observes: nothing is kept
 
     def match_prefix(self, key: list[int]) -> MatchResult:
         return MatchResult(_EMPTY, _ROOT)
@@ -42,7 +39,7 @@ class NoSharingCache(PrefixCache):
 
     def publish(self, key: list[int], slots: torch.Tensor, held: int, node: CacheNode) -> Published:
         assert held == 0, "this cache lends nothing"
-        return Published(0, _EMPTY, node)
+        return Published(0, _EMPTY, node)  # the caller keeps (and frees) every slot
 
     def inc_lock_ref(self, node: CacheNode) -> int:
         return 0
@@ -50,8 +47,11 @@ class NoSharingCache(PrefixCache):
     def dec_lock_ref(self, node: CacheNode) -> int:
         return 0
 
-    def evict(self, num_tokens: int) -> int:
+    def unlocked_tokens(self, node: CacheNode) -> int:
         return 0
+
+    def evict(self, num_tokens: int) -> Dropped:
+        return Dropped()
 
     def evictable_size(self) -> int:
         return 0
@@ -65,5 +65,5 @@ class NoSharingCache(PrefixCache):
     def cached_slots(self) -> torch.Tensor:
         return _EMPTY
 
-    def reset(self) -> None:
-        """Nothing to free."""
+    def reset(self) -> Dropped:
+        return Dropped()

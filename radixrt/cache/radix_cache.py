@@ -3,33 +3,27 @@
 A request walks the tree with its prompt (`match_prefix`), borrows the KV of the longest cached
 prefix, locks that path while it runs (`inc_lock_ref`), and when it finishes (or between prefill
 chunks) hands its KV to the tree (`insert`). When the pool runs short the scheduler calls
-`evict`, which frees unlocked leaves least-recently-used first.
+`evict`, which drops unlocked leaves least-recently-used first and returns their slots: the tree
+never takes or frees pages itself (the scheduler's KVManager does).
 
 With page_size > 1 the tree works in whole pages: every node's key length is a multiple of
 page_size, nodes split only at page boundaries, and each page-sized chunk of a node's value is
 one whole pool page, so freeing a node's slots frees exactly its pages.
 
-With an event sink (KV events, `observability/kv_events.py`) every node keeps the chained block hash
-of each of its pages: a new leaf reports its pages as stored (chained on its parent's last
-page), a deleted leaf reports them removed, a reset reports everything cleared; a split moves
-hashes between the two halves and reports nothing (the same pages stay resident).
-
-Block timing (vLLM's kv_block_* histograms) is kept per node, in monotonic seconds: when it was
-inserted and when a request last let go of it. Every page of a node shares those times (a node
-is inserted whole, and a match splits the node it ends in, so a lock covers whole nodes): each
-observation counts once per page of its node, per-page results at O(1) per node touched.
+Block timings and KV events are observers (`base.CacheObserver`): the tree tells them which
+nodes it inserted, split, locked, released and dropped, and keeps nothing for them.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterator, Sequence
 
 import torch
 
 from radixrt.cache.allocator import PageAllocator
-from radixrt.cache.base import CacheNode, MatchResult, PrefixCache, Published
+from radixrt.cache.base import CacheNode, Dropped, MatchResult, PrefixCache, Published
 from radixrt.cache.block_timings import KVBlockTimings
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
@@ -44,19 +38,15 @@ class TreeNode:
 
     _ids = itertools.count()
 
-    def __init__(
-        self, key: list[int], value: torch.Tensor, parent: TreeNode | None, born_at: float = 0.0
-    ) -> None:
+    def __init__(self, key: list[int], value: torch.Tensor, parent: TreeNode | None) -> None:
         self.key = key
         self.value = value
         self.parent = parent
         self.children: dict[Hashable, TreeNode] = {}
         self.lock_ref = 0
         self.last_access_time = 0
-        self.born_at = born_at  # monotonic seconds at insertion (block timing)
-        self.released_at: float | None = None  # when its lock count last fell to 0
-        self.id = next(TreeNode._ids)  # heap tie-breaker, and a name in pretty_print
-        self.page_hashes: list[int] = []  # block hash of each page (only with an event sink)
+        # heap tie-breaker, observers' key, and a name in pretty_print
+        self.id = next(TreeNode._ids)
 
     def __repr__(self) -> str:
         return f"TreeNode(id={self.id}, len={len(self.key)}, lock={self.lock_ref})"
@@ -77,9 +67,7 @@ class RadixCache(PrefixCache):
         timings: KVBlockTimings | None = None,
     ) -> None:
         assert page_size in (None, allocator.page_size), (page_size, allocator.page_size)
-        self.allocator = allocator
-        self.page_size = allocator.page_size
-        self.block_timings = timings or KVBlockTimings()
+        super().__init__(allocator, timings)
         # A counter, not wall time: strictly ordered and deterministic (tests rely on both).
         self._clock = itertools.count(1)
         self._init_tree()
@@ -140,31 +128,28 @@ class RadixCache(PrefixCache):
         return pos
 
     def publish(self, key: list[int], slots: torch.Tensor, held: int, node: CacheNode) -> Published:
-        """Insert `key`; the caller's copies of pages someone cached meanwhile are freed, and
-        its lock moves to the node where `key` ends (see PrefixCache.publish)."""
+        """Insert `key`; the caller's copies of pages someone cached meanwhile come back as
+        dropped, and its lock moves to the node where `key` ends (see PrefixCache.publish)."""
         if len(key) <= held:
             return Published(held, slots[:held], node)
         present = self.insert(key, slots)
-        if present > held:
-            # Someone cached [held, present) meanwhile: the caller's copies are duplicates.
-            self.allocator.free_slots(slots[held:present])
+        # Someone cached [held, present) meanwhile: the caller's copies are duplicates.
+        dropped = Dropped((slots[held:present],)) if present > held else Dropped()
         match = self.match_prefix(key)
         assert match.indices.numel() == len(key), (match.indices.numel(), len(key))
         self.inc_lock_ref(match.last_node)
         self.dec_lock_ref(node)
-        return Published(len(key), match.indices, match.last_node)
+        return Published(len(key), match.indices, match.last_node, dropped)
 
     def _add_leaf(self, parent: TreeNode, key: list[int], value: torch.Tensor, now: int) -> None:
         assert _whole_pages(value, self.page_size), "inserted slots must fill whole pages"
         # clone: the caller's page table row is reused after the request ends
-        born = self.block_timings.clock()
-        leaf = TreeNode(list(key), value.to(torch.int64).clone(), parent, born)
+        leaf = TreeNode(list(key), value.to(torch.int64).clone(), parent)
         leaf.last_access_time = now
         parent.children[self._child_key(key, 0)] = leaf
-        if self.event_sink is not None:
-            parent_hash = parent.page_hashes[-1] if parent.page_hashes else None
-            leaf.page_hashes = self.event_sink.stored(parent_hash, leaf.key)
         self._evictable += len(key)
+        for observer in self.observers:
+            observer.inserted(leaf)
 
     def _child_key(self, key: list[int], pos: int) -> Hashable:
         if self.page_size == 1:
@@ -187,49 +172,58 @@ class RadixCache(PrefixCache):
         """
         parent = child.parent
         assert parent is not None and 0 < n < len(child.key) and n % self.page_size == 0
-        upper = TreeNode(child.key[:n], child.value[:n], parent, child.born_at)
+        upper = TreeNode(child.key[:n], child.value[:n], parent)
         upper.lock_ref = child.lock_ref
-        upper.released_at = child.released_at
         upper.last_access_time = child.last_access_time
         parent.children[self._child_key(upper.key, 0)] = upper
         child.key, child.value, child.parent = child.key[n:], child.value[n:], upper
-        # A split keeps the same pages resident: no KV event, the hashes just move.
-        upper.page_hashes = child.page_hashes[: n // self.page_size]
-        child.page_hashes = child.page_hashes[n // self.page_size :]
         upper.children[self._child_key(child.key, 0)] = child
+        for observer in self.observers:
+            observer.split(upper, child)
         return upper
 
     # ---- locking --------------------------------------------------------------------------
 
     def inc_lock_ref(self, node: CacheNode) -> int:
-        """Lock every node from `node` up to the root; returns the tokens that became protected.
-        A node taken again after a request let go of it observes its reuse gap."""
-        moved = 0
-        timings = self.block_timings
-        now = timings.clock()
+        """Lock every node from `node` up to the root; returns the tokens that became protected."""
+        taken = []
         for n in self._path(node):
             if n.lock_ref == 0:
-                moved += len(n.key)
-                if n.released_at is not None:
-                    timings.reuse_gap.observe(now - n.released_at, self._pages(n))
+                taken.append(n)
             n.lock_ref += 1
+        moved = _tokens(taken)
         self._evictable -= moved
         self._protected += moved
+        if taken:
+            for observer in self.observers:
+                observer.locked(taken)
         return moved
 
     def dec_lock_ref(self, node: CacheNode) -> int:
         """Undo one `inc_lock_ref(node)`; returns the tokens that became evictable."""
-        moved = 0
-        now = self.block_timings.clock()
+        let_go = []
         for n in self._path(node):
             assert n.lock_ref > 0, f"unlock of unlocked {n!r}"
             n.lock_ref -= 1
             if n.lock_ref == 0:
-                moved += len(n.key)
-                n.released_at = now
+                let_go.append(n)
+        moved = _tokens(let_go)
         self._evictable += moved
         self._protected -= moved
+        if let_go:
+            for observer in self.observers:
+                observer.released(let_go)
         return moved
+
+    def unlocked_tokens(self, node: CacheNode) -> int:
+        """Tokens on `node`'s path with lock_ref 0. A lock holds the whole path above its node,
+        so the walk stops at the first locked one."""
+        tokens = 0
+        for n in self._path(node):
+            if n.lock_ref > 0:
+                break
+            tokens += len(n.key)
+        return tokens
 
     def _path(self, node: CacheNode) -> Iterator[TreeNode]:
         """`node` and its ancestors, the root excluded; `node` must be one of this tree's."""
@@ -240,45 +234,35 @@ class RadixCache(PrefixCache):
 
     # ---- eviction and sizes ---------------------------------------------------------------
 
-    def evict(self, num_tokens: int) -> int:
-        """Free unlocked leaves, least recently used first, until at least `num_tokens` tokens
-        are freed or nothing evictable remains; parents that become unlocked leaves join the
-        queue. The slots go back to the allocator. Returns the number of tokens freed."""
+    def evict(self, num_tokens: int) -> Dropped:
+        """Drop unlocked leaves, least recently used first, until at least `num_tokens` tokens
+        are dropped or nothing evictable remains; parents that become unlocked leaves join the
+        queue. Returns the dropped leaves' slots, in the order dropped."""
         if num_tokens <= 0:
-            return 0
+            return Dropped()
         heap = [(n.last_access_time, n.id, n) for n in self._nodes() if self._evictable_leaf(n)]
         heapq.heapify(heap)
+        dropped: list[TreeNode] = []
         freed = 0
-        now = self.block_timings.clock()
         while freed < num_tokens and heap:
             _, _, leaf = heapq.heappop(heap)
-            freed += self._delete_leaf(leaf, now)
+            freed += self._delete_leaf(leaf)
+            dropped.append(leaf)
             parent = _parent(leaf)
             if self._evictable_leaf(parent):
                 heapq.heappush(heap, (parent.last_access_time, parent.id, parent))
-        return freed
+        if dropped:
+            for observer in self.observers:
+                observer.evicted(dropped)
+        return Dropped(tuple(leaf.value for leaf in dropped))
 
     def _evictable_leaf(self, node: TreeNode) -> bool:
         return node is not self.root and node.lock_ref == 0 and not node.children
 
-    def _delete_leaf(self, leaf: TreeNode, now: float) -> int:
-        self._observe_eviction(leaf, now)
-        self.allocator.free_slots(leaf.value)
-        if self.event_sink is not None:
-            self.event_sink.removed(leaf.page_hashes)
+    def _delete_leaf(self, leaf: TreeNode) -> int:
         del _parent(leaf).children[self._child_key(leaf.key, 0)]
         self._evictable -= len(leaf.key)
         return len(leaf.key)
-
-    def _observe_eviction(self, node: TreeNode, now: float) -> None:
-        timings, pages = self.block_timings, self._pages(node)
-        timings.lifetime.observe(now - node.born_at, pages)
-        idle_since = node.born_at if node.released_at is None else node.released_at
-        timings.idle_before_evict.observe(now - idle_since, pages)
-        timings.evicted_tokens += len(node.key)
-
-    def _pages(self, node: TreeNode) -> int:
-        return len(node.key) // self.page_size
 
     def evictable_size(self) -> int:
         """Tokens in unlocked nodes."""
@@ -297,18 +281,15 @@ class RadixCache(PrefixCache):
         values = [n.value for n in self._nodes() if n is not self.root]
         return torch.cat(values) if values else _EMPTY
 
-    def reset(self) -> None:
-        """Free every cached slot to the allocator and empty the tree; nothing may be locked.
-        Every node counts as evicted (block timing)."""
+    def reset(self) -> Dropped:
+        """Empty the tree (nothing may be locked); returns every slot it held."""
         assert self._protected == 0, f"reset with {self._protected} locked tokens"
-        now = self.block_timings.clock()
-        for node in self._nodes():
-            if node is not self.root:
-                self._observe_eviction(node, now)
-        self.allocator.free_slots(self.cached_slots())
+        nodes = [node for node in self._nodes() if node is not self.root]
+        slots = self.cached_slots()
         self._init_tree()
-        if self.event_sink is not None:
-            self.event_sink.cleared()
+        for observer in self.observers:
+            observer.cleared(nodes)
+        return Dropped((slots,))
 
     def _nodes(self) -> Iterator[TreeNode]:
         """Every node, root included, depth first."""
@@ -344,6 +325,10 @@ def _parent(node: TreeNode) -> TreeNode:
     """The parent of a node that is not the root (the only node without one)."""
     assert node.parent is not None, f"{node!r} is the root"
     return node.parent
+
+
+def _tokens(nodes: Sequence[TreeNode]) -> int:
+    return sum(len(n.key) for n in nodes)
 
 
 def _whole_pages(value: torch.Tensor, page_size: int) -> bool:

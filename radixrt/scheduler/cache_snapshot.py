@@ -14,7 +14,7 @@ tokenizer (the scheduler need not have one).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,9 +72,14 @@ def tree_snapshot(cache: RadixCache, depth: int, max_nodes: int) -> dict[str, An
     """The root as a nested node description, with the walk's totals beside it."""
     sizes = _subtree_sizes(cache.root, SIZE_WALK_BUDGET)
     shown = _choose_nodes(cache.root, sizes, depth, max_nodes)
-    now = cache.block_timings.clock()  # the clock the nodes' stamps were taken with
+    timings = cache.block_timings
+    now = timings.clock()  # the clock the nodes' stamps were taken with
+
+    def idle_s(node: TreeNode) -> float:
+        return now - timings.idle_since(node)
+
     return {
-        "root": _describe(cache.root, sizes, shown, now),
+        "root": _describe(cache.root, sizes, shown, idle_s),
         "nodes_shown": len(shown),
         "total_nodes": sizes.nodes[cache.root.id] - 1,  # the root is not a cached span
         "total_tokens": cache.evictable_size() + cache.protected_size(),
@@ -128,7 +133,9 @@ def _choose_nodes(root: TreeNode, sizes: _Sizes, depth: int, max_nodes: int) -> 
     return shown
 
 
-def _describe(node: TreeNode, sizes: _Sizes, shown: set[int], now: float) -> dict[str, Any]:
+def _describe(
+    node: TreeNode, sizes: _Sizes, shown: set[int], idle_s: Callable[[TreeNode], float]
+) -> dict[str, Any]:
     """One node and its shown children (biggest subtree first); the others as `more`. A node
     whose children lie beyond the size walk is `counted: false` and counts only itself."""
     counted = node.id in sizes.expanded
@@ -143,11 +150,11 @@ def _describe(node: TreeNode, sizes: _Sizes, shown: set[int], now: float) -> dic
         "preview_ids": node.key[:PREVIEW_TOKENS],
         "lock_ref": node.lock_ref,
         "evictable": not is_root and node.lock_ref == 0,
-        "last_access_s": _seconds_since_access(node, now),
+        "last_access_s": _seconds_since_access(node, idle_s),
         "subtree_tokens": subtree_tokens,
         "subtree_nodes": subtree_nodes,
         "counted": counted or not node.children,
-        "children": [_describe(c, sizes, shown, now) for c in kids],
+        "children": [_describe(c, sizes, shown, idle_s) for c in kids],
         "more": (
             {"nodes": sum(n for _, n in hidden), "tokens": sum(t for t, _ in hidden)}
             if hidden
@@ -156,7 +163,7 @@ def _describe(node: TreeNode, sizes: _Sizes, shown: set[int], now: float) -> dic
     }
 
 
-def _seconds_since_access(node: TreeNode, now: float) -> float | None:
+def _seconds_since_access(node: TreeNode, idle_s: Callable[[TreeNode], float]) -> float | None:
     """Seconds since a request last held the node: 0 while one does, else since the last one
     let go of it (or since its insertion); None for the root. `last_access_time` itself is a
     logical clock, so the block-timing stamps (monotonic seconds) are used."""
@@ -164,8 +171,7 @@ def _seconds_since_access(node: TreeNode, now: float) -> float | None:
         return None
     if node.lock_ref > 0:
         return 0.0
-    since = node.born_at if node.released_at is None else node.released_at
-    return round(max(now - since, 0.0), 3)
+    return round(max(idle_s(node), 0.0), 3)
 
 
 def kv_pool_snapshot(cache: PrefixCache, running: Sequence[Req]) -> dict[str, Any]:

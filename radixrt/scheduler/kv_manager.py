@@ -1,8 +1,11 @@
 """Request-level KV operations: match a prefix, take slots, hand KV to the prefix cache, release.
 
-The prefix cache owns the slots of cached prefixes; a request borrows them (locking them) and
-owns its private pages. Its positions' slots are one row of the request-to-token table. These
-functions move slots between the two owners without losing any.
+The prefix cache decides which slots of cached prefixes it keeps; a request borrows them
+(locking them) and owns its private pages. Its positions' slots are one row of the
+request-to-token table. This is the only code that takes pages from the allocator or gives them
+back: what the cache drops (`Dropped`, from publish, evict and reset) is freed here, so no page
+has two owners. Admission asks `fits` first (reads only) and then commits with `admit`, which
+cannot fail: a refused request leaves nothing to undo.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from radixrt.cache.allocator import PageAllocator
-from radixrt.cache.base import MatchResult, PrefixCache
+from radixrt.cache.base import Dropped, MatchResult, PrefixCache
 from radixrt.cache.req_to_token import ReqToTokenTable
 from radixrt.scheduler.req import Req
 
@@ -34,14 +37,26 @@ class KVManager:
         """Pool tokens (whole pages) that growing `req` by n positions takes."""
         private = req.num_slots - req.tree_len
         room = (-private) % self.page_size  # free slots left in the last private page
-        extra = max(n - room, 0)
-        return -(-extra // self.page_size) * self.page_size
+        return self._whole_pages(max(n - room, 0))
 
     def ensure_free(self, tokens: int) -> bool:
+        """Evict cached pages until `tokens` are free, if it can; says whether they are."""
         short = tokens - self.allocator.available_tokens
         if short > 0:
-            self.cache.evict(short)
+            self._give_back(self.cache.evict(short))
         return self.allocator.available_tokens >= tokens
+
+    def fits(self, req: Req, match: MatchResult, n: int) -> bool:
+        """Whether `admit(req, match, n)` succeeds: a free table row, and pages for n positions
+        among the free ones and the cached ones still evictable once the match is locked.
+        Reads only: the cache, the allocator, the table and `req` are left as they are."""
+        if self.table.num_free_rows == 0:
+            return False
+        evictable = self.cache.evictable_size() - self.cache.unlocked_tokens(match.last_node)
+        return self.allocator.available_tokens + evictable >= self._whole_pages(n)
+
+    def _whole_pages(self, tokens: int) -> int:
+        return -(-tokens // self.page_size) * self.page_size
 
     # -- request lifecycle ------------------------------------------------------------------
     def match(self, req: Req) -> MatchResult:
@@ -50,8 +65,9 @@ class KVManager:
         req.prefix_match_len = result.indices.numel()
         return result
 
-    def admit(self, req: Req, match: MatchResult) -> None:
-        """Give the request a table row that starts with the matched prefix's slots."""
+    def admit(self, req: Req, match: MatchResult, n: int) -> None:
+        """Commit what `fits(req, match, n)` said fits: a table row that starts with the matched
+        prefix's slots (locked), then slots for the next n positions, evicting if needed."""
         req.table_row = self.table.alloc_row()
         self.table.write(req.table_row, 0, match.indices)
         req.num_slots = req.tree_len = req.kv_len = match.indices.numel()
@@ -59,6 +75,8 @@ class KVManager:
         self.cache.inc_lock_ref(match.last_node)
         if req.num_retractions == 0:
             req.cached_tokens = req.kv_len
+        allocated = self.alloc(req, n)
+        assert allocated, "admitted a request that does not fit: ask fits() first"
 
     def alloc(self, req: Req, n: int) -> bool:
         """Give the request slots for its next n positions, evicting cached pages if needed."""
@@ -110,11 +128,20 @@ class KVManager:
         published = self.cache.publish(
             req.fill_ids[:aligned], self._slots(req, 0, aligned), req.tree_len, req.last_node
         )
+        self._give_back(published.dropped)
         if published.length > req.tree_len:
             # Where someone cached the same pages meanwhile, the table points at theirs now.
             self.table.write(req.table_row, req.tree_len, published.slots[req.tree_len :])
         req.tree_len, req.last_node = published.length, published.node
         return published.length
+
+    def flush_cache(self) -> None:
+        """Empty the prefix cache (no request may hold any of it) and free its pages."""
+        self._give_back(self.cache.reset())
+
+    def _give_back(self, dropped: Dropped) -> None:
+        for span in dropped.spans:  # one at a time: the free stack keeps the cache's order
+            self.allocator.free_slots(span)
 
     def _slots(self, req: Req, start: int, end: int) -> torch.Tensor:
         return self.table.read(req.table_row, start, end)

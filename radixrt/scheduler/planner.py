@@ -132,10 +132,9 @@ class Planner:
                 and running
             ):
                 break
-            self.kv.admit(req, match)
-            if not self.kv.alloc(req, n):
-                self.kv.release(req)
+            if not self.kv.fits(req, match, n):
                 break
+            self.kv.admit(req, match, n)
             waiting.remove(req)
             running.append(req)
             inflight.append(req.fill_ids)

@@ -335,6 +335,6 @@ class Scheduler:
                 f"{len(self.running) + len(self.waiting)} requests run",
             )
         else:
-            self.parts.cache.reset()
+            self.kv.flush_cache()
             reply = ControlReply("flush_cache", True)
         self.transport.send(encode(reply))

@@ -5,8 +5,9 @@ of its last page (the tree's unit: with page_size 4, [0,0,0,0] and [0,0,0,1] sha
 Requests are simulated the way the scheduler runs them: match and lock a prefix, take private
 slots (growing them a few tokens at a time, like decode), then insert the page-aligned part and
 free what the tree did not take, or abort. Eviction is not predicted node by node; it is checked
-for what it must guarantee: only unlocked entries go, the freed count is right, enough is freed,
-and LRU order holds (no evicted node is newer than a surviving unlocked leaf).
+for what it must guarantee: only unlocked entries go, the dropped slots are exactly theirs, enough
+is dropped, and LRU order holds (no evicted node is newer than a surviving unlocked leaf). The
+tree never frees a page: the machine frees what it drops, as the KVManager does.
 """
 
 from __future__ import annotations
@@ -128,11 +129,18 @@ class CacheMachine(RuleBasedStateMachine):
     def evict_and_check(self, n: int) -> None:
         before = tree_contents(self.cache)
         times = {path: node.last_access_time for path, node in tree_nodes(self.cache)}
-        freed = self.cache.evict(n)
+        free_before = self.alloc.num_free_pages
+        dropped = self.cache.evict(n)
+        assert self.alloc.num_free_pages == free_before, "the tree freed pages itself"
+        freed = dropped.tokens
         after = tree_contents(self.cache)
         assert after.items() <= before.items(), "eviction changed surviving slots"
         removed = before.keys() - after.keys()
         assert len(removed) * self.PAGE_SIZE == freed
+        removed_slots = sorted(s for path in removed for s in before[path])
+        assert sorted(torch.cat(dropped.spans).tolist() if freed else []) == removed_slots
+        for span in dropped.spans:
+            self.alloc.free_slots(span)
         assert freed >= n or self.cache.evictable_size() == 0, "stopped while evictable left"
         assert not removed & self.locked_prefixes(), "a locked prefix was evicted"
         self.check_lru(removed, times)
@@ -276,7 +284,8 @@ class CacheMachine(RuleBasedStateMachine):
             self.alloc.free_slots(req.private)
             self.cache.dec_lock_ref(req.node)
         self.pending.clear()
-        self.cache.evict(self.cache.total_size())
+        for span in self.cache.evict(self.cache.total_size()).spans:
+            self.alloc.free_slots(span)
         assert self.cache.total_size() == 0
         assert self.alloc.num_free_pages == self.alloc.num_pages
 

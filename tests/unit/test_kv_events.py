@@ -19,6 +19,7 @@ import zmq
 from vllm_kv_events import DECODER, END_SEQ, BlockRemoved, BlockStored, KVEventBatch
 
 from radixrt.cache.allocator import PageAllocator
+from radixrt.cache.base import Dropped
 from radixrt.cache.radix_cache import RadixCache, TreeNode
 from radixrt.observability.kv_events import KVEventSink, parse_kv_events_config
 from radixrt.observability.kv_events_publisher import ZmqEventPublisher
@@ -140,6 +141,11 @@ def random_workload(cache: RadixCache, rng: random.Random, steps: int) -> None:
     """Inserts of prompts sharing a few prefixes, hits that lock for a while, evictions, and
     flushes; the sink is flushed after every operation, as the scheduler does each iteration."""
     ps, alloc = cache.page_size, cache.allocator
+
+    def give_back(dropped: Dropped) -> None:  # the KVManager's part: the tree frees nothing
+        for span in dropped.spans:
+            alloc.free_slots(span)
+
     prefixes = [[rng.randrange(50) for _ in range(ps * rng.randint(1, 4))] for _ in range(4)]
     locked: list[Any] = []
     for _ in range(steps):
@@ -148,7 +154,7 @@ def random_workload(cache: RadixCache, rng: random.Random, steps: int) -> None:
             key = rng.choice(prefixes) + [rng.randrange(50) for _ in range(ps * rng.randint(0, 3))]
             slots = alloc.alloc_slots(len(key), None)
             if slots is None:
-                cache.evict(len(key))
+                give_back(cache.evict(len(key)))
                 slots = alloc.alloc_slots(len(key), None)
             if slots is not None and key:
                 alloc.free_slots(slots[: cache.insert(key, slots)])
@@ -160,11 +166,11 @@ def random_workload(cache: RadixCache, rng: random.Random, steps: int) -> None:
         elif op < 0.95:
             if locked:
                 cache.dec_lock_ref(locked.pop(rng.randrange(len(locked))))
-            cache.evict(ps * rng.randint(1, 8))
+            give_back(cache.evict(ps * rng.randint(1, 8)))
         else:
             while locked:
                 cache.dec_lock_ref(locked.pop())
-            cache.reset()
+            give_back(cache.reset())
         cache.flush_events()
 
 

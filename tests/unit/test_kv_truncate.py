@@ -22,8 +22,9 @@ def test_truncate_frees_whole_pages_past_the_cut(page_size, cut):
     table = ReqToTokenTable(2, 128, "cpu")
     kv = KVManager(allocator, cache, table)
     req = Req("r", list(range(40)), SamplingParams())
-    kv.admit(req, cache.match_prefix([]))
-    assert kv.alloc(req, 40)
+    match = cache.match_prefix([])
+    assert kv.fits(req, match, 40)
+    kv.admit(req, match, 40)
     req.kv_len = 40
 
     def slots_of(r: Req) -> list[int]:

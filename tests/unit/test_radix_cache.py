@@ -1,10 +1,11 @@
-"""RadixCache: splitting, paged matching, insert ownership, locking, LRU eviction, accounting."""
+"""RadixCache: splitting, paged matching, insert ownership, locking, LRU eviction, accounting;
+the cache never frees a page itself (what it drops comes back to the caller)."""
 
 import pytest
 import torch
 
 from radixrt.cache.allocator import PageAllocator
-from radixrt.cache.base import create_prefix_cache
+from radixrt.cache.base import Dropped, create_prefix_cache
 from radixrt.cache.invariants import check_kv_accounting
 from radixrt.cache.radix_cache import RadixCache
 
@@ -23,6 +24,17 @@ def put(cache: RadixCache, key: list[int]) -> torch.Tensor:
     present = cache.insert(key, slots)
     cache.allocator.free_slots(slots[:present])
     return slots
+
+
+def give_back(alloc: PageAllocator, dropped: Dropped) -> int:
+    """Free what the cache dropped, as the KVManager does; returns the tokens."""
+    for span in dropped.spans:
+        alloc.free_slots(span)
+    return dropped.tokens
+
+
+def evict(cache: RadixCache, n: int) -> int:
+    return give_back(cache.allocator, cache.evict(n))
 
 
 def test_insert_splits_node_at_divergence() -> None:
@@ -101,10 +113,10 @@ def test_eviction_is_lru() -> None:
     put(cache, [B, B])
     put(cache, [C, C])
     cache.match_prefix([A, A])  # A is now the most recently used
-    assert cache.evict(2) == 2
+    assert evict(cache, 2) == 2
     assert cache.match_prefix([B, B]).indices.numel() == 0
     assert cache.match_prefix([C, C]).indices.numel() == 2
-    assert cache.evict(2) == 2  # C was touched above, after A: A goes next
+    assert evict(cache, 2) == 2  # C was touched above, after A: A goes next
     assert cache.match_prefix([A, A]).indices.numel() == 0
     assert cache.total_size() == 2
     check_kv_accounting(alloc, cache, 0)
@@ -117,12 +129,12 @@ def test_locked_nodes_never_evicted() -> None:
     m = cache.match_prefix([A, B])  # splits: locked [A, B], unlocked leaf [C]
     cache.inc_lock_ref(m.last_node)
     assert cache.protected_size() == 2 and cache.evictable_size() == 3
-    assert cache.evict(1000) == 3
+    assert evict(cache, 1000) == 3
     assert cache.match_prefix([A, B, C]).indices.numel() == 2
     assert cache.evictable_size() == 0 and cache.protected_size() == 2
     check_kv_accounting(alloc, cache, 0)
     cache.dec_lock_ref(m.last_node)
-    assert cache.evict(1000) == 2
+    assert evict(cache, 1000) == 2
     assert cache.total_size() == 0 and alloc.num_free_pages == alloc.num_pages
 
 
@@ -147,7 +159,7 @@ def test_split_of_locked_node_keeps_lock() -> None:
     node = cache.match_prefix([A, B, C, D]).last_node
     cache.inc_lock_ref(node)
     cache.match_prefix([A, B])  # splits the locked node
-    assert cache.protected_size() == 4 and cache.evict(100) == 0
+    assert cache.protected_size() == 4 and evict(cache, 100) == 0
     cache.dec_lock_ref(node)
     assert cache.protected_size() == 0 and cache.evictable_size() == 4
     check_kv_accounting(alloc, cache, 0)
@@ -161,7 +173,7 @@ def test_evict_frees_parents_that_become_leaves() -> None:
     cache.match_prefix([Z])  # Z is newest; the [A, B] subtree is older
     # [C, D] and [X, Y] free 4 tokens; their parent [A, B] is then an unlocked leaf and goes
     # next, before the newer [Z]; that makes 6 >= 5
-    assert cache.evict(5) == 6
+    assert evict(cache, 5) == 6
     assert cache.match_prefix([A]).indices.numel() == 0
     assert cache.total_size() == 1
     check_kv_accounting(alloc, cache, 0)
@@ -172,7 +184,7 @@ def test_evict_paged_returns_pages() -> None:
     put(cache, [A] * 8)
     put(cache, [B] * 4)
     assert alloc.num_free_pages == 1
-    assert cache.evict(1) == 8  # whole LRU leaf
+    assert evict(cache, 1) == 8  # whole LRU leaf
     assert alloc.num_free_pages == 3
     check_kv_accounting(alloc, cache, 0)
 
@@ -187,15 +199,17 @@ def test_no_sharing_cache_caches_nothing() -> None:
     assert published.length == 0 and published.slots.numel() == 0  # the caller keeps all
     assert cache.insert([A, B], slots) == 2  # it takes nothing: the caller keeps both
     assert cache.match_prefix([A, B]).indices.numel() == 0
-    assert cache.total_size() == 0 and cache.evict(10) == 0
+    assert cache.total_size() == 0 and cache.evict(10).tokens == 0
+    assert cache.reset().tokens == 0 and cache.unlocked_tokens(m.last_node) == 0
     check_kv_accounting(alloc, cache, held_private_pages=2)
     with pytest.raises(ValueError, match="prefix cache kind"):
         create_prefix_cache("lru", alloc)
 
 
-def test_publish_frees_duplicates_and_moves_the_lock() -> None:
-    """Two requests computed the same pages: the second one's copies are freed and its table
-    points at the first one's; its lock moves from the node it borrowed to the new one."""
+def test_publish_drops_duplicates_and_moves_the_lock() -> None:
+    """Two requests computed the same pages: the second one's copies come back as dropped (the
+    caller frees them) and its table points at the first one's; its lock moves from the node
+    it borrowed to the new one."""
     alloc, cache = make(page_size=2, num_pages=16)
     first = put(cache, [A, B, C, D])
     root = cache.match_prefix([]).last_node
@@ -205,22 +219,27 @@ def test_publish_frees_duplicates_and_moves_the_lock() -> None:
     assert published.length == 6
     assert published.slots[:4].tolist() == first.tolist()  # the cached copies, not mine
     assert published.slots[4:].tolist() == mine[4:].tolist()
-    assert alloc.num_free_pages == free_before + 2  # my two duplicate pages
+    assert alloc.num_free_pages == free_before  # the cache freed nothing itself
+    assert [s.tolist() for s in published.dropped.spans] == [mine[:4].tolist()]
+    give_back(alloc, published.dropped)  # my two duplicate pages
     assert cache.protected_size() == 6 and published.node.lock_ref == 1
     cache.dec_lock_ref(published.node)
     check_kv_accounting(alloc, cache, 0)
 
 
-def test_reset_frees_all_and_refuses_when_locked() -> None:
+def test_reset_drops_all_and_refuses_when_locked() -> None:
     alloc, cache = make(page_size=2, num_pages=8)
-    put(cache, [A, B, C, D])
+    slots = put(cache, [A, B, C, D])
     node = cache.match_prefix([A, B]).last_node
     cache.inc_lock_ref(node)
     with pytest.raises(AssertionError):
         cache.reset()
     cache.dec_lock_ref(node)
-    cache.reset()
-    assert alloc.num_free_pages == 8 and cache.total_size() == 0
+    dropped = cache.reset()
+    assert sorted(torch.cat(dropped.spans).tolist()) == slots.tolist()
+    assert alloc.num_free_pages == 6 and cache.total_size() == 0  # the caller frees them
+    give_back(alloc, dropped)
+    assert alloc.num_free_pages == 8
     check_kv_accounting(alloc, cache, 0)
 
 
@@ -235,6 +254,45 @@ def test_accounting_detects_leaks_and_overlap() -> None:
     alloc.free_slots(slots[:2])  # a tree page wrongly freed behind the tree's back
     with pytest.raises(AssertionError):
         check_kv_accounting(alloc, cache, held_private_pages=-1)  # counts balance, pages overlap
+
+
+class SealedAllocator(PageAllocator):
+    """An allocator the cache may read but not change: any take or give back fails."""
+
+    def alloc_pages(self, n: int) -> torch.Tensor | None:
+        raise AssertionError("the cache took pages")
+
+    def free_pages(self, page_ids: object) -> None:
+        raise AssertionError("the cache gave pages back")
+
+
+def test_the_tree_never_takes_or_frees_pages() -> None:
+    """One owner: every page the tree lets go of comes back as `Dropped`, and the caller
+    (the KVManager) frees it. Whatever the tree does, its allocator is left alone."""
+    pool = PageAllocator(32, 2)
+    cache = RadixCache(SealedAllocator(32, 2), 2)
+    for key in ([A, B, C, D], [A, B, X, Y], [Z, Z]):
+        slots = pool.alloc_slots(len(key), None)
+        assert slots is not None
+        pool.free_slots(slots[: cache.insert(key, slots)])
+    mine = pool.alloc_slots(6, None)
+    assert mine is not None
+    published = cache.publish([A, B, C, D, Z, Z], mine, 0, cache.root)
+    cache.dec_lock_ref(published.node)
+    for dropped in (published.dropped, cache.evict(4), cache.reset()):
+        give_back(pool, dropped)
+    assert pool.num_free_pages == pool.num_pages and cache.total_size() == 0
+
+
+def test_unlocked_tokens_is_what_a_lock_would_protect() -> None:
+    _, cache = make()
+    put(cache, [A, B, C, D])
+    upper = cache.match_prefix([A, B]).last_node
+    lower = cache.match_prefix([A, B, C, D]).last_node
+    assert cache.unlocked_tokens(lower) == 4 and cache.unlocked_tokens(cache.root) == 0
+    cache.inc_lock_ref(upper)
+    assert cache.unlocked_tokens(lower) == 2 == cache.inc_lock_ref(lower)
+    assert cache.unlocked_tokens(lower) == 0
 
 
 def test_format_tree_lists_nodes() -> None:
