@@ -13,6 +13,8 @@ keep their pure-torch paths; RADIXRT_DISABLE_NATIVE=1 forces that.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
@@ -20,6 +22,7 @@ import os
 import platform
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,20 +59,37 @@ def load_native() -> Any | None:
         from torch.utils.cpp_extension import load
 
         build_dir.mkdir(parents=True, exist_ok=True)
-        load(
-            name=f"radixrt_native_{key}",
-            sources=[str(s) for s in sources],
-            extra_cflags=CFLAGS,
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(build_dir),
-            is_python_module=False,
-            verbose=False,
-        )
+        with _one_builder(build_dir):
+            load(
+                name=f"radixrt_native_{key}",
+                sources=[str(s) for s in sources],
+                extra_cflags=CFLAGS,
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(build_dir),
+                is_python_module=False,
+                verbose=False,
+            )
     except Exception as exc:  # a compiler error, a missing header: fall back, say why once
         logger.warning("native CPU kernels failed to build, using torch paths: %s", exc)
         return None
     logger.info("native CPU kernels ready in %.1f s (%s)", time.perf_counter() - start, build_dir)
     return NativeOps()
+
+
+@contextlib.contextmanager
+def _one_builder(build_dir: Path) -> Iterator[None]:
+    """Hold an flock on the build folder while torch builds or loads there.
+
+    torch's own guard is a `lock` file that a killed build leaves behind, after which every
+    later process waits on it forever. An flock dies with its holder, so whoever holds it
+    knows no live radixrt build is running there, and a `lock` file it finds is stale."""
+    with open(build_dir / "radixrt.flock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        stale = build_dir / "lock"
+        if stale.exists():
+            logger.warning("removing a stale build lock left by a killed build: %s", stale)
+            stale.unlink(missing_ok=True)
+        yield
 
 
 class NativeOps:

@@ -1,0 +1,35 @@
+"""The native build's guard against a killed build's leftover lock (radixrt/native/build.py)."""
+
+from __future__ import annotations
+
+import fcntl
+import threading
+from pathlib import Path
+
+from radixrt.native.build import _one_builder
+
+
+def test_a_stale_torch_lock_is_removed_by_the_flock_holder(tmp_path: Path) -> None:
+    (tmp_path / "lock").write_text("")  # what a build killed mid-way leaves behind
+    with _one_builder(tmp_path):
+        assert not (tmp_path / "lock").exists()
+
+
+def test_a_second_builder_waits_for_the_first(tmp_path: Path) -> None:
+    """While one process holds the flock, a live build is running: its lock is not touched."""
+    entered = threading.Event()
+    with open(tmp_path / "radixrt.flock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        (tmp_path / "lock").write_text("")  # the live build's own lock
+
+        def second() -> None:
+            with _one_builder(tmp_path):
+                entered.set()
+
+        thread = threading.Thread(target=second, daemon=True)
+        thread.start()
+        assert not entered.wait(0.3)
+        assert (tmp_path / "lock").exists()
+        (tmp_path / "lock").unlink()  # the first build ends: its lock goes, then its flock
+    thread.join(10)
+    assert entered.is_set()
