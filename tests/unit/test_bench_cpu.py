@@ -105,6 +105,7 @@ def test_a_quick_run_measures_radixrt_and_reports_a_missing_peer(tmp_path):
     assert "not installed" in (tmp_path / "t.md").read_text()
 
 
+@pytest.mark.slow  # times both kernels
 def test_attention_benchmark_checks_then_times_both_kernels(capsys):
     import bench_cpu_attention
 

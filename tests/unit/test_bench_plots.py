@@ -16,6 +16,8 @@ SCRIPTS = os.path.join(os.path.dirname(__file__), "..", "..", "scripts")
 sys.path.insert(0, SCRIPTS)
 import bench_plots  # noqa: E402
 
+pytestmark = pytest.mark.slow  # matplotlib renders each plot
+
 # matplotlib's first two default colours: the first and second bar series.
 C0, C1 = (0x1F, 0x77, 0xB4), (0xFF, 0x7F, 0x0E)
 

@@ -67,7 +67,10 @@ def both_paths(tokenizer, ids: list[int], seed: int, skip: bool, **kw) -> tuple[
 
 
 @pytest.mark.parametrize("skip", [True, False])
-@pytest.mark.parametrize("which", ["tiny_tokenizer", "default_tokenizer"])
+@pytest.mark.parametrize(
+    "which",
+    ["tiny_tokenizer", pytest.param("default_tokenizer", marks=pytest.mark.default_model)],
+)
 def test_decode_stream_matches_the_window_path_and_the_full_decode(request, which, skip):
     tokenizer = request.getfixturevalue(which)
     for seed in SEEDS:

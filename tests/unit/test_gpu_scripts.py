@@ -23,6 +23,7 @@ def test_first_difference_names_the_prompt_and_token():
     assert gpu_engine_check.first_difference(ref, [[1, 2], [4, 5, 6]]) == "prompt 0, token 2"
 
 
+@pytest.mark.slow  # runs the reference script end to end on a tiny model
 def test_cpu_reference_holds_the_ids_the_gpu_run_will_feed(tiny_model_dir, tmp_path):
     """--write-cpu-reference on a tiny model: the prompts' ids, each sequence's greedy tokens,
     and the repeat's cached tokens (the long prompt again: all but its last token)."""

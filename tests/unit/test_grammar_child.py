@@ -13,6 +13,8 @@ from radixrt.grammar import xgrammar_process
 from radixrt.grammar.checker import ConstraintChecker
 from radixrt.grammar.constraint import check_constraint
 
+pytestmark = pytest.mark.slow  # each test starts the xgrammar child, which imports torch
+
 VOCAB = 49152
 CONSTRAINTS = [
     ("regex", "[0-9]+"),

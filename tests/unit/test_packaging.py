@@ -40,6 +40,7 @@ def test_import_radixrt_does_not_load_torch():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+@pytest.mark.slow  # a fresh interpreter importing transformers
 def test_checkout_root_on_sys_path_does_not_shadow_hugging_face_kernels():
     # `python -m radixrt.cli` or `python -c` run from the checkout put its root first on
     # sys.path, where kernels/ (installed as radixrt.kernels) is a top-level `kernels` too.

@@ -14,6 +14,8 @@ from radixrt.executor.model_runner import ModelRunner
 from radixrt.layers.decoder import DecoderLayer
 from radixrt.loader.load import load_model
 
+pytestmark = pytest.mark.slow  # torch.compile takes seconds
+
 MAX_BS = 32  # steps of up to this many new tokens run compiled
 # Same weights, same float32 math, but inductor fuses and reorders the reductions (norm
 # statistics): logits agree to float32 rounding accumulated over the layers.

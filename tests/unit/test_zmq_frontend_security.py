@@ -100,6 +100,7 @@ def test_a_payload_nested_too_deeply_is_a_400_not_a_crash():
     assert replies[1].kind == "result"
 
 
+@pytest.mark.slow  # sends a message past the size limit
 def test_an_oversized_message_is_dropped_and_the_frontend_keeps_serving():
     engine = _Engine(max_bytes=4096)
     frontend = ZmqFrontend(engine, "127.0.0.1", None)
