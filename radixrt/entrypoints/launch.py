@@ -7,9 +7,10 @@ this one however it ends.
 SIGINT or SIGTERM drains, then stops all three: new requests get 503 at once; running ones may
 finish for up to --graceful-shutdown-timeout seconds (default 0); the rest then end with an
 error (a stream gets an error event and [DONE], a plain request a 503); uvicorn sends those
-answers and closes the connections, and the children are stopped (killed past a moment). A
+answers and closes the connections while the children are stopped (killed past a moment). A
 second signal ends the wait. If a child dies, every request ends with a 503 naming it and the
-server stops the same way, with exit status 1.
+server stops the same way, with exit status 1. The process then ends without the interpreter's
+teardown (ipc.processes.exit_now).
 """
 
 from __future__ import annotations
@@ -22,11 +23,15 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
+from collections.abc import Callable
+from typing import NoReturn
 
 import uvicorn
 
 from radixrt.errors import ServerShuttingDown
+from radixrt.ipc.processes import exit_now
 from radixrt.observability.log_setup import configure_logging, uvicorn_log_config
 from radixrt.server_args import ServerArgs
 
@@ -54,8 +59,13 @@ def _serve_node(args: ServerArgs) -> int:
     return serve_node_ranks(args)
 
 
-def launch_server(args: ServerArgs) -> int:
-    """Serve until stopped; the exit status is 0 after SIGINT/SIGTERM, 1 if a child died."""
+def launch_server(args: ServerArgs) -> NoReturn:
+    """Serve until stopped, then end the process: the exit status is 0 after SIGINT/SIGTERM,
+    1 if a child died."""
+    exit_now(_serve(args))
+
+
+def _serve(args: ServerArgs) -> int:
     if args.dp_size > 1:  # N replicas, each a server of its own, for a router (SMG)
         from radixrt.entrypoints.dp_launch import launch_replicas
 
@@ -73,6 +83,10 @@ def launch_server(args: ServerArgs) -> int:
         return _serve_node(args)
     _check_port_free(args.host, args.port)  # fail before spending seconds on the model
     engine = Engine(**dataclasses.asdict(args))
+    # Started by the drain, so that the children stop while uvicorn sends the answers.
+    stopper = threading.Thread(
+        target=engine.shutdown, args=(CHILD_STOP_TIMEOUT_S,), name="radixrt-stop", daemon=True
+    )
     try:
         name = args.served_model_name or args.model_path or DEFAULT_MODEL_NAME
         state = ServerState(engine, args, name, ServerMetrics(engine.get_stats, name))
@@ -88,7 +102,7 @@ def launch_server(args: ServerArgs) -> int:
             # uvicorn annotates int | None but hands it to asyncio.wait_for, which takes a float.
             timeout_graceful_shutdown=FLUSH_TIMEOUT_S,  # type: ignore[arg-type]
         )
-        server = _DrainingServer(config, state, args.graceful_shutdown_timeout)
+        server = _DrainingServer(config, state, args.graceful_shutdown_timeout, stopper.start)
         failure: list[str] = []
 
         def on_death(error: Exception) -> None:  # on the engine's dispatcher thread
@@ -107,19 +121,25 @@ def launch_server(args: ServerArgs) -> int:
             return 1
         return 0 if server.started else 1
     finally:
-        engine.shutdown(timeout=CHILD_STOP_TIMEOUT_S)
+        if stopper.ident is not None:
+            stopper.join()
+        engine.shutdown(timeout=CHILD_STOP_TIMEOUT_S)  # returns at once if the stopper ran
 
 
 class _DrainingServer(uvicorn.Server):
     """uvicorn's server with radixrt's SIGINT/SIGTERM (see the module docstring): the engine
     refuses new requests at once, and uvicorn's own stop (closing the listener, waiting for
     open connections) starts only once no request is left running, so that every answer goes
-    out whole instead of being cut off."""
+    out whole instead of being cut off. Once none is left, `stop_children` starts stopping
+    the scheduler side."""
 
-    def __init__(self, config: uvicorn.Config, state, grace_s: float) -> None:
+    def __init__(
+        self, config: uvicorn.Config, state, grace_s: float, stop_children: Callable[[], None]
+    ) -> None:
         super().__init__(config)
         self.state = state
         self.grace_s = grace_s
+        self.stop_children = stop_children
         self.drain_until: float | None = None  # the end of the grace period, once signalled
         self._announced = False
 
@@ -163,6 +183,7 @@ class _DrainingServer(uvicorn.Server):
         if ended:
             logger.warning("shutting down: ended %d running request(s) with an error", ended)
         self.should_exit = True
+        self.stop_children()
 
 
 def _lifespan(state, started: float):

@@ -248,10 +248,9 @@ class Engine:
         self._control_replies.put(SchedulerDied("the engine was shut down"))  # a waiter
         self._dispatch_thread.join(timeout=5)
         self._handle.close()
-        # An in-process scheduler holds the weights and the KV pool: let them go now rather
-        # than whenever the cycle collector next runs.
-        self._handle.local_scheduler = None
-        gc.collect()
+        if self._handle.local_scheduler is not None:  # it holds the weights and the KV pool:
+            self._handle.local_scheduler = None  # let them go now, not at the next collection
+            gc.collect()
 
     def __enter__(self) -> Engine:
         return self
@@ -288,10 +287,10 @@ class Engine:
         with new_work, ServerShuttingDown once new requests are refused."""
         if self._error is not None:
             raise SchedulerDied(str(self._error))
+        if new_work and self._refusal is not None:  # also once closed: a server stopping
+            raise self._refusal
         if self._closed:
             raise SchedulerDied("the engine was shut down")
-        if new_work and self._refusal is not None:
-            raise self._refusal
 
     def _check_queue(self, count: int) -> None:
         """503 territory: refuse work beyond max_running_requests + max_queued_requests."""

@@ -1,7 +1,8 @@
 """The server's processes under faults, each test on a server of its own (it kills or stops it):
 kill -9 of `radixrt launch` takes its children (and their socket folder) with it; SIGTERM with
 32 streams running ends every request with an answer (an error event and [DONE], or a 503) and
-exits within seconds; a child killed with -9 stops everything within 2 s, naming it; a grace
+exits within seconds, without the interpreter's teardown (an atexit hook that would take 60 s
+never runs); a child killed with -9 stops everything within 2 s, naming it; a grace
 period lets running requests finish; once a child is dead every engine call fails at once.
 
 A tiny random-weight model (long context: requests run for as long as a test needs) starts in
@@ -156,7 +157,22 @@ def test_children_die_with_a_killed_parent_and_stale_socket_folders_go(launch_se
     load.join()
 
 
-def test_sigterm_under_load_answers_every_request_and_exits_fast(launch_server, model):
+SLOW_TEARDOWN = """\
+import atexit, time
+with open("/proc/self/cmdline", "rb") as f:
+    if b"radixrt.cli" in f.read():  # the server's main process only
+        atexit.register(time.sleep, 60)
+"""
+
+
+def test_sigterm_under_load_answers_every_request_and_exits_fast(
+    launch_server, model, tmp_path, monkeypatch
+):
+    # The interpreter's teardown of the main process (seconds with torch or transformers
+    # loaded, on a busy machine) is skipped: here it would take a minute.
+    (tmp_path / "sitecustomize.py").write_text(SLOW_TEARDOWN)
+    paths = [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))
     server = launch_server("--model-path", model, *ARGS)
     pids = [server.proc.pid, *_pids(server)]
     load = Requests(server.url)
