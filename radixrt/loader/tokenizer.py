@@ -7,6 +7,7 @@ process can keep torch out first (keep_torch_out).
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import subprocess
 import sys
@@ -105,8 +106,10 @@ def keep_torch_out() -> None:
     read in a child process (load_tokenizer), and xgrammar runs in one
     (grammar/xgrammar_process.py). Call it before transformers is imported: it decides once
     whether torch is there."""
-    assert "transformers" not in sys.modules, "transformers would still import torch"
-    assert "torch" not in sys.modules, "torch is already loaded"
+    if "torch" in sys.modules or "transformers" in sys.modules:  # launched from a caller's
+        # own process (a notebook, an embedding program): it keeps torch, and works the same
+        logging.getLogger("radixrt.server").info("torch already loaded: the server keeps it")
+        return
     sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` raises ImportError
     # Imported now, without its advice to install torch (read when it is given).
     quiet = "TRANSFORMERS_NO_ADVISORY_WARNINGS" not in os.environ
