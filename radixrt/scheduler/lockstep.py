@@ -79,8 +79,9 @@ class ReplicaMatcher:
         pass
 
 
-class TensorParallel:
-    """What rank 0 and the others share: the group, the relay and the digest check."""
+class TensorParallel(SingleRank):
+    """What rank 0 and the others share: the group, the relay and the digest check; what
+    they do as a single rank would (submit, cancel in rank 0) comes from SingleRank."""
 
     def __init__(self, group: TPGroup, check: bool, local_ranks: range) -> None:
         """`local_ranks`: the ranks on this node (whose pids this one can look up)."""
@@ -167,12 +168,6 @@ class Leader(TensorParallel):
         refused = [r.arrival_order for r, _ in compiled.failed]
         self.relay(Relay(self._messages, ready, refused, stopped))
         return Turn(compiled, stopped)
-
-    def submit(self, req: Req, structured: StructuredGeneration) -> bool:
-        return structured.submit(req)
-
-    def cancel(self, rid: str, structured: StructuredGeneration) -> list[Req]:
-        return structured.cancel(rid)
 
     def sample(
         self, batch: ScheduleBatch, logits: torch.Tensor, outputs: OutputProcessor, kv: KVManager
