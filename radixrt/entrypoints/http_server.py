@@ -1,5 +1,5 @@
-"""The HTTP server's app: the native API (SGLang's endpoints), health, metrics, the
-OpenAI-compatible routes (openai_api.py), and the guards in front of them all (plain ASGI
+"""The HTTP server's app: SGLang's own API (its "native" endpoints), health, metrics, the
+OpenAI-compatible routes (openai/api.py), and the guards in front of them all (plain ASGI
 middleware: the API-key check, a 503 once the engine has failed, the request-body limit).
 Every error has the OpenAI shape; /openapi.json declares every request body. Every
 generation goes through the engine (the tokenizer manager of this process), which talks to
@@ -39,7 +39,7 @@ from radixrt.entrypoints.http_utils import (
     pydantic_components,
     read_json,
 )
-from radixrt.entrypoints.info_routes import NATIVE_BODIES, add_native_info_routes
+from radixrt.entrypoints.info_routes import SGLANG_BODIES, add_info_routes
 from radixrt.entrypoints.load_info import add_load_routes
 from radixrt.entrypoints.metrics import ServerMetrics
 from radixrt.entrypoints.openai.api import add_openai_routes
@@ -88,8 +88,8 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
     """The app; outermost first: the API-key check, the failed-engine gate, the body limit."""
     app = FastAPI(title="radixrt", version=radixrt.__version__, lifespan=lifespan)
     app.state.server = state
-    _add_native_routes(app, state)
-    add_native_info_routes(app, state)
+    _add_sglang_routes(app, state)
+    add_info_routes(app, state)
     add_load_routes(app, state)  # /v1/loads and /get_load, which SMG polls
     add_openai_routes(app, state.engine, state.served_model_name)
     add_dashboard_routes(app, state)
@@ -240,7 +240,7 @@ def _declare_bodies(app: FastAPI) -> None:
     """/openapi.json describes every request body: the handlers read the raw body (their
     errors keep the OpenAI shape), so the schemas are added to the document's components."""
     components = pydantic_components(
-        ChatCompletionRequest, CompletionRequest, ResponsesRequest, AbortRequestBody, *NATIVE_BODIES
+        ChatCompletionRequest, CompletionRequest, ResponsesRequest, AbortRequestBody, *SGLANG_BODIES
     )
     components.update(_generate_components())
     build = app.openapi
@@ -274,7 +274,7 @@ def _generate_components() -> dict[str, dict[str, Any]]:
     return components
 
 
-def _add_native_routes(app: FastAPI, state: ServerState) -> None:
+def _add_sglang_routes(app: FastAPI, state: ServerState) -> None:
     engine = state.engine
     incremental = state.args.incremental_streaming_output
 

@@ -46,10 +46,10 @@ class ConcateAndAppendReq(BaseModel):
     dst_rid: str
 
 
-NATIVE_BODIES = (TokenizeReq, DetokenizeReq, ConcateAndAppendReq)
+SGLANG_BODIES = (TokenizeReq, DetokenizeReq, ConcateAndAppendReq)
 
 
-def add_native_info_routes(app: FastAPI, state: Any) -> None:
+def add_info_routes(app: FastAPI, state: Any) -> None:
     """Register the routes on `app`; `state` is the server's ServerState."""
     engine = state.engine
 

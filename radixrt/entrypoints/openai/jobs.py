@@ -1,5 +1,5 @@
 """One validated OpenAI request (a Job): the engine call it makes, and the response bodies its
-results make when it is not streamed (streams: openai_stream.py)."""
+results make when it is not streamed (streams: stream.py)."""
 
 from __future__ import annotations
 

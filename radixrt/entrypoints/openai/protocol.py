@@ -1,6 +1,6 @@
 """Requests of the OpenAI API (/v1/completions, /v1/chat/completions): their shapes, their
 validation into errors that name the OpenAI field, and their translation into the engine's
-SGLang-named sampling parameters (openai_translate.py).
+SGLang-named sampling parameters (translate.py).
 
 Unknown fields are accepted and ignored, as the OpenAI API does for forward compatibility (and
 as clients that send vendor extensions expect). Types are checked strictly: `"10"` is not an

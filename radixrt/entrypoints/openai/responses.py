@@ -1,7 +1,7 @@
 """OpenAI's Responses API: POST /v1/responses, GET and DELETE /v1/responses/{response_id}.
 
 A request is translated into a chat completion (responses_protocol.py) and served by the chat
-path of openai_api.py (its validation, chat template, tool plan, constraints and context
+path of api.py (its validation, chat template, tool plan, constraints and context
 checks); its result becomes the response object, or the Responses stream events
 (responses_stream.py). docs/responses_api.md says what is supported.
 
@@ -58,7 +58,7 @@ MAX_STORED_RESPONSES = 1024  # responses kept for previous_response_id and GET (
 
 
 def add_responses_routes(app: FastAPI, api: Any) -> None:
-    """Register the Responses routes on `app`, served through `api` (openai_api's
+    """Register the Responses routes on `app`, served through `api` (openai/api.py's
     OpenAIServing: its model names and its chat path)."""
     serving = ResponsesServing(api)
     body = json_body("ResponsesRequest")
