@@ -166,7 +166,7 @@ def load_hf_model(gguf_path: str, dtype: torch.dtype):
     ckpt = GGUFCheckpoint(gguf_path)
     cfg = ckpt.hf_config()
     model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
-    state = {name: w.to(dtype) for name, w in ckpt.weights(cfg)}
+    state = {name: w.to(dtype) for name, w in ckpt.weights()}
     result = model.load_state_dict(state, strict=False)
     tied = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
     assert set(result.missing_keys) <= tied and not result.unexpected_keys, result

@@ -59,7 +59,7 @@ def _kernel(kind: str, w: torch.Tensor, lm_head: bool) -> Callable[[torch.Tensor
         fmt = "int8" if lm_head else "int4"
         packed = GGUFWeight(quantize(w, fmt), fmt, k)
         dense_from = 1 << 30 if kind == "gguf blocks" else 0
-        return lambda x: torch.ops.radixrt.gguf_linear(x, packed.blocks, packed.kind, dense_from)
+        return lambda x: torch.ops.radixrt.gguf_linear(x, packed.packed, n, dense_from)
     if kind == "aten int4pack":
         codes = torch.randint(0, 16, (n, k), dtype=torch.int32)
         packed4 = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)

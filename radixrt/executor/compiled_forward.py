@@ -137,7 +137,7 @@ class CompiledDecoderForward:
         self.layers: list[DecoderLayer] = list(inner.layers)  # type: ignore[arg-type]
         # cos_sin caches inv_freq per device on first use; filled now, the graphs need not
         # guard on (and recompile for) the cache being empty.
-        device = inner.embed_tokens.weight.device
+        device = inner.norm.weight.device  # the embedding's matrix may be packed blocks
         inner.rotary.cos_sin(torch.zeros(1, dtype=torch.int64, device=device), torch.float32)
         self.head = _compile(head)
         self.middle = _compile(middle)
@@ -167,10 +167,10 @@ class CompiledDecoderForward:
         start = time.monotonic()
         sizes = sorted({1, min(2, max_tokens)})
         first, last = self.layers[0], self.layers[-1]
-        weight = self.decoder.embed_tokens.weight
+        device = self.decoder.norm.weight.device
         for n in sizes:
-            ids = torch.zeros(n, dtype=torch.int64, device=weight.device)
-            positions = torch.arange(n, device=weight.device)  # not `ids`: dynamo guards aliasing
+            ids = torch.zeros(n, dtype=torch.int64, device=device)
+            positions = torch.arange(n, device=device)  # not `ids`: dynamo guards aliasing
             (q, _, _), residual, cos, sin = self.head(self.decoder, first, ids, positions)
             out = torch.zeros_like(q, memory_format=torch.contiguous_format)
             self.middle(first, self.layers[min(1, len(self.layers) - 1)], out, residual, cos, sin)

@@ -33,10 +33,25 @@ class VocabParallelEmbedding(nn.Module):
         self.group = group or TPGroup.single()
         self.vocab_size = vocab_size
         self.vocab_start, rows, _ = vocab_split(vocab_size, self.group)
-        self.weight = nn.Parameter(torch.empty(rows, hidden_size))
+        self.weight: nn.Parameter | None = nn.Parameter(torch.empty(rows, hidden_size))
         self.checkpoint_narrows = _vocab_narrows(vocab_size, self.group)
+        # Set when the loader keeps the file's blocks (one rank only): rows are dequantized
+        # per lookup, exactly as the dense matrix would hold them, instead of kept as floats.
+        self.packed: GGUFWeight | None = None
+        self.packed_dtype = torch.float32  # the dtype the dense matrix had
+
+    def use_packed(self, packed: GGUFWeight) -> None:
+        """Look rows up in `packed` from now on and drop the dense matrix."""
+        assert self.weight is not None and self.group.size == 1
+        self.packed, self.packed_dtype = packed, self.weight.dtype
+        del self.weight
+        self.register_parameter("weight", None)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            rows = self.packed.rows(input_ids.reshape(-1)).to(self.packed_dtype)
+            return rows.reshape(*input_ids.shape, -1)
+        assert self.weight is not None
         if self.group.size == 1:
             return F.embedding(input_ids, self.weight)
         local = input_ids - self.vocab_start
@@ -76,9 +91,13 @@ class LMHead(nn.Module):
         self, hidden: torch.Tensor, embedding: VocabParallelEmbedding | nn.Embedding
     ) -> torch.Tensor:
         """[N, hidden] -> [N, vocab] float32."""
-        weight = embedding.weight if self.weight is None else self.weight
-        # The matmul in the model dtype like the reference, then float32 for sampling.
-        logits = dense_linear(hidden, weight) if self.packed is None else self.packed(hidden)
+        if self.packed is not None:
+            logits = self.packed(hidden)
+        else:
+            weight = embedding.weight if self.weight is None else self.weight
+            assert weight is not None  # a packed embedding's tied head is packed too
+            # The matmul in the model dtype like the reference, then float32 for sampling.
+            logits = dense_linear(hidden, weight)
         if self.group.size > 1:
             logits = self.group.all_gather(logits, dim=-1)[:, : self.vocab_size]
         return logits.float()

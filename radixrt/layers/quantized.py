@@ -29,11 +29,11 @@ import torch
 from torch import nn
 
 from radixrt.layers.fused import dense_linear
+from radixrt.layers.gguf_blocks import BlockType, block_type, dequantize_part, pack, unpack
 from radixrt.server_args import DENSE_COPY_DTYPES
 
-BLOCK = 32
-# Format name -> (the kernel's `kind` argument, bytes per block of 32 weights).
-FORMATS = {"int4": (0, 20), "int8": (1, 34)}
+BLOCK = 32  # the block of `quantize`'s two formats
+PACKED = 0  # the native layer stack's kind for a packed projection (-1: dense)
 # Inputs of at least this many rows (prefill chunks) expand the weights to float32 once per
 # call and use the BLAS matmul: there the step is compute-bound (scripts/bench_gguf_linear.py).
 DENSE_FROM_ROWS = 32
@@ -44,20 +44,33 @@ COPY_FROM_ROWS = 12
 
 
 class GGUFWeight(nn.Module):
-    """An [out_features, in_features] weight as GGUF blocks (`blocks`: uint8 [out, bytes])."""
+    """An [out_features, in_features] weight kept in GGUF blocks: one part (`blocks`, uint8
+    [out, row bytes], of the type `fmt` names: a GGML name like "Q4_K", or int4 / int8) or
+    several (`merged`), held as one packed tensor (`packed`, see gguf_blocks.py)."""
 
-    blocks: torch.Tensor
+    packed: torch.Tensor
 
     def __init__(self, blocks: torch.Tensor, fmt: str, in_features: int) -> None:
+        self._init([(block_type(fmt), blocks)], in_features)
+
+    @classmethod
+    def merged(cls, parts: list[tuple[str, torch.Tensor]]) -> GGUFWeight:
+        """One weight of several parts (type name, uint8 rows) stacked along the output rows
+        (q/k/v, gate/up); the in_features are the first part's rows' blocks."""
+        types = [block_type(fmt) for fmt, _ in parts]
+        in_features = parts[0][1].shape[1] // types[0].bytes * types[0].weights
+        weight = cls.__new__(cls)
+        typed = [(t, blocks) for t, (_, blocks) in zip(types, parts, strict=True)]
+        weight._init(typed, in_features)
+        return weight
+
+    def _init(self, parts: list[tuple[BlockType, torch.Tensor]], in_features: int) -> None:
         super().__init__()
-        kind, block_bytes = FORMATS[fmt]
-        if in_features % BLOCK or blocks.shape[1] != in_features // BLOCK * block_bytes:
-            raise ValueError(
-                f"{fmt} blocks of shape {tuple(blocks.shape)} do not hold {in_features} inputs"
-            )
-        self.fmt, self.kind = fmt, kind
-        self.in_features, self.out_features = in_features, blocks.shape[0]
-        self.register_buffer("blocks", blocks.contiguous(), persistent=False)
+        self.register_buffer("packed", pack(parts, in_features), persistent=False)
+        self.types = tuple(t.name for t, _ in parts)
+        self.fmt = "+".join(dict.fromkeys(self.types))  # the distinct types, in order
+        self.kind = PACKED  # the native layer stack's tag for a packed projection
+        self.in_features, self.out_features = in_features, sum(b.shape[0] for _, b in parts)
         # Decided here, not per call: torch.compile must not trace the loader's file checks.
         self.native = native_ops_loaded()
         self.dense: torch.Tensor | None = None  # keep_dense(): bf16 (oneDNN's layout) or int8
@@ -83,18 +96,31 @@ class GGUFWeight(nn.Module):
         if self.native and x.dim() == 2 and native_dtype and x.device.type == "cpu":
             # The common case without the reshapes and casts: ~5 dispatches per call add up
             # to a millisecond over a batch-1 step's 121 matmuls.
-            return torch.ops.radixrt.gguf_linear.default(x, self.blocks, self.kind, DENSE_FROM_ROWS)
+            return torch.ops.radixrt.gguf_linear.default(
+                x, self.packed, self.out_features, DENSE_FROM_ROWS
+            )
         flat = x.reshape(-1, self.in_features)
         if self.native and flat.device.type == "cpu":
             flat = flat if native_dtype else flat.float()
-            y = torch.ops.radixrt.gguf_linear.default(flat, self.blocks, self.kind, DENSE_FROM_ROWS)
+            y = torch.ops.radixrt.gguf_linear.default(
+                flat, self.packed, self.out_features, DENSE_FROM_ROWS
+            )
         else:
-            y = dense_linear(flat.float(), self.dequantize())
+            y = dense_linear(flat.float(), self.dequantize().to(flat.device))
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` (int64 [T]) of the weight as float32 [T, in]: an embedding lookup."""
+        if self.native:
+            return torch.ops.radixrt.gguf_rows.default(self.packed, ids, self.in_features)  # type: ignore[no-any-return]
+        return self.dequantize()[ids]
+
     def dequantize(self) -> torch.Tensor:
-        """The weight as float32 [out, in]: exactly d * q + m (Q4_1) or d * q (Q8_0)."""
-        return dequantize(self.blocks, self.fmt, self.in_features)
+        """The weight as float32 [out, in], exactly as gguf-py dequantizes its blocks."""
+        if self.native:
+            return torch.ops.radixrt.gguf_dequantize.default(self.packed)  # type: ignore[no-any-return]
+        in_features, parts = unpack(self.packed)
+        return torch.cat([dequantize_part(t, b, in_features) for t, b in parts])
 
     def extra_repr(self) -> str:
         return f"{self.fmt}, in_features={self.in_features}, out_features={self.out_features}"
@@ -164,31 +190,16 @@ def native_ops_loaded() -> bool:
 def _register_fakes() -> None:
     # Output shapes without running the kernels: what torch.compile traces the ops with.
     @torch.library.register_fake("radixrt::gguf_linear")
-    def _(x: torch.Tensor, blocks: torch.Tensor, kind: int, dense_from_rows: int) -> torch.Tensor:
-        return x.new_empty(x.shape[0], blocks.shape[0])
+    def _(x: torch.Tensor, packed: torch.Tensor, out_features: int, rows: int) -> torch.Tensor:
+        return x.new_empty(x.shape[0], out_features)
+
+    @torch.library.register_fake("radixrt::gguf_rows")
+    def _(packed: torch.Tensor, ids: torch.Tensor, in_features: int) -> torch.Tensor:
+        return packed.new_empty(ids.shape[0], in_features, dtype=torch.float32)
 
     @torch.library.register_fake("radixrt::w8a8_linear")
     def _(x: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
         return x.new_empty(x.shape[0], wq.shape[0])
-
-    @torch.library.register_fake("radixrt::gguf_dequantize")
-    def _(blocks: torch.Tensor, kind: int, in_features: int) -> torch.Tensor:
-        return blocks.new_empty(blocks.shape[0], in_features, dtype=torch.float32)
-
-
-def dequantize(blocks: torch.Tensor, fmt: str, in_features: int) -> torch.Tensor:
-    """Blocks [N, bytes] -> float32 [N, in_features], in torch (the kernels' reference)."""
-    n = blocks.shape[0]
-    b = blocks.reshape(n, in_features // BLOCK, FORMATS[fmt][1])
-    d = _halves(b[..., 0:2])
-    if fmt == "int4":
-        m = _halves(b[..., 2:4])
-        qs = b[..., 4:20]
-        q = torch.cat([qs & 0xF, qs >> 4], dim=-1).float()  # elements 0..15, then 16..31
-        w = d * q + m
-    else:
-        w = d * b[..., 2:34].contiguous().view(torch.int8).float()
-    return w.reshape(n, in_features)
 
 
 def quantize(weight: torch.Tensor, fmt: str) -> torch.Tensor:
@@ -213,24 +224,8 @@ def quantize(weight: torch.Tensor, fmt: str) -> torch.Tensor:
         q = (w * _safe_inverse(d.float())).round().clamp(-127, 127).to(torch.int8)
         out = torch.cat([_half_bytes(d), q.view(torch.uint8)], dim=-1)
     else:
-        raise ValueError(f"quantization format must be one of {sorted(FORMATS)}, got {fmt!r}")
+        raise ValueError(f"quantization format must be one of ['int4', 'int8'], got {fmt!r}")
     return out.reshape(n, -1).contiguous()
-
-
-def q4_0_to_q4_1(blocks: torch.Tensor) -> torch.Tensor:
-    """GGUF Q4_0 blocks (fp16 d, 16 code bytes; w = d * (q - 8)) as Q4_1 (m = -8 d: exact in
-    fp16, a power-of-two multiple)."""
-    n = blocks.shape[0]
-    b = blocks.reshape(n, -1, 18)
-    d = _halves(b[..., 0:2])
-    m = (-8 * d.half()).half()
-    out = torch.cat([b[..., 0:2], _half_bytes(m), b[..., 2:18]], dim=-1)
-    return out.reshape(n, -1).contiguous()
-
-
-def _halves(two_bytes: torch.Tensor) -> torch.Tensor:
-    """[..., 2] uint8 little-endian fp16 -> [..., 1] float32."""
-    return two_bytes.contiguous().view(torch.float16).float()
 
 
 def _half_bytes(values: torch.Tensor) -> torch.Tensor:

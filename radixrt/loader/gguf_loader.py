@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from transformers import PretrainedConfig
 
-from radixrt.layers.quantized import q4_0_to_q4_1
+from radixrt.layers.gguf_blocks import BY_ID
 from radixrt.loader.gguf_metadata import ARCHS, fast_reader, supported_architecture
 
 # "<arch>.<key>" metadata -> HF config field.
@@ -65,6 +65,7 @@ class GGUFCheckpoint:
         self._reader = fast_reader(self.path)
         self.gguf_arch = supported_architecture(self._reader)
         self._tensor_names = {t.name for t in self._reader.tensors}
+        self._config: PretrainedConfig | None = None
 
     def _field(self, key: str, default: Any = None) -> Any:
         field = self._reader.fields.get(key)
@@ -72,6 +73,11 @@ class GGUFCheckpoint:
 
     def hf_config(self) -> PretrainedConfig:
         """The Hugging Face config the file describes (architectures set, tied if no output)."""
+        if self._config is None:
+            self._config = self._read_config()
+        return self._config
+
+    def _read_config(self) -> PretrainedConfig:
         from transformers import AutoConfig
 
         model_type, architecture = ARCHS[self.gguf_arch]
@@ -113,17 +119,21 @@ class GGUFCheckpoint:
         factor = float(self._field(f"{self.gguf_arch}.rope.scaling.factor"))
         return {"rope_scaling": {"rope_type": "linear", "factor": factor}}
 
-    def weights(self, hf_config: PretrainedConfig) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield (HF name, float32 tensor) for every tensor of the file, dequantized one by one.
+    def weights(self, skip: frozenset[str] = frozenset()) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield (HF name, float32 tensor) for every tensor of the file but those named in
+        `skip` (kept packed), dequantized one by one.
 
         Raises ValueError for a tensor name this loader does not know.
         """
         from gguf.quants import dequantize
 
+        hf_config = self.hf_config()
         heads = hf_config.num_attention_heads
         kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
         for tensor in self._reader.tensors:
             name = hf_tensor_name(tensor.name)
+            if name in skip:
+                continue
             array = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
             if not array.flags.writeable:  # a view of the read-only memory map
                 array = array.copy()
@@ -134,27 +144,26 @@ class GGUFCheckpoint:
                 weight = unpermute_qk(weight, kv_heads)
             yield name, weight
 
-    def packed_blocks(self, hf_config: PretrainedConfig) -> dict[str, tuple[str, torch.Tensor]]:
-        """HF name -> (format, uint8 [out, bytes]) for each tensor stored as Q4_0, Q4_1 (both
-        as int4 = Q4_1) or Q8_0 (int8): the file's own bytes, rows in HF order (llama q/k
-        unpermuted). Other tensors are left out."""
-        from gguf import GGMLQuantizationType as T
-
+    def packed_blocks(self) -> dict[str, tuple[str, torch.Tensor]]:
+        """HF name -> (GGML type name, uint8 [out, row bytes]) for each 2-D tensor stored in a
+        type the kernels multiply as stored (gguf_blocks.BLOCK_TYPES): the file's own bytes,
+        rows in HF order (llama q/k unpermuted). Other tensors are left out."""
+        hf_config = self.hf_config()
         heads = hf_config.num_attention_heads
         kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
         out = {}
         for tensor in self._reader.tensors:
-            if tensor.tensor_type not in (T.Q4_0, T.Q4_1, T.Q8_0):
+            block = BY_ID.get(int(tensor.tensor_type))
+            if block is None or len(tensor.shape) != 2:
                 continue
             name = hf_tensor_name(tensor.name)
-            blocks = torch.from_numpy(np.array(tensor.data, dtype=np.uint8))  # a copy
-            if tensor.tensor_type == T.Q4_0:
-                blocks = q4_0_to_q4_1(blocks)
+            rows = int(tensor.shape[1])  # GGUF lists the dimensions innermost first
+            blocks = torch.from_numpy(np.array(tensor.data, dtype=np.uint8).reshape(rows, -1))
             if self.gguf_arch == "llama" and ".q_proj." in name:
                 blocks = unpermute_qk(blocks, heads)
             elif self.gguf_arch == "llama" and ".k_proj." in name:
                 blocks = unpermute_qk(blocks, kv_heads)
-            out[name] = ("int8" if tensor.tensor_type == T.Q8_0 else "int4", blocks.contiguous())
+            out[name] = (block.name, blocks.contiguous())
         return out
 
 
@@ -184,5 +193,4 @@ def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
 def load_gguf(path: str | Path) -> tuple[PretrainedConfig, Iterator[tuple[str, torch.Tensor]]]:
     """The HF config and a lazy (name, tensor) iterator of a GGUF file."""
     checkpoint = GGUFCheckpoint(path)
-    config = checkpoint.hf_config()
-    return config, checkpoint.weights(config)
+    return checkpoint.hf_config(), checkpoint.weights()

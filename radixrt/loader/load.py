@@ -15,7 +15,12 @@ from radixrt.distributed import TPGroup
 from radixrt.layers.config import TransformerConfig
 from radixrt.layers.sharding import CheckpointTensor
 from radixrt.loader.hf_config import architecture_of, eos_token_ids, resolve_dtype
-from radixrt.loader.quantize import apply_quantization, keep_dense_copies
+from radixrt.loader.quantize import (
+    Checkpoint,
+    apply_quantization,
+    keep_dense_copies,
+    pack_file_weights,
+)
 from radixrt.loader.weights import iter_safetensors, safetensors_files
 from radixrt.models.base import CausalLM
 from radixrt.models.registry import get_model_class
@@ -56,7 +61,7 @@ def load_model(
     logger.info(
         "loading weights: %s (%s on %s)", path, str(resolved).removeprefix("torch."), device
     )
-    hf_config, weights, model_dir = _open_checkpoint(path, lazy=group.size > 1)
+    hf_config, checkpoint, model_dir = _open_checkpoint(path, lazy=group.size > 1)
     model_cls = get_model_class(architecture_of(hf_config))
     config = model_cls.config_from_hf(hf_config)  # raises before any weight is read
     eos = eos_token_ids(hf_config, model_dir)
@@ -66,9 +71,12 @@ def load_model(
     with torch.device("meta"):
         model = model_cls(config, group)
     model = model.to(dtype=resolved).to_empty(device=device)
-    model.load_weights(weights)
+    packed = pack_file_weights(
+        model, quantization, path, checkpoint, torch.device(device), group.size
+    )
+    model.load_weights(checkpoint.weights(packed))
     model.eval().requires_grad_(False)
-    apply_quantization(model, quantization, path, hf_config, torch.device(device), group.size)
+    apply_quantization(model, quantization)
     if resolved == torch.bfloat16 and torch.device(device).type == "cpu":
         keep_dense_copies(model, dense_copy_gb, dense_copy_dtype)
     elif dense_copy_dtype != "bfloat16":  # asked for W8A8 copies where none are kept
@@ -84,21 +92,31 @@ def load_model(
     return model, config
 
 
-def _open_checkpoint(path: Path, lazy: bool) -> tuple[PretrainedConfig, Weights, Path | None]:
+class _Folder:
+    """A model folder's safetensors, as a checkpoint that packs nothing."""
+
+    def __init__(self, path: Path, lazy: bool) -> None:
+        self.path, self.lazy = path, lazy
+
+    def weights(self, skip: frozenset[str]) -> Weights:
+        return iter_safetensors(self.path, self.lazy)
+
+
+def _open_checkpoint(path: Path, lazy: bool) -> tuple[PretrainedConfig, Checkpoint, Path | None]:
     if not path.exists():
         raise FileNotFoundError(f"model path not found: {path}")
     if path.is_file():
         if path.suffix != ".gguf":
             raise FileNotFoundError(f"model path {path} is a file but not a .gguf file")
-        from radixrt.loader.gguf_loader import load_gguf
+        from radixrt.loader.gguf_loader import GGUFCheckpoint
 
-        config, weights = load_gguf(path)
-        return config, weights, None
+        gguf = GGUFCheckpoint(path)
+        return gguf.hf_config(), gguf, None
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"no config.json in model folder {path}")
     safetensors_files(path)  # fail early, before building the model, if there are none
     config = AutoConfig.from_pretrained(str(path))
-    return config, iter_safetensors(path, lazy), path
+    return config, _Folder(path, lazy), path
 
 
 def _weight_bytes(model: torch.nn.Module) -> int:

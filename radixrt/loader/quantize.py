@@ -1,12 +1,14 @@
-"""--quantization: after loading, swap the dense weights of the linear layers and the LM head
-for GGUF blocks (radixrt/layers/quantized.py) that the CPU matmul reads as stored.
+"""--quantization: which weights stay in GGUF blocks (radixrt/layers/quantized.py) that the
+CPU matmul reads as stored, instead of dense floats.
 
-- auto: a GGUF file's own Q4_0/Q4_1 (int4) and Q8_0 (int8) tensors, on the CPU at one rank;
-  anything else (F16/F32 or K-quant tensors, safetensors checkpoints, CUDA) stays dense.
+- auto: a GGUF file's tensors in every block type the kernels read (layers/gguf_blocks.py:
+  the K-quants, the legacy types, IQ4), the token embedding included, on the CPU at one rank;
+  they are packed before the weights load, so they are never dequantized. F16/F32 tensors,
+  safetensors checkpoints and CUDA stay dense.
 - none: dense everywhere (every weight dequantized to the dtype: the reference).
 - int4 / int8: every linear layer and the LM head, from the file's blocks where they are
-  already in that format, else quantized here from the loaded float weights.
-The token embedding stays dense: a lookup reads one row per token.
+  already Q4_0/Q4_1 or Q8_0, else quantized after loading from the float weights (Q4_1,
+  Q8_0). The token embedding stays dense there.
 """
 
 from __future__ import annotations
@@ -14,30 +16,43 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from torch import nn
-from transformers import PretrainedConfig
 
 from radixrt.layers.embedding import LMHead, VocabParallelEmbedding
+from radixrt.layers.gguf_blocks import BLOCK_TYPES
 from radixrt.layers.linear import MergedLinear, PackableLinear
 from radixrt.layers.quantized import BLOCK, GGUFWeight, can_keep_dense, quantize
+from radixrt.layers.sharding import CheckpointTensor
 from radixrt.server_args import DENSE_COPY_DTYPES, QUANTIZATIONS
 
 logger = logging.getLogger("radixrt.loader")
 
-Blocks = dict[str, tuple[str, torch.Tensor]]  # checkpoint name -> (format, uint8 blocks)
+# The file types --quantization keeps as stored.
+_FILE_TYPES = {"auto": frozenset(BLOCK_TYPES), "int4": {"Q4_0", "Q4_1"}, "int8": {"Q8_0"}}
 
 
-def apply_quantization(
+class Checkpoint(Protocol):
+    """Where the weights come from: a GGUF file (GGUFCheckpoint, which also has
+    `packed_blocks`) or a model folder."""
+
+    def weights(self, skip: frozenset[str]) -> Iterator[tuple[str, CheckpointTensor]]: ...
+
+
+def pack_file_weights(
     model: nn.Module,
     method: str,
     path: Path,
-    hf_config: PretrainedConfig,
+    checkpoint: Checkpoint,
     device: torch.device,
     tp_size: int,
-) -> dict[str, int]:
-    """Pack `model`'s linear layers as `method` says; returns {format: layers packed}.
+) -> frozenset[str]:
+    """Before the weights load: give each linear layer, the LM head and (auto) the token
+    embedding whose tensors the file stores in block types the kernels read (auto: any of
+    gguf_blocks.BLOCK_TYPES; int4 / int8: Q4_0, Q4_1 / Q8_0) those blocks as they are, so that
+    they are never dequantized. Returns the checkpoint names so packed, for the load to skip.
 
     ValueError naming --quantization for an unknown method, or int4/int8 off the CPU.
     """
@@ -45,15 +60,44 @@ def apply_quantization(
         raise ValueError(f"quantization must be one of {list(QUANTIZATIONS)}, got {method!r}")
     if method in ("int4", "int8") and device.type != "cpu":
         raise ValueError(f"--quantization {method} runs on the CPU only; use auto or none")
-    if not packs_weights(method, path, device, tp_size):
-        return {}
-    # A rank of a tensor-parallel group holds slices: it quantizes those instead.
-    file_blocks = _file_blocks(path, hf_config) if tp_size == 1 else {}
+    # A rank of a tensor-parallel group holds slices: it quantizes those after loading.
+    packed_blocks = getattr(checkpoint, "packed_blocks", None)
+    if not packs_weights(method, path, device, tp_size) or tp_size > 1 or packed_blocks is None:
+        return frozenset()
+    file_blocks = packed_blocks()
+    usable = {n: b for n, b in file_blocks.items() if b[0] in _FILE_TYPES[method]}
     counts: dict[str, int] = {}
-    for module, names, dense in _packable(model):
-        packed = _packed_weight(dense, names, file_blocks, method)
-        if packed is None:
+    done: set[str] = set()
+    shared: dict[str, GGUFWeight] = {}  # a tied LM head reads the embedding's blocks
+    for module, names in _packable(model, embedding=method == "auto"):
+        if not all(n in usable for n in names):
             continue
+        key = "+".join(names)
+        packed = shared.get(key) or GGUFWeight.merged([usable[n] for n in names])
+        shared[key] = packed
+        _pack(module, packed)
+        done.update(names)
+        counts[packed.fmt] = counts.get(packed.fmt, 0) + 1
+    if counts:
+        logger.info("kept packed as stored (%s): %s", method, _describe(counts))
+    return frozenset(done)
+
+
+def apply_quantization(model: nn.Module, method: str) -> dict[str, int]:
+    """After the weights load: with int4 / int8, quantize every linear layer and the LM head
+    that `pack_file_weights` left dense; returns {format: layers packed}."""
+    if method not in ("int4", "int8"):
+        return {}
+    counts: dict[str, int] = {}
+    for module, names in _packable(model, embedding=False):
+        dense = _dense_weight(model, module)
+        if dense is None:
+            continue
+        if dense.shape[1] % BLOCK:
+            logger.info("not quantized (in_features %d, not a multiple of %d): %s",
+                        dense.shape[1], BLOCK, names)  # fmt: skip
+            continue
+        packed = GGUFWeight(quantize(dense, method), method, dense.shape[1])
         _pack(module, packed)
         counts[packed.fmt] = counts.get(packed.fmt, 0) + 1
     if counts:
@@ -91,61 +135,50 @@ def packs_weights(method: str, path: Path, device: torch.device, tp_size: int) -
     return method in ("int4", "int8") or (tp_size == 1 and path.suffix == ".gguf")
 
 
-def _file_blocks(path: Path, hf_config: PretrainedConfig) -> Blocks:
-    if not path.is_file():
-        return {}
-    from radixrt.loader.gguf_loader import GGUFCheckpoint
-
-    return GGUFCheckpoint(path).packed_blocks(hf_config)
-
-
-def _packable(model: nn.Module) -> Iterator[tuple[nn.Module, list[str], torch.Tensor]]:
-    """(module, the checkpoint names of its weight in row order, its dense weight) for each
-    linear layer and the LM head (named by, and reading, the embedding's matrix when tied)."""
-    embedding_name, embedding = next(
+def _packable(model: nn.Module, embedding: bool) -> Iterator[tuple[nn.Module, list[str]]]:
+    """(module, the checkpoint names of its weight in row order) for each linear layer, the LM
+    head (named by the embedding's tensor when tied) and, if `embedding`, the token embedding
+    (first, so that a tied head shares its packed blocks)."""
+    embedding_name, embed = next(
         (name, m) for name, m in model.named_modules() if isinstance(m, VocabParallelEmbedding)
     )
+    if embedding:
+        yield embed, [f"{embedding_name}.weight"]
     for prefix, module in model.named_modules():
         if isinstance(module, MergedLinear):
             parent = prefix.rpartition(".")[0]
-            names = [f"{parent}.{shard}.weight" for shard in module.shard_names]
-            yield module, names, module.weight
+            yield module, [f"{parent}.{shard}.weight" for shard in module.shard_names]
         elif isinstance(module, PackableLinear):
-            yield module, [f"{prefix}.weight"], module.weight
-        elif isinstance(module, LMHead) and module.weight is None:
-            yield module, [f"{embedding_name}.weight"], embedding.weight
-        elif isinstance(module, LMHead) and module.weight is not None:
-            yield module, [f"{prefix}.weight"], module.weight
+            yield module, [f"{prefix}.weight"]
+        elif isinstance(module, LMHead):
+            tied = module.weight is None and module.packed is None
+            yield module, [f"{embedding_name}.weight" if tied else f"{prefix}.weight"]
 
 
-def _packed_weight(
-    dense: torch.Tensor, names: list[str], file_blocks: Blocks, method: str
-) -> GGUFWeight | None:
-    in_features = dense.shape[1]
-    if in_features % BLOCK:
-        logger.info(
-            "not quantized (in_features %d, not a multiple of %d): %s", in_features, BLOCK, names
-        )
+def _dense_weight(model: nn.Module, module: nn.Module) -> torch.Tensor | None:
+    """A module's dense weight still to quantize (a tied LM head's is the embedding's)."""
+    if isinstance(module, PackableLinear):
+        return module.weight if module.packed is None else None
+    assert isinstance(module, LMHead)
+    if module.packed is not None:
         return None
-    formats = {file_blocks[n][0] for n in names if n in file_blocks}
-    all_in_file = all(n in file_blocks for n in names) and len(formats) == 1
-    if all_in_file and (method == "auto" or formats == {method}):
-        blocks = torch.cat([file_blocks[n][1] for n in names])
-        return GGUFWeight(blocks, formats.pop(), in_features)
-    if method == "auto":
-        return None
-    return GGUFWeight(quantize(dense, method), method, in_features)
+    if module.weight is not None:
+        return module.weight
+    return next(m for m in model.modules() if isinstance(m, VocabParallelEmbedding)).weight
 
 
 def _pack(module: nn.Module, packed: GGUFWeight) -> None:
     if isinstance(module, PackableLinear):
         module.pack(packed)
-    else:
-        assert isinstance(module, LMHead)
-        module.packed = packed
-        if module.weight is not None:
-            del module.weight
-            module.register_parameter("weight", None)
+        return
+    if isinstance(module, VocabParallelEmbedding):
+        module.use_packed(packed)
+        return
+    assert isinstance(module, LMHead)
+    module.packed = packed
+    if module.weight is not None:
+        del module.weight
+        module.register_parameter("weight", None)
 
 
 def _describe(counts: dict[str, int]) -> str:

@@ -142,7 +142,7 @@ def _plain_projection(p: PackableLinear) -> bool:
 
 
 def _weight(p: PackableLinear) -> torch.Tensor:
-    return p.weight if p.packed is None else p.packed.blocks
+    return p.weight if p.packed is None else p.packed.packed
 
 
 def _dense_copy(p: PackableLinear, attribute: str) -> torch.Tensor:

@@ -32,7 +32,7 @@ logger = logging.getLogger("radixrt.native")
 
 CSRC = Path(__file__).parent / "csrc"
 DISABLE_ENV = "RADIXRT_DISABLE_NATIVE"
-CFLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17"]
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++20"]
 
 
 def native_disabled() -> bool:

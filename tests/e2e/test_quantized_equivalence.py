@@ -15,7 +15,8 @@ from hf_reference import assert_same_greedy, hf_greedy
 from test_equivalence import TINY_OVERRIDES, prompt_sets
 
 import radixrt
-from radixrt.layers.quantized import dequantize, quantize
+from radixrt.layers.gguf_blocks import block_type, dequantize_part
+from radixrt.layers.quantized import quantize
 from radixrt.loader.load import load_model
 from radixrt.native.build import load_native
 
@@ -44,7 +45,7 @@ def dequantized_reference(hf_model, fmt: str):
 
 
 def _round_trip(w: torch.Tensor, fmt: str) -> torch.Tensor:
-    return dequantize(quantize(w, fmt), fmt, w.shape[1]).to(w.dtype)
+    return dequantize_part(block_type(fmt), quantize(w, fmt), w.shape[1]).to(w.dtype)
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
@@ -180,7 +181,7 @@ def test_auto_packs_the_default_models_q4_1_and_q8_0_tensors_unchanged():
     model, _ = load_model(default_model_path(), torch.float32, "cpu", quantization="auto")
     packed = {name: m for name, m in model.named_modules() if m.__class__.__name__ == "GGUFWeight"}
     formats = {m.fmt for m in packed.values()}
-    assert formats == {"int4", "int8"}  # the file: Q4_1 projections, a Q8_0 (tied) LM head
+    assert formats == {"Q4_1", "Q8_0"}  # the file: Q4_1 projections, a Q8_0 tied embedding
     assert len(packed) == 30 * 4 + 1
     dense, _ = load_model(default_model_path(), torch.float32, "cpu", quantization="none")
     qkv = dense.model.layers[3].self_attn.qkv_proj.weight

@@ -47,7 +47,7 @@ def test_default_model_missing_says_how_to_install(monkeypatch):
 
 def test_weights_equal_transformers(gguf_path, hf_model):
     checkpoint = GGUFCheckpoint(gguf_path)
-    ours = dict(checkpoint.weights(checkpoint.hf_config()))
+    ours = dict(checkpoint.weights())
     theirs = hf_model.state_dict()
     # Tied embeddings: transformers lists lm_head.weight as a view of embed_tokens.weight.
     assert set(theirs) - set(ours) == {"lm_head.weight"}
@@ -164,7 +164,7 @@ def test_qwen3_gguf_weights_equal_safetensors(qwen3_gguf):
     # fit this model), so the reference is the folder the file was written from.
     folder, path = qwen3_gguf
     checkpoint = GGUFCheckpoint(path)
-    ours = dict(checkpoint.weights(checkpoint.hf_config()))
+    ours = dict(checkpoint.weights())
     theirs = load_file(Path(folder) / "model.safetensors")
     assert set(ours) == set(theirs)
     assert "model.layers.1.self_attn.q_norm.weight" in ours

@@ -13,7 +13,8 @@ from gguf.quants import quantize as gguf_quantize
 
 from radixrt.layers import quantized
 from radixrt.layers.fused import dense_linear
-from radixrt.layers.quantized import GGUFWeight, dequantize, q4_0_to_q4_1, quantize
+from radixrt.layers.gguf_blocks import block_type, dequantize_part
+from radixrt.layers.quantized import GGUFWeight, quantize
 from radixrt.native.build import load_native
 
 GGUF_TYPE = {"int4": T.Q4_1, "int8": T.Q8_0}
@@ -24,6 +25,10 @@ KERNEL_RTOL = 2e-6
 needs_native = pytest.mark.skipif(
     load_native() is None, reason="radixrt's native CPU ops did not build (no compiler?)"
 )
+
+
+def dequantize(blocks: torch.Tensor, fmt: str, in_features: int) -> torch.Tensor:
+    return dequantize_part(block_type(fmt), blocks, in_features)
 
 
 def _weights(n: int, k: int, seed: int = 0) -> torch.Tensor:
@@ -46,14 +51,6 @@ def test_gguf_files_blocks_read_as_gguf_reads_them(fmt):
     blocks = gguf_quantize(w, GGUF_TYPE[fmt])
     ours = dequantize(torch.from_numpy(blocks), fmt, 64)
     assert torch.equal(ours, torch.from_numpy(gguf_dequantize(blocks, GGUF_TYPE[fmt])))
-
-
-def test_q4_0_converts_to_q4_1_exactly():
-    w = _weights(4, 128, seed=2).numpy()
-    q4_0 = gguf_quantize(w, T.Q4_0)
-    converted = q4_0_to_q4_1(torch.from_numpy(q4_0))
-    expected = torch.from_numpy(gguf_dequantize(q4_0, T.Q4_0))
-    assert torch.equal(dequantize(converted, "int4", 128), expected)
 
 
 @pytest.mark.parametrize("fmt, levels", [("int4", 15), ("int8", 254)])
@@ -98,7 +95,7 @@ def test_native_matmul_matches_the_float_reference(fmt, rows):
 def test_native_dequantize_is_the_reference_bit_for_bit(fmt):
     # The wide path's AVX2 expansion: d * q + m, a product then a sum, as the reference.
     blocks = quantize(_weights(37, 1536, seed=4), fmt)
-    native = torch.ops.radixrt.gguf_dequantize(blocks, quantized.FORMATS[fmt][0], 1536)
+    native = torch.ops.radixrt.gguf_dequantize(GGUFWeight(blocks, fmt, 1536).packed)
     assert torch.equal(native, dequantize(blocks, fmt, 1536))
 
 
@@ -136,10 +133,13 @@ def test_torch_fallback_equals_dequantize_then_linear(monkeypatch):
 @needs_native
 def test_native_op_names_bad_arguments():
     blocks = quantize(_weights(4, 64), "int4")
-    with pytest.raises(RuntimeError, match="kind must be 0"):
-        torch.ops.radixrt.gguf_linear(torch.randn(1, 64), blocks, 5, 32)
-    with pytest.raises(RuntimeError, match="bytes per row"):
-        torch.ops.radixrt.gguf_linear(torch.randn(1, 96), blocks, 0, 32)
+    packed = GGUFWeight(blocks, "int4", 64).packed
+    with pytest.raises(RuntimeError, match="must be a packed uint8 tensor"):
+        torch.ops.radixrt.gguf_linear(torch.randn(1, 64), blocks, 4, 32)
+    with pytest.raises(RuntimeError, match="x has 96 features, the weight 64"):
+        torch.ops.radixrt.gguf_linear(torch.randn(1, 96), packed, 4, 32)
+    with pytest.raises(RuntimeError, match="the weight has 4 rows, not 5"):
+        torch.ops.radixrt.gguf_linear(torch.randn(1, 64), packed, 5, 32)
 
 
 @needs_native
@@ -189,7 +189,7 @@ def test_a_dense_copy_serves_wide_bfloat16_inputs_only(rows):
     else:
         copy = torch.ops.mkldnn._linear_pointwise.default(x, weight.dense, None, "none", [], "")
         assert torch.equal(y, copy)
-    assert torch.equal(y_float, torch.ops.radixrt.gguf_linear(x.float(), weight.blocks, 0, 32))
+    assert torch.equal(y_float, torch.ops.radixrt.gguf_linear(x.float(), weight.packed, 300, 32))
 
 
 @needs_dense_copy

@@ -32,7 +32,7 @@ struct Copy {
   const at::Tensor& scale;
 };
 
-// y = x W.T for a dense weight (F.linear's op) or GGUF blocks of that kind (gguf_linear.cpp);
+// y = x W.T for a dense weight (F.linear's op) or a packed GGUF weight (gguf_linear.cpp);
 // from copy_rows rows on a bf16 x takes the blocks' copy where there is one, as
 // GGUFWeight.forward does.
 struct Rows {
@@ -46,7 +46,7 @@ at::Tensor project(const at::Tensor& x, const at::Tensor& w, int64_t kind, Rows 
     if (copy.weight.is_mkldnn()) return radixrt::dense_copy_linear(x, copy.weight);
     return radixrt::w8a8_linear(x, copy.weight, copy.scale);
   }
-  return radixrt::gguf_linear(x, w, kind, rows.dense);
+  return radixrt::gguf_linear(x, w, radixrt::gguf_out_features(w), rows.dense);
 }
 
 // What every layer's attention shares: the batch's slots and index tables, and the shapes.

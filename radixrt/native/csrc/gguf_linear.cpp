@@ -1,13 +1,17 @@
-// y = x @ W.T for W stored as llama.cpp's GGUF blocks of 32 weights, read as they are stored:
-//   Q4_1: [fp16 d][fp16 m][16 bytes: element j in the low nibble of byte j, j + 16 in the high
-//          one], w = d * q + m, q in 0..15
-//   Q8_0: [fp16 d][32 x int8 q], w = d * q
-// Narrow inputs (decode steps) are memory-bound: each block's dot product is computed as
-// d * sum(q * x) (+ m * sum(x) for Q4_1; with AVX-512 the weights come from a per-block table
-// instead, see load_weights16), so the weights are never written out and a step reads 20 or
-// 34 bytes per 32 weights, not 128. Wide inputs (big batches, prefill chunks) are
-// compute-bound instead: there the weights are expanded to float32 a tile at a time and handed
-// to oneDNN's matmul.
+// y = x @ W.T for W kept in llama.cpp's GGUF block types (gguf_types.h), read as stored.
+//
+// A packed weight is one uint8 tensor: a header of int64s
+//   [magic, in_features K, out_features N, parts, then per part: type, rows, byte offset,
+//    bytes per row]
+// then the parts' rows, each part one block type. A merged projection (q/k/v, gate/up) whose
+// pieces the file stores in different types (Q4_K_M mixes Q4_K and Q6_K) is one weight of
+// several parts, so every projection stays one call (radixrt/layers/quantized.py writes it).
+//
+// Narrow inputs (decode steps) are memory-bound: each sub-block of 32 weights is widened to
+// floats in registers and multiplied into up to 8 (AVX-512) or 4 (AVX2) input rows at once,
+// so a step reads the file's 4.5-8.5 bits a weight, not 32. Wide inputs (big batches, prefill
+// chunks) are compute-bound: there the weights are expanded a tile at a time and handed to
+// oneDNN's matmul.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
@@ -18,10 +22,13 @@
 #include <cstring>
 #include <vector>
 
+#include "gguf_types.h"
 #include "ops.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
+
+#include "gguf_codes.h"
 #define RADIXRT_AVX2 1
 #if defined(__AVX512F__)
 #define RADIXRT_AVX512 1
@@ -30,348 +37,310 @@
 
 namespace {
 
-constexpr int64_t kBlock = 32;
-constexpr int64_t kQ4_1 = 0;  // the `kind` argument
-constexpr int64_t kQ8_0 = 1;
+using namespace radixrt::gguf;
+
+constexpr int64_t kMagic = 0x57515852;  // "RXQW"
+constexpr int64_t kHeaderFields = 4, kPartFields = 4;
 // How far ahead of the block being read the narrow kernels prefetch: with it a batch-1 step's
-// matmuls went from 15.6 to 8.7 ms on an AVX-512 Xeon (2-8 KiB measured alike), whose hardware
-// prefetchers left these short row-by-row reads at ~3 GB/s a core.
+// matmuls went from 15.6 to 8.7 ms on an AVX-512 Xeon, whose hardware prefetchers left these
+// short row-by-row reads at ~3 GB/s a core.
 constexpr int64_t kPrefetchBytes = 4096;
 #ifdef RADIXRT_AVX512
-constexpr bool kAvx512 = true;
-constexpr int64_t kRowsPerPass = 8;  // input rows sharing each unpacked block (32 registers)
+constexpr int64_t kRowsPerPass = 8;  // input rows sharing each widened sub-block
 #else
-constexpr bool kAvx512 = false;
 constexpr int64_t kRowsPerPass = 4;
 #endif
 
-int64_t block_bytes(int64_t kind) { return kind == kQ4_1 ? 20 : 34; }
+struct Part {
+  int64_t type, rows, row0;  // row0: its first output column
+  const uint8_t* data;
+  int64_t row_bytes;
+};
 
-float half_to_float(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-#ifdef RADIXRT_AVX2
-  return _cvtsh_ss(h);
-#else
-  return c10::detail::fp16_ieee_to_fp32_value(h);
-#endif
+struct Layout {
+  int64_t K = 0, N = 0;
+  std::vector<Part> parts;
+};
+
+int64_t block_weights(int64_t type) {
+  int64_t w = 0;
+  dispatch(type, [&]<int64_t T>() { w = Traits<T>::weights; });
+  return w;
 }
 
-#ifdef RADIXRT_AVX2
-float hsum(__m256 v) {
+int64_t block_bytes(int64_t type) {
+  int64_t b = 0;
+  dispatch(type, [&]<int64_t T>() { b = Traits<T>::bytes; });
+  return b;
+}
+
+Layout read_layout(const at::Tensor& packed) {
+  TORCH_CHECK(packed.dtype() == at::kByte && packed.dim() == 1 && packed.is_contiguous() &&
+                  packed.numel() >= kHeaderFields * 8,
+              "gguf_linear: the weight must be a packed uint8 tensor (GGUFWeight.packed)");
+  const uint8_t* base = packed.data_ptr<uint8_t>();
+  auto field = [&](int64_t i) {
+    int64_t v;
+    std::memcpy(&v, base + 8 * i, 8);
+    return v;
+  };
+  TORCH_CHECK(field(0) == kMagic, "gguf_linear: not a packed weight (bad magic)");
+  Layout l;
+  l.K = field(1);
+  l.N = field(2);
+  const int64_t parts = field(3);
+  TORCH_CHECK(parts >= 1 && (kHeaderFields + parts * kPartFields) * 8 <= packed.numel(),
+              "gguf_linear: bad part count ", parts);
+  int64_t row0 = 0;
+  for (int64_t p = 0; p < parts; ++p) {
+    int64_t v[kPartFields];
+    for (int64_t i = 0; i < kPartFields; ++i) v[i] = field(kHeaderFields + p * kPartFields + i);
+    const int64_t type = v[0], rows = v[1], offset = v[2], row_bytes = v[3];
+    const int64_t bw = block_weights(type);
+    TORCH_CHECK(bw > 0, "gguf_linear: unsupported GGUF type ", type);
+    TORCH_CHECK(l.K % bw == 0 && row_bytes == l.K / bw * block_bytes(type),
+                "gguf_linear: part ", p, " has ", row_bytes, " bytes per row for ", l.K,
+                " inputs of type ", type);
+    TORCH_CHECK(offset >= 0 && offset + rows * row_bytes <= packed.numel(),
+                "gguf_linear: part ", p, " runs past the tensor");
+    l.parts.push_back({type, rows, row0, base + offset, row_bytes});
+    row0 += rows;
+  }
+  TORCH_CHECK(row0 == l.N, "gguf_linear: parts hold ", row0, " rows, expected ", l.N);
+  return l;
+}
+
+// ---- Sub-blocks as floats ------------------------------------------------------------------
+// w = a q + b per 16 weights; fma rounds once, as gguf-py's product-then-sum does (a q exact).
+void sub_to_floats(const Sub& o, float* out) {
+  for (int j = 0; j < 32; ++j)
+    out[j] = __builtin_fmaf(o.a[j / 16], static_cast<float>(o.q[j]), o.b[j / 16]);
+}
+
+#ifdef RADIXRT_AVX512
+// 4-bit types: the 16 values a code can stand for form a table (a * iota + b, or a times
+// IQ4's non-linear values) that each code indexes with one permute, which reads only an
+// index's low 4 bits: no mask, and no int-to-float conversion per weight.
+template <int64_t T>
+constexpr bool kNibbleTable = T == Q4_0 || T == Q4_1 || T == Q4_K || T == IQ4_NL || T == IQ4_XS;
+
+template <int64_t T>
+inline void table_weights32(const uint8_t* blk, int s, __m512 w[2]) {
+  const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  Codes c;
+  codes<T>(blk, s, c);  // for its scales; the compiler drops the unused codes
+  __m512 table;
+  if constexpr (T == IQ4_NL || T == IQ4_XS) {
+    const __m512 values = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load16(
+        reinterpret_cast<const uint8_t*>(kIQ4Values))));
+    table = _mm512_mul_ps(_mm512_set1_ps(c.a[0]), values);
+  } else {
+    const float b = T == Q4_0 ? -8.0f * c.a[0] : c.b[0];  // exact: a power-of-two multiple
+    table = _mm512_fmadd_ps(_mm512_set1_ps(c.a[0]), iota, _mm512_set1_ps(b));
+  }
+  if constexpr (T == Q4_K) {  // 32 bytes, one nibble each
+    const uint8_t* qs = blk + 16 + 32 * (s / 2);
+    for (int h = 0; h < 2; ++h) {
+      const __m512i q = _mm512_cvtepu8_epi32(load16(qs + 16 * h));
+      w[h] = _mm512_permutexvar_ps(s % 2 ? _mm512_srli_epi32(q, 4) : q, table);
+    }
+  } else {  // 16 bytes: low nibbles, then high ones
+    const int offset = T == Q4_1 ? 4 : T == IQ4_XS ? 8 + 16 * s : 2;
+    const __m512i q = _mm512_cvtepu8_epi32(load16(blk + offset));
+    w[0] = _mm512_permutexvar_ps(q, table);
+    w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);
+  }
+}
+
+template <int64_t T>
+inline void weights32(const uint8_t* blk, int s, __m512 w[2]) {
+  if constexpr (kNibbleTable<T>) {
+    table_weights32<T>(blk, s, w);
+  } else {
+    Codes c;
+    codes<T>(blk, s, c);
+    for (int h = 0; h < 2; ++h) {
+      const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(c.q[h]));
+      w[h] = _mm512_fmadd_ps(_mm512_set1_ps(c.a[h]), q, _mm512_set1_ps(c.b[h]));
+    }
+  }
+}
+using Vec = __m512;
+constexpr int kVecs = 2;
+inline Vec vzero() { return _mm512_setzero_ps(); }
+inline Vec vfma(Vec a, const float* x, Vec acc) { return _mm512_fmadd_ps(a, _mm512_loadu_ps(x), acc); }
+inline Vec vadd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+inline float vsum(Vec v) { return _mm512_reduce_add_ps(v); }
+#elif defined(RADIXRT_AVX2)
+template <int64_t T>
+inline void weights32(const uint8_t* blk, int s, __m256 w[4]) {
+  Codes c;
+  codes<T>(blk, s, c);
+  for (int i = 0; i < 4; ++i) {
+    const __m128i q8 = i % 2 ? _mm_srli_si128(c.q[i / 2], 8) : c.q[i / 2];
+    const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));
+    w[i] = _mm256_fmadd_ps(_mm256_set1_ps(c.a[i / 2]), q, _mm256_set1_ps(c.b[i / 2]));
+  }
+}
+using Vec = __m256;
+constexpr int kVecs = 4;
+inline Vec vzero() { return _mm256_setzero_ps(); }
+inline Vec vfma(Vec a, const float* x, Vec acc) { return _mm256_fmadd_ps(a, _mm256_loadu_ps(x), acc); }
+inline Vec vadd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+inline float vsum(Vec v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
-
-// The 32 quantized values of a block (without d, m) as four vectors of 8 floats, elements
-// 8i..8i+7 in q[i]. Q4_1: each half of the code bytes widens straight from memory to 32-bit
-// lanes, and a mask and a shift give its low nibbles (elements 0..15) and high ones (16..31);
-// fewer shuffles than widening the nibbles from a 128-bit register (~1.35x on one core).
-void load_q(const uint8_t* blk, int64_t kind, __m256 q[4]) {
-  if (kind == kQ4_1) {
-    const auto* lo8 = reinterpret_cast<const __m128i*>(blk + 4);   // code bytes 0..7
-    const auto* hi8 = reinterpret_cast<const __m128i*>(blk + 12);  // code bytes 8..15
-    const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64(lo8));
-    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(hi8));
-    const __m256i mask = _mm256_set1_epi32(0xF);
-    q[0] = _mm256_cvtepi32_ps(_mm256_and_si256(a, mask));
-    q[1] = _mm256_cvtepi32_ps(_mm256_and_si256(b, mask));
-    q[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4));
-    q[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
-  } else {
-    const uint8_t* qs = blk + 2;
-    for (int i = 0; i < 4; ++i) {
-      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + 8 * i));
-      q[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-    }
-  }
-}
-
-// A block's d (lane 0) and m (lane 1, Q4_1) in one conversion.
-__m128 load_dm(const uint8_t* blk) {
-  int32_t bits;
-  std::memcpy(&bits, blk, 4);
-  return _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
-}
-
-// sum(q * x) over a block as 8 lanes: two chains of two, so the four products do not wait on
-// each other.
-__m256 block_dot(const __m256 q[4], const float* xb) {
-  __m256 t0 = _mm256_mul_ps(q[0], _mm256_loadu_ps(xb));
-  __m256 t1 = _mm256_mul_ps(q[1], _mm256_loadu_ps(xb + 8));
-  t0 = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(xb + 16), t0);
-  t1 = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xb + 24), t1);
-  return _mm256_add_ps(t0, t1);
-}
 #endif
 
-// The 32 weights of one block as floats: d * q + m, a product then a sum, as the Python
-// reference (quantized.dequantize) computes them, so the wide path multiplies by exactly those.
-void dequantize_block(const uint8_t* blk, int64_t kind, float* out) {
-  const float d = half_to_float(blk);
-  const float m = kind == kQ4_1 ? half_to_float(blk + 2) : 0.0f;
-#ifdef RADIXRT_AVX2
-  __m256 q[4];
-  load_q(blk, kind, q);
-  for (int i = 0; i < 4; ++i) {
-    const __m256 w = _mm256_mul_ps(_mm256_set1_ps(d), q[i]);
-    _mm256_storeu_ps(out + 8 * i, _mm256_add_ps(w, _mm256_set1_ps(m)));
-  }
-#else
-  for (int j = 0; j < kBlock; ++j) {
-    const int q = kind == kQ4_1 ? (blk[4 + j % 16] >> (j / 16 * 4)) & 0xF
-                                : static_cast<int8_t>(blk[2 + j]);
-    out[j] = d * static_cast<float>(q) + m;
-  }
-#endif
-}
-
-void dequantize_rows(const uint8_t* w, int64_t kind, int64_t nb, int64_t rows, float* out) {
-  for (int64_t i = 0; i < rows * nb; ++i)
-    dequantize_block(w + i * block_bytes(kind), kind, out + i * kBlock);
-}
-
-#ifdef RADIXRT_AVX512
-// One block's 32 weights as two vectors of 16 floats (elements 0..15, 16..31). Q4_1: the 16
-// values d * q + m form a table that each code indexes with one permute (which reads only an
-// index's low 4 bits: the low nibbles need no mask), so the weights cost two permutes instead
-// of four int to float conversions, and m needs no separate term. d * q is exact in float32
-// (11 by 4 significant bits), so the table holds the reference's weights exactly, fused or
-// not. Q8_0: the codes widened, converted, scaled (d * q exact likewise).
-template <int64_t kind>
-void load_weights16(const uint8_t* blk, __m512 w[2]) {
-  int32_t dm_bits;
-  std::memcpy(&dm_bits, blk, 4);
-  const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(dm_bits));  // d, m (Q4_1)
-  const __m512 d = _mm512_broadcastss_ps(dm);
-  if constexpr (kind == kQ4_1) {
-    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512 table = _mm512_add_ps(_mm512_mul_ps(d, iota),
-                                       _mm512_broadcastss_ps(_mm_movehdup_ps(dm)));
-    const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(blk + 4)));
-    w[0] = _mm512_permutexvar_ps(codes, table);
-    w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(codes, 4), table);
-  } else {
-    for (int i = 0; i < 2; ++i) {
-      const __m128i q = _mm_loadu_si128((const __m128i*)(blk + 2 + 16 * i));
-      w[i] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
-    }
-  }
-}
-
-#if defined(__AVX512BF16__)
-#define RADIXRT_BF16_TILES 1
-// Rows of blocks as bfloat16 (a tile of wide_linear for a bfloat16 x): the reference's float32
-// weights rounded to nearest even in registers, as torch's cast rounds them, so the tile is
-// written once at half the bytes instead of as float32 and then cast.
-template <int64_t kind>
-void dequantize_rows_bf16(const uint8_t* w, int64_t nb, int64_t rows, void* out) {
-  auto* dst = static_cast<__m256i*>(out);
-  for (int64_t i = 0; i < rows * nb; ++i) {
-    __m512 wv[2];
-    load_weights16<kind>(w + i * block_bytes(kind), wv);
-    _mm256_storeu_si256(dst + 2 * i, (__m256i)_mm512_cvtneps_pbh(wv[0]));
-    _mm256_storeu_si256(dst + 2 * i + 1, (__m256i)_mm512_cvtneps_pbh(wv[1]));
-  }
-}
-#endif
-
-// narrow_rows (below) with 16-float vectors: per block and input row, two FMAs. With 1-2 input
-// rows, four accumulators per row (even and odd blocks, first and second half) keep enough
-// FMA chains in flight; from 3 rows on, each row's two are chains enough.
-template <int M, int64_t kind>
-void narrow_rows(const float* x, const float*, const uint8_t* w, int64_t K, int64_t N,
-                 int64_t n0, int64_t n1, float* y) {
-  const int64_t nb = K / kBlock, bb = block_bytes(kind);
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* row = w + n * nb * bb;
-    __m512 even[2][M], odd[2][M];
-    for (int r = 0; r < M; ++r)
-      even[0][r] = even[1][r] = odd[0][r] = odd[1][r] = _mm512_setzero_ps();
-    auto add_block = [&](int64_t b, __m512 (*into)[M]) {
-      __m512 wv[2];
-      _mm_prefetch(reinterpret_cast<const char*>(row + b * bb) + kPrefetchBytes, _MM_HINT_T0);
-      load_weights16<kind>(row + b * bb, wv);
-      for (int r = 0; r < M; ++r) {
-        const float* xb = x + r * K + b * kBlock;
-        into[0][r] = _mm512_fmadd_ps(wv[0], _mm512_loadu_ps(xb), into[0][r]);
-        into[1][r] = _mm512_fmadd_ps(wv[1], _mm512_loadu_ps(xb + 16), into[1][r]);
-      }
-    };
-    int64_t b = 0;
-    if constexpr (M <= 2) {
-      for (; b + 2 <= nb; b += 2) {
-        add_block(b, even);
-        add_block(b + 1, odd);
-      }
-    }
-    for (; b < nb; ++b) add_block(b, even);
-    for (int r = 0; r < M; ++r) {
-      const __m512 sum = _mm512_add_ps(_mm512_add_ps(even[0][r], even[1][r]),
-                                       _mm512_add_ps(odd[0][r], odd[1][r]));
-      y[r * N + n] = _mm512_reduce_add_ps(sum);
-    }
-  }
-}
-#else
 // ---- Narrow inputs -------------------------------------------------------------------------
-// Rows [n0, n1) of y for the M (few) rows of x; xsum[r * nb + b]: sum of x's block b in row r.
-// Even and odd blocks go to separate accumulators: with one input row the adds into a single
-// accumulator would be one chain of latencies through the whole weight row.
-template <int M, int64_t kind>
-void narrow_rows(const float* x, const float* xsum, const uint8_t* w, int64_t K, int64_t N,
-                 int64_t n0, int64_t n1, float* y) {
-  const int64_t nb = K / kBlock, bb = block_bytes(kind);
+// Output columns [n0, n1) of one part for M input rows (x [M, K], y row stride ldy). Even and
+// odd sub-blocks go to separate accumulators: with one input row, adds into a single one
+// would be a chain of latencies through the whole weight row.
+template <int M, int64_t T>
+void narrow_rows(const float* x, const Part& p, int64_t K, int64_t n0, int64_t n1, float* y,
+                 int64_t ldy) {
+  constexpr int64_t kW = Traits<T>::weights, kB = Traits<T>::bytes, kSubs = kW / 32;
+  const int64_t nb = K / kW;
   for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* row = w + n * nb * bb;
+    const uint8_t* row = p.data + n * p.row_bytes;
 #ifdef RADIXRT_AVX2
-    __m256 acc[2][M];
-    __m128 mins[M];
-    for (int r = 0; r < M; ++r) {
-      acc[0][r] = acc[1][r] = _mm256_setzero_ps();
-      mins[r] = _mm_setzero_ps();
-    }
-    auto add_block = [&](int64_t b, __m256* into) {
-      const uint8_t* blk = row + b * bb;
-      _mm_prefetch(reinterpret_cast<const char*>(blk) + kPrefetchBytes, _MM_HINT_T0);
-      __m256 q[4];
-      load_q(blk, kind, q);
-      const __m128 dm = load_dm(blk);
-      const __m256 d = _mm256_broadcastss_ps(dm);
-      const __m128 m = _mm_movehdup_ps(dm);  // lane 0: m
-      for (int r = 0; r < M; ++r) {
-        into[r] = _mm256_fmadd_ps(d, block_dot(q, x + r * K + b * kBlock), into[r]);
-        if (kind == kQ4_1) mins[r] = _mm_fmadd_ss(m, _mm_set_ss(xsum[r * nb + b]), mins[r]);
-      }
-    };
-    int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) {
-      add_block(b, acc[0]);
-      add_block(b + 1, acc[1]);
-    }
-    if (b < nb) add_block(b, acc[0]);
-    for (int r = 0; r < M; ++r)
-      y[r * N + n] = hsum(_mm256_add_ps(acc[0][r], acc[1][r])) + _mm_cvtss_f32(mins[r]);
-#else
-    float acc[M] = {};  // the block's m is in its dequantized weights here
-    float wb[kBlock];
+    Vec acc[2][M][kVecs];
+    for (auto& parity : acc)
+      for (auto& r : parity)
+        for (auto& v : r) v = vzero();
     for (int64_t b = 0; b < nb; ++b) {
-      dequantize_block(row + b * bb, kind, wb);
-      for (int r = 0; r < M; ++r)
-        for (int j = 0; j < kBlock; ++j) acc[r] += wb[j] * x[r * K + b * kBlock + j];
+      const uint8_t* blk = row + b * kB;
+      _mm_prefetch(reinterpret_cast<const char*>(blk) + kPrefetchBytes, _MM_HINT_T0);
+      for (int s = 0; s < kSubs; ++s) {
+        Vec w[kVecs];
+        weights32<T>(blk, s, w);
+        auto& into = acc[(b * kSubs + s) & 1];
+        const float* xs = x + b * kW + s * 32;
+        for (int r = 0; r < M; ++r)
+          for (int v = 0; v < kVecs; ++v)
+            into[r][v] = vfma(w[v], xs + r * K + v * (32 / kVecs), into[r][v]);
+      }
     }
-    for (int r = 0; r < M; ++r) y[r * N + n] = acc[r];
+    for (int r = 0; r < M; ++r) {
+      Vec total = vzero();
+      for (int v = 0; v < kVecs; ++v) total = vadd(total, vadd(acc[0][r][v], acc[1][r][v]));
+      y[r * ldy + p.row0 + n] = vsum(total);
+    }
+#else
+    float acc[M] = {};
+    float wf[32];
+    for (int64_t b = 0; b < nb; ++b)
+      for (int s = 0; s < kSubs; ++s) {
+        Sub o;
+        decode_sub<T>(row + b * kB, s, o);
+        sub_to_floats(o, wf);
+        for (int r = 0; r < M; ++r)
+          for (int j = 0; j < 32; ++j) acc[r] += wf[j] * x[r * K + b * kW + s * 32 + j];
+      }
+    for (int r = 0; r < M; ++r) y[r * ldy + p.row0 + n] = acc[r];
 #endif
   }
 }
-#endif  // RADIXRT_AVX512
 
-using RowsFn = void (*)(const float*, const float*, const uint8_t*, int64_t, int64_t, int64_t,
-                        int64_t, float*);
+using RowsFn = void (*)(const float*, const Part&, int64_t, int64_t, int64_t, float*, int64_t);
 
-template <int64_t kind>
+template <int64_t T>
 RowsFn rows_fn_of(int64_t m) {
   switch (m) {
-    case 1: return narrow_rows<1, kind>;
-    case 2: return narrow_rows<2, kind>;
-    case 3: return narrow_rows<3, kind>;
+    case 1: return narrow_rows<1, T>;
+    case 2: return narrow_rows<2, T>;
+    case 3: return narrow_rows<3, T>;
 #ifdef RADIXRT_AVX512
-    case 4: return narrow_rows<4, kind>;
-    case 5: return narrow_rows<5, kind>;
-    case 6: return narrow_rows<6, kind>;
-    case 7: return narrow_rows<7, kind>;
-    default: return narrow_rows<8, kind>;
+    case 4: return narrow_rows<4, T>;
+    case 5: return narrow_rows<5, T>;
+    case 6: return narrow_rows<6, T>;
+    case 7: return narrow_rows<7, T>;
+    default: return narrow_rows<8, T>;
 #else
-    default: return narrow_rows<4, kind>;
+    default: return narrow_rows<4, T>;
 #endif
   }
 }
 
-RowsFn rows_fn(int64_t m, int64_t kind) {
-  return kind == kQ4_1 ? rows_fn_of<kQ4_1>(m) : rows_fn_of<kQ8_0>(m);
-}
-
-// Few input rows (decode steps): four input rows at a time share each block's unpacked codes,
-// and the threads split the output columns.
-at::Tensor narrow_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t kind) {
-  const int64_t M = x.size(0), K = x.size(1), N = blocks.size(0), nb = K / kBlock;
-  at::Tensor y = at::empty({M, N}, x.options());
-  // Block sums of x, for Q4_1's m * sum(x) terms (a plain loop: an aten sum per call would
-  // cost as much as a small layer's matmul).
-  std::vector<float> xsum(M * nb, 0.0f);
+// Few input rows (decode steps): kRowsPerPass input rows at a time share each widened
+// sub-block, and the threads split each part's output columns.
+at::Tensor narrow_linear(const at::Tensor& x, const Layout& l) {
+  const int64_t M = x.size(0), K = l.K;
+  at::Tensor y = at::empty({M, l.N}, x.options());
   const float* xp = x.data_ptr<float>();
-  const bool needs_xsum = kind == kQ4_1 && !kAvx512;  // the AVX-512 path folds m into w
-  for (int64_t i = 0; needs_xsum && i < M * nb; ++i)
-    for (int64_t j = 0; j < kBlock; ++j) xsum[i] += xp[i * kBlock + j];
-  const uint8_t* w = blocks.data_ptr<uint8_t>();
-  for (int64_t r0 = 0; r0 < M; r0 += kRowsPerPass) {
-    const RowsFn fn = rows_fn(std::min<int64_t>(kRowsPerPass, M - r0), kind);
-    at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
-      fn(xp + r0 * K, xsum.data() + r0 * nb, w, K, N, n0, n1, y.data_ptr<float>() + r0 * N);
-    });
-  }
+  float* yp = y.data_ptr<float>();
+  for (const Part& p : l.parts)
+    for (int64_t r0 = 0; r0 < M; r0 += kRowsPerPass) {
+      RowsFn fn = nullptr;
+      dispatch(p.type, [&]<int64_t T>() { fn = rows_fn_of<T>(std::min(kRowsPerPass, M - r0)); });
+      at::parallel_for(0, p.rows, 16, [&](int64_t n0, int64_t n1) {
+        fn(xp + r0 * K, p, K, n0, n1, yp + r0 * l.N, l.N);
+      });
+    }
   return y;
 }
 
-// ---- Wide inputs ---------------------------------------------------------------------------
-void check_args(const at::Tensor& blocks, int64_t kind, int64_t K) {
-  TORCH_CHECK(kind == kQ4_1 || kind == kQ8_0, "gguf_linear: kind must be 0 (Q4_1) or 1 (Q8_0)");
-  TORCH_CHECK(K % kBlock == 0, "gguf_linear: in_features must be a multiple of 32, got ", K);
-  TORCH_CHECK(blocks.dtype() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous(),
-              "gguf_linear: blocks must be a contiguous uint8 [N, K / 32 * block bytes]");
-  TORCH_CHECK(blocks.size(1) == K / kBlock * block_bytes(kind), "gguf_linear: blocks have ",
-              blocks.size(1), " bytes per row, expected ", K / kBlock * block_bytes(kind));
-}
-
-// Rows of blocks into wt, in its dtype; `widened` is a float32 buffer as big (or undefined),
-// for a bfloat16 wt where the CPU cannot round in registers.
-void expand_rows(const uint8_t* w, int64_t kind, int64_t nb, int64_t rows,
-                 const at::Tensor& wt, const at::Tensor& widened) {
-  if (wt.scalar_type() == at::kFloat)
-    return dequantize_rows(w, kind, nb, rows, wt.data_ptr<float>());
-#ifdef RADIXRT_BF16_TILES
-  if (kind == kQ4_1) return dequantize_rows_bf16<kQ4_1>(w, nb, rows, wt.data_ptr());
-  return dequantize_rows_bf16<kQ8_0>(w, nb, rows, wt.data_ptr());
+// ---- Dequantizing --------------------------------------------------------------------------
+template <int64_t T>
+void dequantize_row(const uint8_t* row, int64_t K, float* out) {
+  constexpr int64_t kW = Traits<T>::weights, kB = Traits<T>::bytes;
+  for (int64_t b = 0; b < K / kW; ++b)
+    for (int s = 0; s < kW / 32; ++s) {
+      float* dst = out + b * kW + s * 32;
+#ifdef RADIXRT_AVX2
+      Vec w[kVecs];
+      weights32<T>(row + b * kB, s, w);
+      for (int v = 0; v < kVecs; ++v) std::memcpy(dst + v * (32 / kVecs), &w[v], sizeof(Vec));
 #else
-  at::Tensor wide = widened.narrow(0, 0, rows);
-  dequantize_rows(w, kind, nb, rows, wide.data_ptr<float>());
-  wt.copy_(wide);
+      Sub o;
+      decode_sub<T>(row + b * kB, s, o);
+      sub_to_floats(o, dst);
 #endif
+    }
 }
 
+// Weight rows [n0, n0 + rows) of the whole layout as float32 into out (row stride K).
+void dequantize_rows(const Layout& l, int64_t n0, int64_t rows, float* out) {
+  for (const Part& p : l.parts) {
+    const int64_t lo = std::max(n0, p.row0), hi = std::min(n0 + rows, p.row0 + p.rows);
+    dispatch(p.type, [&]<int64_t T>() {
+      for (int64_t n = lo; n < hi; ++n)
+        dequantize_row<T>(p.data + (n - p.row0) * p.row_bytes, l.K, out + (n - n0) * l.K);
+    });
+  }
+}
+
+// ---- Wide inputs ---------------------------------------------------------------------------
 // Each thread takes whole tiles of weight rows: it expands a tile into its own buffer and
 // multiplies it (a one-thread oneDNN call, dense_linear.cpp) into those columns of y while it is
-// still in its core's cache; the threads' expansions and matmuls overlap instead of taking
-// turns. A tile is 1 MiB of floats for few rows, growing with M up to 2 MiB: each call repacks x
-// and has its set-up cost (at 32-64 rows, 192 KiB tiles were 1.5x slower than 1 MiB ones on an
-// EPYC with 1 MiB of L2 a core). The tile count is a multiple of the thread count, so the
-// threads get equal work. A bfloat16 x gets its tile rounded to bfloat16 too (the weights
+// still in its core's cache. A tile is 1-2 MiB of floats (growing with M: each call repacks x
+// and has its set-up cost); the tile count is a multiple of the thread count, so the threads
+// get equal work. A bfloat16 x gets its tile rounded to bfloat16 (the weights
 // `--quantization none` would hold in that dtype), for bf16 matmul units' ~2x of float32.
-at::Tensor wide_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t kind) {
-  const int64_t M = x.size(0), K = x.size(1), N = blocks.size(0), nb = K / kBlock;
+at::Tensor wide_linear(const at::Tensor& x, const Layout& l) {
+  const int64_t M = x.size(0), K = l.K, N = l.N;
   const int64_t threads = at::get_num_threads();
   const int64_t tile_bytes = std::clamp<int64_t>(M * 2048, 1 << 20, 2 << 20);
   const int64_t target = std::max<int64_t>(8, tile_bytes / (K * 4));
   const int64_t tiles = ((N + target - 1) / target + threads - 1) / threads * threads;
   const int64_t tile = ((N + tiles - 1) / tiles + 7) / 8 * 8;
   at::Tensor y = at::empty({M, N}, x.options());
-  const uint8_t* w = blocks.data_ptr<uint8_t>();
   const bool inference = c10::InferenceMode::is_enabled();
   at::parallel_for(0, (N + tile - 1) / tile, 1, [&](int64_t t0, int64_t t1) {
-    // The worker threads do not inherit the caller's inference mode, without which writing into
+    // Worker threads do not inherit the caller's inference mode, without which writing into
     // y (an inference tensor when the engine made it) is refused.
     c10::InferenceMode mode(inference);
-    at::Tensor scratch = at::empty({tile, K}, x.options());
-    at::Tensor widened;
-#ifndef RADIXRT_BF16_TILES
-    if (x.dtype() != at::kFloat) widened = at::empty({tile, K}, x.options().dtype(at::kFloat));
-#endif
+    at::Tensor widened = at::empty({tile, K}, x.options().dtype(at::kFloat));
+    at::Tensor rounded;
+    if (x.scalar_type() != at::kFloat) rounded = at::empty({tile, K}, x.options());
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t n0 = t * tile, rows = std::min(tile, N - n0);
-      at::Tensor wt = scratch.narrow(0, 0, rows);
-      expand_rows(w + n0 * nb * block_bytes(kind), kind, nb, rows, wt, widened);
+      at::Tensor wt = widened.narrow(0, 0, rows);
+      dequantize_rows(l, n0, rows, wt.data_ptr<float>());
+      if (rounded.defined()) wt = rounded.narrow(0, 0, rows).copy_(wt);
       y.narrow(1, n0, rows).copy_(radixrt::dense_linear(x, wt));
     }
   });
@@ -382,39 +351,58 @@ at::Tensor wide_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t ki
 
 namespace radixrt {
 
-at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t kind, int64_t K) {
-  check_args(blocks, kind, K);
-  const int64_t N = blocks.size(0), nb = K / kBlock;
-  at::Tensor out = at::empty({N, K}, blocks.options().dtype(at::kFloat));
-  const uint8_t* w = blocks.data_ptr<uint8_t>();
-  at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
-    dequantize_rows(w + n0 * nb * block_bytes(kind), kind, nb, n1 - n0,
-                    out.data_ptr<float>() + n0 * K);
+int64_t gguf_out_features(const at::Tensor& packed) { return read_layout(packed).N; }
+
+at::Tensor gguf_dequantize(const at::Tensor& packed) {
+  const Layout l = read_layout(packed);
+  at::Tensor out = at::empty({l.N, l.K}, packed.options().dtype(at::kFloat));
+  at::parallel_for(0, l.N, 64, [&](int64_t n0, int64_t n1) {
+    dequantize_rows(l, n0, n1 - n0, out.data_ptr<float>() + n0 * l.K);
   });
   return out;
 }
 
-// x [M, K] float32 or bfloat16 -> [M, N] in x's dtype. Few rows run the block kernel in
+// Rows `ids` of the weight as float32 [T, K]: a packed token embedding's lookup.
+at::Tensor gguf_rows(const at::Tensor& packed, const at::Tensor& ids, int64_t in_features) {
+  const Layout l = read_layout(packed);
+  TORCH_CHECK(in_features == l.K, "gguf_rows: the weight has ", l.K, " features, not ", in_features);
+  TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong, "gguf_rows: ids must be int64 [T]");
+  const at::Tensor idx = ids.contiguous();
+  const int64_t* ip = idx.data_ptr<int64_t>();
+  at::Tensor out = at::empty({idx.numel(), l.K}, packed.options().dtype(at::kFloat));
+  for (int64_t t = 0; t < idx.numel(); ++t) {
+    TORCH_CHECK(ip[t] >= 0 && ip[t] < l.N, "gguf_rows: id ", ip[t], " out of range [0, ", l.N, ")");
+    dequantize_rows(l, ip[t], 1, out.data_ptr<float>() + t * l.K);
+  }
+  return out;
+}
+
+// x [M, K] float32 or bfloat16 -> [M, N] in x's dtype. Few rows run the sub-block kernel in
 // float32 (a bfloat16 x is widened, the result rounded); many rows, wide_linear in x's dtype.
-at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t kind,
+// out_features repeats the header's N, so that torch.compile's fake op knows the shape.
+at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
                        int64_t dense_from_rows) {
   TORCH_CHECK((x.dtype() == at::kFloat || x.dtype() == at::kBFloat16) && x.dim() == 2,
               "gguf_linear: x must be float32 or bfloat16 [M, K], got ", x.dtype(), " of ",
               x.dim(), " dims");
-  check_args(blocks, kind, x.size(1));
-  if (x.size(0) >= dense_from_rows) return wide_linear(x.contiguous(), blocks, kind);
-  if (x.dtype() == at::kFloat) return narrow_linear(x.contiguous(), blocks, kind);
-  return narrow_linear(x.to(at::kFloat).contiguous(), blocks, kind).to(at::kBFloat16);
+  const Layout l = read_layout(packed);
+  TORCH_CHECK(x.size(1) == l.K, "gguf_linear: x has ", x.size(1), " features, the weight ", l.K);
+  TORCH_CHECK(out_features == l.N, "gguf_linear: the weight has ", l.N, " rows, not ", out_features);
+  if (x.size(0) >= dense_from_rows) return wide_linear(x.contiguous(), l);
+  if (x.dtype() == at::kFloat) return narrow_linear(x.contiguous(), l);
+  return narrow_linear(x.to(at::kFloat).contiguous(), l).to(at::kBFloat16);
 }
 
 }  // namespace radixrt
 
 TORCH_LIBRARY_FRAGMENT(radixrt, m) {
-  m.def("gguf_linear(Tensor x, Tensor blocks, int kind, int dense_from_rows) -> Tensor");
-  m.def("gguf_dequantize(Tensor blocks, int kind, int in_features) -> Tensor");
+  m.def("gguf_linear(Tensor x, Tensor packed, int out_features, int dense_from_rows) -> Tensor");
+  m.def("gguf_dequantize(Tensor packed) -> Tensor");
+  m.def("gguf_rows(Tensor packed, Tensor ids, int in_features) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(radixrt, CPU, m) {
   m.impl("gguf_linear", radixrt::gguf_linear);
   m.impl("gguf_dequantize", radixrt::gguf_dequantize);
+  m.impl("gguf_rows", radixrt::gguf_rows);
 }

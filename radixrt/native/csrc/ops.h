@@ -27,9 +27,10 @@ at::Tensor dense_linear(const at::Tensor& x, const at::Tensor& w,
 at::Tensor dense_copy_linear(const at::Tensor& x, const at::Tensor& dense);
 
 // gguf_linear.cpp
-at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t kind,
+at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
                        int64_t dense_from_rows);
-at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t kind, int64_t K);
+at::Tensor gguf_dequantize(const at::Tensor& packed);
+int64_t gguf_out_features(const at::Tensor& packed);
 
 // w8a8_linear.cpp
 at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& wq, const at::Tensor& w_scale);
