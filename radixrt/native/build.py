@@ -8,7 +8,9 @@ The build uses -O3 -march=native -fopenmp, so it goes to a directory keyed by th
 torch version and this CPU's flags (~/.cache/radixrt/native-<key>): a binary is never reused on
 another CPU or torch, and a second process reuses the first one's build. Without a compiler or
 ninja, or when the build fails, `load_native()` logs one warning and returns None, and callers
-keep their pure-torch paths; RADIXRT_DISABLE_NATIVE=1 forces that.
+keep their pure-torch paths; RADIXRT_DISABLE_NATIVE=1 forces that. So does a CPU without
+AVX2, FMA and F16C (said once, in a warning). RADIXRT_CPU_ISA=avx2 builds the kernels' AVX2
+paths on a CPU with AVX-512 (native/cpu.py), into a folder of its own.
 """
 
 from __future__ import annotations
@@ -28,11 +30,18 @@ from typing import Any
 
 import torch
 
+from radixrt.native.cpu import BASELINE, forced_isa, isa_cflags, missing_baseline
+
 logger = logging.getLogger("radixrt.native")
 
 CSRC = Path(__file__).parent / "csrc"
 DISABLE_ENV = "RADIXRT_DISABLE_NATIVE"
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++20"]
+
+
+def cflags() -> list[str]:
+    """CFLAGS and the instruction sets RADIXRT_CPU_ISA chooses (native/cpu.py)."""
+    return CFLAGS + isa_cflags()
 
 
 def native_disabled() -> bool:
@@ -45,6 +54,13 @@ def load_native() -> Any | None:
     (see module docstring). Built, or found already built, once per process."""
     if native_disabled():
         logger.info("native CPU kernels disabled by %s", DISABLE_ENV)
+        return None
+    missing = missing_baseline()
+    if missing:  # compiled for this CPU they would have no vector paths worth their build
+        logger.warning(
+            "native CPU kernels need %s; this CPU lacks %s: using torch paths (slow)",
+            "+".join(BASELINE), ", ".join(missing),
+        )  # fmt: skip
         return None
     _put_pip_ninja_on_path()
     missing = [tool for tool in ("ninja", _compiler()) if shutil.which(tool) is None]
@@ -63,7 +79,7 @@ def load_native() -> Any | None:
             load(
                 name=f"radixrt_native_{key}",
                 sources=[str(s) for s in sources],
-                extra_cflags=CFLAGS,
+                extra_cflags=cflags(),
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(build_dir),
                 is_python_module=False,
@@ -72,7 +88,10 @@ def load_native() -> Any | None:
     except Exception as exc:  # a compiler error, a missing header: fall back, say why once
         logger.warning("native CPU kernels failed to build, using torch paths: %s", exc)
         return None
-    logger.info("native CPU kernels ready in %.1f s (%s)", time.perf_counter() - start, build_dir)
+    logger.info(
+        "native CPU kernels ready in %.1f s (%s, %s paths)",
+        time.perf_counter() - start, build_dir, forced_isa(),
+    )  # fmt: skip
     return NativeOps()
 
 
@@ -127,7 +146,7 @@ def build_key(sources: list[Path]) -> str:
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     digest.update(torch.__version__.encode())
-    digest.update(" ".join(CFLAGS).encode())
+    digest.update(" ".join(cflags()).encode())
     digest.update(_cpu_signature().encode())
     return digest.hexdigest()[:16]
 

@@ -1,0 +1,180 @@
+"""Every GGUF block type the kernels multiply as stored (radixrt/layers/gguf_blocks.py,
+radixrt/native/csrc/gguf_linear.cpp): dequantization bit for bit against gguf-py's, on random
+blocks with zero and extreme scales and on a real file's tensors; each matmul against float64
+on the dequantized weights; merged weights of several types; and the AVX2 paths of a CPU with
+AVX-512, through RADIXRT_CPU_ISA=avx2 in a child process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from radixrt.layers.gguf_blocks import BLOCK_TYPES, block_type, dequantize_part
+from radixrt.layers.quantized import DENSE_FROM_ROWS, GGUFWeight
+from radixrt.native.build import load_native
+from radixrt.native.cpu import ISA_ENV, cpu_flags, forced_isa
+
+needs_native = pytest.mark.skipif(
+    load_native() is None, reason="radixrt's native CPU ops did not build (no compiler?)"
+)
+TYPES = sorted(BLOCK_TYPES)
+# Byte offsets of each type's fp16 fields (scales d, minimums dmin / m) within a block.
+HALVES = {
+    "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "IQ4_NL": [0],
+    "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
+    "IQ4_XS": [0],
+}  # fmt: skip
+# A float32 dot product of K terms, summed in any order, is within K * 2^-24 * sum |x_j w_j|
+# of the exact one (each product and each partial sum rounds once, relative 2^-24 at most).
+UNIT = 2.0**-24
+
+
+def random_blocks(name: str, rows: int, in_features: int, seed: int) -> torch.Tensor:
+    """Random codes and scales of type `name`: fp16 fields normal at 0.01, with a zero, the
+    largest fp16 (65504), a negative one and a subnormal among them."""
+    t = BLOCK_TYPES[name]
+    g = np.random.default_rng(seed)
+    nb = in_features // t.weights
+    b = g.integers(0, 256, size=(rows, nb, t.bytes), dtype=np.uint8)
+    for offset in HALVES[name]:
+        h = (g.standard_normal((rows, nb)) * 0.01).astype(np.float16)
+        h.reshape(-1)[:4] = [0.0, 65504.0, -3.5, 6e-8]
+        b[:, :, offset : offset + 2] = h.view(np.uint8).reshape(rows, nb, 2)
+    return torch.from_numpy(b.reshape(rows, -1).copy())
+
+
+def dot_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The float32 rounding bound of x @ w.T, per output (see UNIT)."""
+    return x.shape[1] * UNIT * (x.double().abs() @ w.double().abs().T)
+
+
+@needs_native
+@pytest.mark.parametrize("name", TYPES)
+def test_native_dequantization_is_gguf_pys_bit_for_bit(name):
+    blocks = random_blocks(name, 37, 512, seed=1)
+    reference = dequantize_part(BLOCK_TYPES[name], blocks, 512)
+    weight = GGUFWeight(blocks, name, 512)
+    assert torch.equal(weight.dequantize(), reference)
+    ids = torch.tensor([36, 0, 5, 5])
+    assert torch.equal(weight.rows(ids), reference[ids])
+
+
+@needs_native
+def test_a_real_files_tensors_dequantize_as_gguf_py_reads_them():
+    from radixrt.loader.default_model import default_model_path
+    from radixrt.loader.gguf_loader import GGUFCheckpoint
+
+    blocks = GGUFCheckpoint(default_model_path()).packed_blocks()
+    for name in ("model.layers.0.mlp.down_proj.weight", "model.embed_tokens.weight"):
+        fmt, rows = blocks[name]
+        in_features = rows.shape[1] // BLOCK_TYPES[fmt].bytes * BLOCK_TYPES[fmt].weights
+        reference = dequantize_part(BLOCK_TYPES[fmt], rows, in_features)
+        assert torch.equal(GGUFWeight(rows, fmt, in_features).dequantize(), reference), name
+
+
+@needs_native
+@pytest.mark.parametrize("name", TYPES)
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, DENSE_FROM_ROWS, 70])
+def test_each_matmul_is_within_float32_rounding_of_float64(name, rows):
+    # 1-8 rows: the sub-block kernel, several input rows per pass; from DENSE_FROM_ROWS on,
+    # tiles expanded for oneDNN. Outputs are of both signs and cancel, hence the per-output
+    # bound on the sum of |products| rather than a bound relative to the output.
+    blocks = random_blocks(name, 45, 768, seed=rows)
+    weight = GGUFWeight(blocks, name, 768)
+    w = dequantize_part(BLOCK_TYPES[name], blocks, 768)
+    x = torch.randn(rows, 768, generator=torch.Generator().manual_seed(rows))
+    with torch.inference_mode():
+        y = weight(x)
+    exact = x.double() @ w.double().T
+    assert y.shape == (rows, 45) and y.dtype == torch.float32
+    assert bool(((y.double() - exact).abs() <= dot_bound(x, w)).all())
+
+
+@needs_native
+@pytest.mark.parametrize("rows", [1, 4, 40])
+def test_bfloat16_inputs_are_within_bfloat16s_rounding(rows):
+    # Narrow: x (exact in float32) times the weights in float32, then one rounding of y to
+    # bf16 (2^-9 relative). Wide: the expanded weights rounded to bf16 too (2^-9 each) before
+    # a float32-accumulated matmul. Either way within (2^-8 + K u) sum |x w|.
+    blocks = random_blocks("Q4_K", 40, 512, seed=3)
+    w = dequantize_part(BLOCK_TYPES["Q4_K"], blocks, 512)
+    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(4)).bfloat16()
+    with torch.inference_mode():
+        y = GGUFWeight(blocks, "Q4_K", 512)(x)
+    assert y.dtype == torch.bfloat16
+    exact = x.double() @ w.double().T
+    bound = 2.0**-8 * (x.double().abs() @ w.double().abs().T) + dot_bound(x.float(), w)
+    assert bool(((y.double() - exact).abs() <= bound).all())
+
+
+@needs_native
+@pytest.mark.parametrize("rows", [1, 3, 40])
+def test_a_merged_weight_of_several_types_is_its_parts_side_by_side(rows):
+    # Q4_K_M files store a layer's q and k in Q4_K and its v in Q6_K: one packed weight.
+    names = ["Q4_K", "Q6_K", "Q8_0"]
+    parts = [
+        (n, random_blocks(n, r, 512, seed=i))
+        for i, (n, r) in enumerate(zip(names, [16, 8, 24], strict=True))
+    ]
+    merged = GGUFWeight.merged(parts)
+    assert merged.fmt == "Q4_K+Q6_K+Q8_0" and merged.out_features == 48
+    w = torch.cat([dequantize_part(BLOCK_TYPES[n], b, 512) for n, b in parts])
+    assert torch.equal(merged.dequantize(), w)
+    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        y = merged(x)
+        if rows < DENSE_FROM_ROWS:  # the same kernel per part, column by column
+            alone = torch.cat([GGUFWeight(b, n, 512)(x) for n, b in parts], dim=1)
+            assert torch.equal(y, alone)
+    assert bool(((y.double() - x.double() @ w.double().T).abs() <= dot_bound(x, w)).all())
+
+
+def test_the_torch_fallback_reads_every_type(monkeypatch):
+    from radixrt.layers import quantized
+
+    monkeypatch.setattr(quantized, "native_ops_loaded", lambda: False)
+    for name in ("Q4_K", "IQ4_XS", "Q5_1"):
+        blocks = random_blocks(name, 8, 256, seed=6)
+        weight = GGUFWeight(blocks, name, 256)
+        w = dequantize_part(BLOCK_TYPES[name], blocks, 256)
+        x = torch.randn(2, 256)
+        assert bool(
+            ((weight(x).double() - x.double() @ w.double().T).abs() <= dot_bound(x, w)).all()
+        )
+        assert torch.equal(weight.rows(torch.tensor([7, 1])), w[[7, 1]])
+
+
+def test_bad_types_and_widths_are_refused_by_name():
+    with pytest.raises(ValueError, match=r"GGUF block type must be one of \['IQ4_NL'"):
+        block_type("Q1_0")
+    with pytest.raises(ValueError, match="Q4_K needs in_features divisible by 256, got 576"):
+        GGUFWeight(torch.zeros(2, 324, dtype=torch.uint8), "Q4_K", 576)
+
+
+def test_the_forced_instruction_set_is_checked_by_name(monkeypatch):
+    monkeypatch.setenv(ISA_ENV, "avx9000")
+    with pytest.raises(ValueError, match=r"RADIXRT_CPU_ISA must be one of \['native', 'avx2'\]"):
+        forced_isa()
+
+
+@pytest.mark.slow
+@needs_native
+@pytest.mark.skipif(
+    "avx512f" not in cpu_flags() or forced_isa() == "avx2",
+    reason="this CPU has no AVX-512: the tests above already ran its AVX2 paths",
+)
+def test_the_avx2_paths_pass_the_same_tests_on_an_avx512_cpu():
+    # A second build of the kernels (cached like the first) with -mno-avx512f.
+    env = {**os.environ, ISA_ENV: "avx2"}
+    child = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__,
+         "-k", "not avx2_paths", "-m", "not gpu"],
+        env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert child.returncode == 0, child.stdout[-3000:] + child.stderr[-2000:]
+    assert " passed" in child.stdout
