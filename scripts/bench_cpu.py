@@ -3,7 +3,7 @@ seeded token-id workloads, each engine in its own process and virtual environmen
 time, with 2 threads each (docs/bench_cpu.md).
 
     python scripts/bench_cpu.py [--venvs DIR] [--engines radixrt,vllm,llamacpp,transformers]
-        [--workloads decode,prefill,unrelated,shared_prefix,long] [--quick]
+        [--workloads decode,prefill,unrelated,shared_prefix,long] [--quick] [--model-path F.gguf]
         [--radixrt-args "--quantization none"] [--radixrt-variant NAME=ARGS ...]
         [--rounds N] [--out results.json] [--markdown table.md]
 
@@ -156,8 +156,11 @@ def default_gguf() -> str:
 
 
 def ensure_hf_dir(gguf: str, venvs: Path) -> Path:
-    """The float32 HF folder vLLM and transformers load, dequantized once from the GGUF."""
-    out = venvs / "hf-models" / Path(gguf).stem
+    """The float32 HF folder vLLM and transformers load, dequantized once from the GGUF. Named
+    by the file and its folder: scripts/gguf_variants.py names each model's files by type alone
+    (Q4_K_M.gguf), in one folder per model."""
+    path = Path(gguf).resolve()
+    out = venvs / "hf-models" / f"{path.parent.name}-{path.stem}"
     if not (out / "config.json").exists():
         print(f"dequantizing {gguf} into {out} (once)", file=sys.stderr)
         cmd = [sys.executable, str(WORKERS), "convert", gguf, str(out)]
@@ -313,7 +316,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--engines", default=",".join(ENGINES))
     p.add_argument("--workloads", default=",".join(SHAPES))
     p.add_argument("--quick", action="store_true", help="shrink every workload (smoke run)")
-    p.add_argument("--gguf", help="the model (default: radixrt's default model)")
+    p.add_argument(
+        "--model-path",
+        "--gguf",
+        help="any GGUF file, e.g. from scripts/gguf_variants.py (default: radixrt's default "
+        "model); vLLM and transformers run its dequantized float32 copy",
+    )
     p.add_argument("--radixrt-args", default="", help="Engine flags, e.g. '--quantization none'")
     p.add_argument("--radixrt-variant", action="append", metavar="NAME=ARGS")
     p.add_argument("--vllm-dtype", default="bfloat16", choices=("bfloat16", "float32"))
@@ -335,7 +343,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     engines = args.engines.split(",")
     workloads = build_workloads(args.workloads.split(","), args.quick)
-    gguf = args.gguf or default_gguf()
+    gguf = args.model_path or default_gguf()
     venvs = Path(args.venvs).expanduser()
     longest = max(len(p) for w in workloads for p in w.prompts)
     spec: dict[str, Any] = {

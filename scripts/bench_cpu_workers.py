@@ -14,6 +14,7 @@ was asked raises; the driver reports its error instead of a figure.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import sys
@@ -135,7 +136,11 @@ def llamacpp_worker(spec: dict[str, Any]) -> dict[str, Any]:
         return [made for made, _ in done], sum(kept for _, kept in done)
 
     timed = time_workloads(spec, run)
-    dtype = "GGUF Q4_1" + ("" if spec["engine_args"].get("extra_bufts", True) else NO_EXTRA)
+    # The file's own type as llama.cpp names it (e.g. "llama ?B Q4_K - Medium"): any GGUF runs.
+    buf = ctypes.create_string_buffer(256)
+    llama_cpp.llama_model_desc(llm.model, buf, len(buf))
+    dtype = f"GGUF {buf.value.decode()}"
+    dtype += "" if spec["engine_args"].get("extra_bufts", True) else NO_EXTRA
     return {"version": llama_cpp.__version__, "dtype": dtype, "workloads": timed}
 
 
