@@ -40,9 +40,10 @@ def make_runner(
     dtype: torch.dtype = torch.float32,
     dense_copy_gb: float = 0,
     dense_copy_dtype: str = "bfloat16",
+    model_path: str | None = None,
 ) -> ModelRunner:
     model, cfg = load_model(
-        default_model_path(), dtype, "cpu", quantization=quantization,
+        model_path or default_model_path(), dtype, "cpu", quantization=quantization,
         dense_copy_gb=dense_copy_gb, dense_copy_dtype=dense_copy_dtype,
     )  # fmt: skip
     pool = KVPool(ROWS * ROW_LEN, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype, "cpu")

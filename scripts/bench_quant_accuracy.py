@@ -3,10 +3,15 @@ English passage, and how often each position's top token equals float32 `none`'s
 transformers-equal reference), teacher-forced in one prefill step (docs/quantization.md).
 
     python scripts/bench_quant_accuracy.py [--text FILE] [--threads 2]
+        [--model-path REFERENCE.gguf --model-path Q4_K_M.gguf ...]
 
 One prefill of the whole passage takes the wide-batch path (12+ rows): the dense copies, bf16
 or int8 (W8A8), where a setting keeps them. Settings: float32 none, float32 auto (the GGUF
 blocks), bfloat16 auto with bf16 copies (the default), bfloat16 auto with int8 copies.
+
+With --model-path (repeated): the first file in float32 `none` is the reference (an F32 or
+F16 GGUF of the model: scripts/gguf_variants.py writes one), and every file after it runs in
+float32 `auto`, its block types multiplied as stored: what each GGUF type costs in accuracy.
 """
 
 from __future__ import annotations
@@ -47,10 +52,20 @@ SETTINGS = [  # (name, dtype, quantization, dense copy dtype or None)
 ]
 
 
+def settings(paths: list[str]) -> list[tuple[str, torch.dtype, str, str | None, str | None]]:
+    """(name, dtype, quantization, copy dtype, model path) of each row of the table."""
+    if not paths:
+        return [(*setting, None) for setting in SETTINGS]
+    reference = [(f"{Path(paths[0]).name}, float32 none (reference)", torch.float32, "none")]
+    files = [(f"{Path(p).name}, float32 auto", torch.float32, "auto") for p in paths[1:]]
+    return [(*row, None, path) for row, path in zip(reference + files, paths, strict=True)]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--text", type=Path, help="a text file instead of the built-in passage")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--model-path", action="append", default=[], help="reference, then files")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     from radixrt.loader.tokenizer import load_tokenizer
@@ -66,10 +81,10 @@ def main() -> None:
     print("|---|---|---|")
     # Table row 0 of bench_cpu_step's runner, every position's logits but the last.
     step = SimpleStep([0], [0], [len(tokens)], tokens, list(range(len(tokens) - 1)))
-    for name, dtype, quantization, copy_dtype in SETTINGS:
+    for name, dtype, quantization, copy_dtype, path in settings(args.model_path):
         runner = make_runner(
             quantization, False, dtype, dense_copy_gb=1.0 if copy_dtype else 0.0,
-            dense_copy_dtype=copy_dtype or "bfloat16",
+            dense_copy_dtype=copy_dtype or "bfloat16", model_path=path,
         )  # fmt: skip
         with torch.no_grad():
             logits = runner.forward(step)

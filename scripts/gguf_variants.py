@@ -14,6 +14,7 @@ Models (--model):
   `--list` shows each file's types.
 - tiny, tiny-qwen2: random weights whose widths are multiples of 256, so every type is used
   in full, with SmolLM2's vocabulary and tokenizer (llama; qwen2 with q/k/v biases).
+- small: the same at a 0.25B model's widths (hidden 1024, 16 layers), for benchmarks.
 
 Files are cached under ~/.cache/radixrt/gguf-variants/ (RADIXRT_GGUF_VARIANTS), one folder per
 model keyed by the hash of the file it comes from (and, for the tiny ones, their shape): its
@@ -69,7 +70,12 @@ class TinySpec:
     seed: int = 0
 
 
-TINY = {"tiny": TinySpec("llama"), "tiny-qwen2": TinySpec("qwen2", seed=1)}
+TINY = {
+    "tiny": TinySpec("llama"),
+    "tiny-qwen2": TinySpec("qwen2", seed=1),
+    # For speed, not tests: every projection in K-quant blocks at a 0.25B model's widths.
+    "small": TinySpec("llama", hidden=1024, ffn=2816, layers=16, heads=16, kv_heads=4, seed=2),
+}
 MODELS = ("default", *TINY)
 
 
