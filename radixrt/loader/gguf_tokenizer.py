@@ -48,23 +48,14 @@ _GPT4O = (
     rf"|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*{_CONTRACTIONS}?"
     r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-_CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
-_DEEPSEEK_LETTERS = (
-    "\\s?[A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293"
-    "\u0295-\u02af\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c"
-    "\u038e-\u03a1\u03a3-\u03f5\u03f7-\u0481\u048a-\u052f\u0531-\u0556\u10a0-\u10c5"
-    "\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba\u1cbd-\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77"
-    "\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d\u1f50-\u1f57\u1f59"
-    "\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-\u1fc4\u1fc6-\u1fcc"
-    "\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc\u2102\u2107"
-    "\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139"
-    "\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee"
-    "\u2cf2\u2cf3\ua640-\ua66d\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e"
-    "\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f"
-    "\U000104b0-\U000104d3\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2"
-    "\U000118a0-\U000118df\U0001e900-\U0001e943]+"
+_CJK = "[一-龥ࠀ-一가-퟿]+"
+_DEEPSEEK_LETTERS = (  # as llama.cpp lists them
+    r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽ"
+    "ᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴ"
+    "ῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ"
+    "-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+"
 )
-_DEEPSEEK_PUNCT = "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+"
+_DEEPSEEK_PUNCT = r"\s?[!-/:-~！-／：-～‘-‟　-。]+"
 _DEFAULT = (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", "[0-9][0-9][0-9]")
 _STARCODER = (r"\p{N}", _GPT2)
 _PRE_GROUPS: list[tuple[tuple[str, ...], tuple[str, ...]]] = [
@@ -164,8 +155,8 @@ def build_gguf_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
     ValueError for another model, or for a pre-tokenizer not in PRE_SPLITS (unknown to
     llama.cpp too, or not yet written down here: give tokenizer_path instead).
     """
-    # The build makes a million tuples and strings in a row, which the cyclic garbage
-    # collector would scan over and over (0.2 s of Gemma 3's 1 s): none of them is garbage.
+    # The build makes half a million strings, tuples and arrays in a row, which the cyclic
+    # garbage collector would scan over and over (0.1 s for Gemma 3): none of them is garbage.
     collecting = gc.isenabled()
     gc.disable()
     try:
@@ -182,6 +173,8 @@ def _build(path: str | Path) -> PreTrainedTokenizerFast:
     if "" in tokens:  # llama.cpp's name for an empty token: the vocabulary needs distinct texts
         tokens = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
     ids = dict(zip(tokens, range(len(tokens)), strict=True))
+    if len(ids) < len(tokens):  # llama.cpp refuses such a file too
+        raise ValueError("GGUF vocabulary lists a token twice")
     if model == "gpt2":
         backend = _byte_level_bpe(meta, ids)
     elif model == "llama":
@@ -240,106 +233,129 @@ def _sentencepiece_bpe(meta: dict[str, Any], tokens: list[str], ids: dict[str, i
 
 
 def _score_merges(tokens: list[str], scores: np.ndarray) -> list[tuple[str, str]]:
-    """As BPE merges, llama.cpp's rule "any two neighbours whose joined text is a token join,
-    the best-scored token first": every cut of a token into two tokens, ranked by the token's
-    score (ties: lower id first, where llama.cpp takes the leftmost pair)."""
-    whole, left, right = _Cuts(tokens).into_tokens()
-    order = np.lexsort((whole, -scores[whole]))  # stable: a token's cuts stay left to right
-    pick = tokens.__getitem__
-    halves = zip(map(pick, left[order].tolist()), map(pick, right[order].tolist()), strict=True)
-    return list(halves)
+    """As BPE merges, llama.cpp's rule "two neighbours whose joined text is a token join, the
+    best-scored token first (the leftmost pair on a tie)".
+
+    Until a token forms, what happens inside its span does not depend on the text around it, so
+    llama.cpp forms each token by one merge only: the last one it makes on the token's own text.
+    Those merges, ranked by the token's score (ties: lower id first), tokenize as llama.cpp does;
+    every cut of every token would too, but Gemma 3 has twice as many (514k against 236k), a
+    quarter of a second more for tokenizers to build.
+    """
+    whole, left, right = _forming_merges(_Texts(tokens), scores)
+    order = np.lexsort((whole, -scores[whole]))
+    texts = np.array(tokens, dtype=object)  # picks the halves' texts faster than a list does
+    return list(zip(texts[left[order]].tolist(), texts[right[order]].tolist(), strict=True))
 
 
-class _Cuts:
-    """Every cut of every token in two, and which of the halves are tokens themselves.
+def _forming_merges(texts: _Texts, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(token, left, right) ids of the merge that forms each token as llama.cpp tokenizes the
+    token's own text (for the tokens it forms). All texts at once, a merge in each per round;
+    a boundary between two symbols is kept as its position and the symbols' outer ends."""
+    count = np.maximum(texts.lengths - 1, 0)
+    owner = np.repeat(np.arange(count.size, dtype=np.int32), count)
+    first_cut = np.repeat(np.cumsum(count, dtype=np.int32) - count, count)
+    at = texts.starts[owner] + 1 + np.arange(owner.size, dtype=np.int32) - first_cut
+    before, after = at - 1, at + 1
+    score = texts.scores(scores, before, after)
+    last = np.full((3, count.size), -1, np.int32)  # (before, at, after) of each last merge
+    while owner.size:
+        is_first = _run_starts(owner)
+        firsts = np.flatnonzero(is_first)
+        best = np.maximum.reduceat(score, firsts)  # of each text, for each of its boundaries:
+        best = np.repeat(best, np.diff(firsts, append=owner.size))
+        going = best > -np.inf  # no pair is a token: llama.cpp stops there too
+        winners = np.flatnonzero(going & (score == best))
+        merged = winners[_run_starts(owner[winners])]  # the leftmost of each text
+        last[:, owner[merged]] = before[merged], at[merged], after[merged]
+        left = merged[~is_first[merged]] - 1  # the neighbours take in the merged symbol
+        right = merged + 1
+        right = right[right < owner.size]
+        right = right[~is_first[right]]
+        after[left] = after[left + 1]
+        before[right] = before[right - 1]
+        changed = np.concatenate([left, right])
+        score[changed] = texts.scores(scores, before[changed], after[changed])
+        going[merged] = False
+        kept = np.flatnonzero(going)
+        owner, at, before, after = owner[kept], at[kept], before[kept], after[kept]
+        score = score[kept]
+    formed = np.flatnonzero((last[0] == texts.starts) & (last[2] == texts.ends))
+    left = texts.find(last[0, formed], last[1, formed])
+    right = texts.find(last[1, formed], last[2, formed])
+    keep = (left >= 0) & (right >= 0)  # a character outside the vocabulary has no id
+    return formed[keep], left[keep], right[keep]
 
-    1.2M cuts for Gemma 3's 262k tokens: a Python loop over them took over a second, so the
-    halves are compared by hash, with numpy, all at once. Each substring gets two 64-bit
-    polynomial hashes (wrapping uint64 arithmetic): the first finds a token, the second checks
-    it, so a false match needs two collisions at once.
+
+def _run_starts(keys: np.ndarray) -> np.ndarray:
+    """Where each run of equal keys starts (True there)."""
+    starts = np.ones(keys.size, bool)
+    starts[1:] = keys[1:] != keys[:-1]
+    return starts
+
+
+class _Texts:
+    """The tokens' texts joined, and which token a slice of them is, for a million slices at
+    once (numpy; a Python loop over Gemma 3's 1.2M cuts took over a second).
+
+    A slice is known by its 64-bit polynomial hash (wrapping uint64 arithmetic) and length: two
+    texts of a length collide by chance once in 2**64, and texts crafted to collide (Thue-Morse,
+    thousands of characters long) could only make a vocabulary file tokenize itself wrongly.
+    A token's id is in a table of 2**22 slots addressed by the top bits of its hash times an odd
+    constant (short texts hash to small numbers); the 4% whose slot was taken are in a sorted
+    array (np.searchsorted alone took ten times as long).
     """
 
-    _BASES = (0x100000001B3, 0x5851F42D4C957F2D)  # odd: invertible modulo 2**64
+    _BASE, _MIXER, _BITS = 0x5851F42D4C957F2D, np.uint64(0x9E3779B97F4A7C15), 22  # odd, odd
 
     def __init__(self, tokens: list[str]) -> None:
-        self.lengths = np.fromiter(map(len, tokens), np.int64, len(tokens))
-        self.ends = np.cumsum(self.lengths)
+        # int32 positions: half the memory (and page faults) of int64, for 1.5M characters
+        self.lengths = np.fromiter(map(len, tokens), np.int32, len(tokens))
+        self.ends = np.cumsum(self.lengths, dtype=np.int32)
         self.starts = self.ends - self.lengths
         codes = np.frombuffer("".join(tokens).encode("utf-32-le"), np.uint32) + np.uint64(1)
-        self._tables = [self._prefix_hashes(codes, base) for base in self._BASES]
-        self.whole = [self._hash(i, self.starts, self.ends) for i in range(len(self._BASES))]
-        self._index = _HashIndex(self.whole[0])
+        # prefix[i] = sum(codes[j] * base**j for j < i), and base**-i
+        powers = np.full(codes.size + 1, self._BASE, np.uint64)
+        self.inverses = np.full(codes.size + 1, pow(self._BASE, -1, 1 << 64), np.uint64)
+        powers[0] = self.inverses[0] = 1
+        powers, self.inverses = np.cumprod(powers), np.cumprod(self.inverses)
+        self.prefix = np.zeros(codes.size + 1, np.uint64)
+        np.cumsum(codes * powers[:-1], out=self.prefix[1:])
+        self.keys = self._hash(self.starts, self.ends)
+        at = self._slot(self.keys)
+        self.slots = np.full(1 << self._BITS, -1, np.int32)
+        self.slots[at] = np.arange(len(tokens))
+        lost = np.flatnonzero(self.slots[at] != np.arange(len(tokens)))
+        self.crowded = np.zeros(1 << self._BITS, bool)
+        self.crowded[at[lost]] = True
+        order = np.argsort(self.keys[lost])
+        self.lost_keys, self.lost_ids = self.keys[lost][order], lost[order]
 
-    @staticmethod
-    def _prefix_hashes(codes: np.ndarray, base: int) -> tuple[np.ndarray, np.ndarray]:
-        """(sum of codes[j] * base**j for j < i, base**-i) for every i: a substring's hash is
-        then (prefix[end] - prefix[start]) * base**-start."""
-        powers = np.full(codes.size + 1, base, np.uint64)
-        inverses = np.full(codes.size + 1, pow(base, -1, 1 << 64), np.uint64)
-        powers[0] = inverses[0] = 1
-        powers, inverses = np.cumprod(powers), np.cumprod(inverses)
-        prefix = np.zeros(codes.size + 1, np.uint64)
-        np.cumsum(codes * powers[:-1], out=prefix[1:])
-        return prefix, inverses
+    def _hash(self, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+        return (self.prefix[end] - self.prefix[start]) * self.inverses[start]
 
-    def _hash(self, which: int, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-        prefix, inverses = self._tables[which]
-        return (prefix[end] - prefix[start]) * inverses[start]
+    def _slot(self, keys: np.ndarray) -> np.ndarray:
+        # as int64 by a view: indexing converts a uint64 array with a copy
+        return ((keys * self._MIXER) >> np.uint64(64 - self._BITS)).view(np.int64)
 
     def find(self, start: np.ndarray, end: np.ndarray) -> np.ndarray:
         """The id of the token whose text is text[start:end], or -1, for each pair."""
-        ids = self._index.find(self._hash(0, start, end))
-        return np.where(self.whole[1][ids] == self._hash(1, start, end), ids, -1)
-
-    def into_tokens(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(token, left, right) ids of each cut whose two halves are tokens."""
-        count = np.maximum(self.lengths - 1, 0)
-        whole = np.repeat(np.arange(count.size), count)
-        first = np.repeat(np.cumsum(count) - count, count)  # index of each token's first cut
-        cut = self.starts[whole] + 1 + np.arange(whole.size) - first
-        left = self.find(self.starts[whole], cut)
-        keep = left >= 0
-        whole, cut, left = whole[keep], cut[keep], left[keep]
-        right = self.find(cut, self.ends[whole])
-        keep = right >= 0
-        return whole[keep], left[keep], right[keep]
-
-
-class _HashIndex:
-    """Position of each of distinct uint64 keys: a table of 2**22 slots, addressed by the top
-    bits of the key times an odd constant (the polynomial hashes of short texts are small
-    numbers), and a sorted array of the few keys (3%) that found their slot taken.
-    (np.searchsorted alone took 0.4 s for Gemma 3's 2.4M lookups, this a tenth of that.)"""
-
-    _BITS = 22
-    _MIXER = np.uint64(0x9E3779B97F4A7C15)
-
-    def __init__(self, keys: np.ndarray) -> None:
-        self.keys = keys
-        at = self._slot(keys)
-        self.slots = np.full(1 << self._BITS, -1, np.int64)
-        self.slots[at] = np.arange(keys.size)
-        lost = np.flatnonzero(self.slots[at] != np.arange(keys.size))
-        self.crowded = np.zeros(1 << self._BITS, bool)
-        self.crowded[at[lost]] = True
-        order = np.argsort(keys[lost])
-        self.lost_keys, self.lost_ids = keys[lost][order], lost[order]
-
-    def _slot(self, keys: np.ndarray) -> np.ndarray:
-        return (keys * self._MIXER) >> np.uint64(64 - self._BITS)
-
-    def find(self, queries: np.ndarray) -> np.ndarray:
-        """The position of each query among the keys, or -1."""
-        at = self._slot(queries)
+        key = self._hash(start, end)
+        at = self._slot(key)
         ids = self.slots[at]
-        found = np.where(self.keys[ids] == queries, ids, -1)  # keys[-1] on an empty slot: -1
+        found = np.where(self.keys[ids] == key, ids, -1)  # keys[-1] on an empty slot: -1
         retry = np.flatnonzero((found < 0) & self.crowded[at])
         if retry.size and self.lost_keys.size:
-            near = np.searchsorted(self.lost_keys, queries[retry])
+            near = np.searchsorted(self.lost_keys, key[retry])
             near = np.minimum(near, self.lost_keys.size - 1)
-            hit = self.lost_keys[near] == queries[retry]
+            hit = self.lost_keys[near] == key[retry]
             found[retry[hit]] = self.lost_ids[near[hit]]
-        return found
+        return np.where(self.lengths[found] == end - start, found, -1)
+
+    def scores(self, scores: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+        """The score of the token text[start:end] is, or -inf where it is none."""
+        ids = self.find(start, end)
+        return np.where(ids >= 0, scores[ids], -np.inf)
 
 
 def _token_types(meta: dict[str, Any], ids: dict[str, int]) -> np.ndarray:

@@ -14,6 +14,7 @@ data files are the .gguf cut in four); its tests skip if it cannot be fetched.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -25,6 +26,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from radixrt.loader import gguf_tokenizer
@@ -285,18 +287,49 @@ def test_unsupported_files_say_so(default_gguf, tmp_path):
         load_tokenizer(str(t5))
 
 
-def test_cuts_equal_a_plain_search():
+def spm(text: str, ids: dict[str, int], scores: list[float]) -> tuple[list[str], Any]:
+    """llama.cpp's SentencePiece tokenizer on `text`, written plainly: pairs whose joined text is
+    a token join, best score first, leftmost on a tie. The symbols left, and the last merge."""
+    symbols, merge = list(text), None
+    while True:
+        pairs = [(i, ids.get(a + b)) for i, (a, b) in enumerate(itertools.pairwise(symbols))]
+        scored = [(-scores[t], i) for i, t in pairs if t is not None]
+        if not scored:
+            return symbols, merge
+        _, i = min(scored)
+        merge = (symbols[i], symbols[i + 1])
+        symbols[i : i + 2] = ["".join(merge)]
+
+
+def random_vocabulary(rng: random.Random) -> list[str]:
+    words = ("".join(rng.choices("ab▁c", k=rng.randint(1, 7))) for _ in range(60))
+    return list(dict.fromkeys([*"ab▁c", *words]))
+
+
+def test_forming_merges_equal_a_plain_simulation():
     rng = random.Random(0)
-    tokens = list(
-        dict.fromkeys("".join(rng.choices("abé▁日", k=rng.randint(1, 6))) for _ in range(400))
-    )
-    whole, left, right = gguf_tokenizer._Cuts(tokens).into_tokens()
-    found = set(zip(whole.tolist(), left.tolist(), right.tolist(), strict=True))
-    ids = {t: i for i, t in enumerate(tokens)}
-    expected = {
-        (i, ids[t[:k]], ids[t[k:]])
-        for i, t in enumerate(tokens)
-        for k in range(1, len(t))
-        if t[:k] in ids and t[k:] in ids
-    }
-    assert found == expected and expected
+    for _ in range(20):
+        tokens = random_vocabulary(rng)
+        scores = [float(rng.randint(-5, 0)) for _ in tokens]  # ties, in no particular order
+        ids = {t: i for i, t in enumerate(tokens)}
+        found = gguf_tokenizer._forming_merges(gguf_tokenizer._Texts(tokens), np.array(scores))
+        ours = {tokens[w]: (tokens[a], tokens[b]) for w, a, b in zip(*found, strict=True)}
+        expected = {t: spm(t, ids, scores) for t in tokens if len(t) > 1}
+        assert ours == {t: merge for t, (symbols, merge) in expected.items() if symbols == [t]}
+
+
+def test_forming_merges_tokenize_as_llama_cpp():
+    """One merge per token is enough: on random texts, the BPE of those merges ends where the
+    plain simulation does (scores distinct: where two tokens tie, tokenizers goes by rank and
+    llama.cpp by position)."""
+    from tokenizers import models
+
+    rng = random.Random(1)
+    for _ in range(20):
+        tokens = random_vocabulary(rng)
+        scores = [float(s) for s in rng.sample(range(1000), len(tokens))]
+        ids = {t: i for i, t in enumerate(tokens)}
+        bpe = models.BPE(ids, gguf_tokenizer._score_merges(tokens, np.array(scores)))
+        for _ in range(50):
+            text = "".join(rng.choices("ab▁c", k=rng.randint(1, 30)))
+            assert [t.value for t in bpe.tokenize(text)] == spm(text, ids, scores)[0], text
