@@ -70,13 +70,13 @@ class TinySpec:
     seed: int = 0
 
 
-TINY = {
-    "tiny": TinySpec("llama"),
-    "tiny-qwen2": TinySpec("qwen2", seed=1),
-    # For speed, not tests: every projection in K-quant blocks at a 0.25B model's widths.
+TINY = {"tiny": TinySpec("llama"), "tiny-qwen2": TinySpec("qwen2", seed=1)}
+MODELS = ("default", *TINY)  # the ones tests compare with llama.cpp
+# For speed, not tests: every projection in K-quant blocks at a 0.25B model's widths.
+RANDOM = {
+    **TINY,
     "small": TinySpec("llama", hidden=1024, ffn=2816, layers=16, heads=16, kv_heads=4, seed=2),
 }
-MODELS = ("default", *TINY)
 
 
 # -- reading files ------------------------------------------------------------------------------
@@ -235,7 +235,7 @@ def model_dir(model: str = "default") -> Path:
     base = file_key(_default_path())
     if model == "default":
         return CACHE / f"default-{base}"
-    spec_key = hashlib.sha256(f"{base} {TINY[model]}".encode()).hexdigest()[:16]
+    spec_key = hashlib.sha256(f"{base} {RANDOM[model]}".encode()).hexdigest()[:16]
     return CACHE / f"{model}-{spec_key}"
 
 
@@ -247,13 +247,13 @@ def source_f32(model: str = "default") -> Path:
         if model == "default":
             write_f32_copy(_default_path(), dst)
         else:
-            write_tiny(TINY[model], dst)
+            write_tiny(RANDOM[model], dst)
     return dst
 
 
 def variant(qtype: str, model: str = "default") -> Path:
     """The model quantized by llama.cpp into qtype (one of QTYPES), made once."""
-    if qtype not in QTYPES or model not in MODELS:
+    if qtype not in QTYPES or model not in ("default", *RANDOM):
         raise ValueError(f"unknown variant {model}/{qtype}; types {QTYPES}, models {MODELS}")
     dst = model_dir(model) / f"{qtype}.gguf"
     if not dst.exists():
@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--list", action="store_true", help="every variant: made or not, its types")
     p.add_argument("command", nargs="?", choices=("make",))
     p.add_argument("qtype", nargs="?", choices=(*QTYPES, "all"))
-    p.add_argument("--model", choices=MODELS, default="default")
+    p.add_argument("--model", choices=("default", *RANDOM), default="default")
     p.add_argument("--tiny", action="store_true", help="same as --model tiny")
     args = p.parse_args(argv)
     if args.list:

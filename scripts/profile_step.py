@@ -85,12 +85,14 @@ def one_sequence(prefix: int, new: int) -> SimpleStep:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    parser.add_argument("--model-path", default=None, help="a GGUF file (default model if unset)")
     parser.add_argument("--rows", type=int, default=8, help="operators listed per table")
     parser.add_argument("--compile", action="store_true", help="eager vs torch.compile")
     parser.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "int4"])
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
-    model, cfg = load_model(default_model_path(), dtype, "cpu", quantization=args.quantization)
+    path = args.model_path or default_model_path()
+    model, cfg = load_model(path, dtype, "cpu", quantization=args.quantization)
     if args.compile:
         compare_compile(model, cfg, dtype)
         return

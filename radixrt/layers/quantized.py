@@ -34,6 +34,9 @@ from radixrt.server_args import DENSE_COPY_DTYPES
 
 BLOCK = 32  # the block of `quantize`'s two formats
 PACKED = 0  # the native layer stack's kind for a packed projection (-1: dense)
+# Narrow steps of up to this many rows round x to int8 and multiply in integers, as llama.cpp
+# does (native/csrc/gguf_dot8.cpp); more rows, or 0 (GGUFWeight.int8_rows), keep x in float32.
+INT8_ROWS = 8
 # Inputs of at least this many rows (prefill chunks) expand the weights to float32 once per
 # call and use the BLAS matmul: there the step is compute-bound (scripts/bench_gguf_linear.py).
 DENSE_FROM_ROWS = 32
@@ -70,6 +73,7 @@ class GGUFWeight(nn.Module):
         self.types = tuple(t.name for t, _ in parts)
         self.fmt = "+".join(dict.fromkeys(self.types))  # the distinct types, in order
         self.kind = PACKED  # the native layer stack's tag for a packed projection
+        self.int8_rows = INT8_ROWS  # the loader sets --cpu-gguf-int8-rows
         self.in_features, self.out_features = in_features, sum(b.shape[0] for _, b in parts)
         # Decided here, not per call: torch.compile must not trace the loader's file checks.
         self.native = native_ops_loaded()
@@ -97,13 +101,13 @@ class GGUFWeight(nn.Module):
             # The common case without the reshapes and casts: ~5 dispatches per call add up
             # to a millisecond over a batch-1 step's 121 matmuls.
             return torch.ops.radixrt.gguf_linear.default(
-                x, self.packed, self.out_features, DENSE_FROM_ROWS
+                x, self.packed, self.out_features, DENSE_FROM_ROWS, self.int8_rows
             )
         flat = x.reshape(-1, self.in_features)
         if self.native and flat.device.type == "cpu":
             flat = flat if native_dtype else flat.float()
             y = torch.ops.radixrt.gguf_linear.default(
-                flat, self.packed, self.out_features, DENSE_FROM_ROWS
+                flat, self.packed, self.out_features, DENSE_FROM_ROWS, self.int8_rows
             )
         else:
             y = dense_linear(flat.float(), self.dequantize().to(flat.device))
@@ -190,8 +194,8 @@ def native_ops_loaded() -> bool:
 def _register_fakes() -> None:
     # Output shapes without running the kernels: what torch.compile traces the ops with.
     @torch.library.register_fake("radixrt::gguf_linear")
-    def _(x: torch.Tensor, packed: torch.Tensor, out_features: int, rows: int) -> torch.Tensor:
-        return x.new_empty(x.shape[0], out_features)
+    def _(x: torch.Tensor, packed: torch.Tensor, out: int, dense: int, int8: int) -> torch.Tensor:
+        return x.new_empty(x.shape[0], out)
 
     @torch.library.register_fake("radixrt::gguf_rows")
     def _(packed: torch.Tensor, ids: torch.Tensor, in_features: int) -> torch.Tensor:

@@ -13,6 +13,7 @@ from transformers import AutoConfig, PretrainedConfig
 
 from radixrt.distributed import TPGroup
 from radixrt.layers.config import TransformerConfig
+from radixrt.layers.quantized import INT8_ROWS, GGUFWeight
 from radixrt.layers.sharding import CheckpointTensor
 from radixrt.loader.hf_config import architecture_of, eos_token_ids, resolve_dtype
 from radixrt.loader.quantize import (
@@ -39,16 +40,18 @@ def load_model(
     quantization: str = "none",
     dense_copy_gb: float = 0.0,
     dense_copy_dtype: str = "bfloat16",
+    int8_rows: int = INT8_ROWS,
 ) -> tuple[CausalLM, TransformerConfig]:
     """Build the model for `model_path` and load its weights, in `dtype` on `device`.
 
     `dtype` may also be a name or "auto" (see `resolve_dtype`). `dense_copy_gb`: the GiB that
     copies of packed weights in `dense_copy_dtype` (bfloat16 or int8) may take for wide batches
-    on the CPU (see `keep_dense_copies`; 0: none). Returns the model in eval mode, without
-    gradients. With a tensor-parallel `group` of more than one rank the model is this
-    rank's part (see docs/tensor_parallel.md), and only its shards are read: slices of the
-    safetensors files, or slices of each GGUF tensor once dequantized. The returned config
-    (the model's own, with the EOS ids and dtype) describes the whole model;
+    on the CPU (see `keep_dense_copies`; 0: none). Packed weights multiply steps of up to
+    `int8_rows` rows with int8 activations (GGUFWeight.int8_rows; 0: never). Returns the
+    model in eval mode, without gradients. With a tensor-parallel `group` of more than one
+    rank the model is this rank's part (see docs/tensor_parallel.md), and only its shards are
+    read: slices of the safetensors files, or slices of each GGUF tensor once dequantized. The
+    returned config (the model's own, with the EOS ids and dtype) describes the whole model;
     `model.num_local_kv_heads` is what the rank's KV pool holds.
     Raises FileNotFoundError naming the path for a missing path, a folder without config.json
     or without weight files; ValueError for an unsupported architecture or config field (or
@@ -77,6 +80,9 @@ def load_model(
     model.load_weights(checkpoint.weights(packed))
     model.eval().requires_grad_(False)
     apply_quantization(model, quantization)
+    for weight in model.modules():
+        if isinstance(weight, GGUFWeight):
+            weight.int8_rows = int8_rows
     if resolved == torch.bfloat16 and torch.device(device).type == "cpu":
         keep_dense_copies(model, dense_copy_gb, dense_copy_dtype)
     elif dense_copy_dtype != "bfloat16":  # asked for W8A8 copies where none are kept

@@ -25,7 +25,7 @@ from radixrt.layers.attention import RotaryAttention
 from radixrt.layers.decoder import DecoderLayer
 from radixrt.layers.linear import PackableLinear
 from radixrt.layers.mlp import GatedMLP
-from radixrt.layers.quantized import COPY_FROM_ROWS, DENSE_FROM_ROWS
+from radixrt.layers.quantized import COPY_FROM_ROWS, DENSE_FROM_ROWS, INT8_ROWS
 from radixrt.native.build import load_native
 
 if TYPE_CHECKING:
@@ -60,6 +60,8 @@ class NativeLayerStack:
         self.weights.append(final_norm.weight)
         self.weight_dtypes = dtypes | {final_norm.weight.dtype}
         self.quantized = any(kind != DENSE for kind in self.kinds)
+        packed = [p.packed for layer in layers for p in _projections(layer) if p.packed]
+        self.int8_rows = packed[0].int8_rows if packed else INT8_ROWS  # one value per model
         self.num_heads = layers[0].self_attn.num_heads
         self.scaling = layers[0].self_attn.scaling
         self.eps = final_norm.eps
@@ -113,8 +115,13 @@ class NativeLayerStack:
             pool.k_buffer, pool.v_buffer,
             batch.out_cache_loc, plan.qo_indptr, plan.kv_indptr, plan.kv_indices,
             [c.rows for c in plan.cascades], [c.prefix_slots for c in plan.cascades],
-            self.num_heads, self.eps, self.scaling, DENSE_FROM_ROWS, COPY_FROM_ROWS,
+            self.num_heads, self.eps, self.scaling, DENSE_FROM_ROWS, COPY_FROM_ROWS, self.int8_rows,
         )  # fmt: skip
+
+
+def _projections(layer: DecoderLayer) -> tuple[PackableLinear, ...]:
+    attn, mlp = layer.self_attn, layer.mlp
+    return (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
 
 
 def _norms(layer: DecoderLayer) -> tuple[RMSNorm, RMSNorm]:

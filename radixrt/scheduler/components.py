@@ -90,6 +90,7 @@ def build_components(
     model, cfg = load_model(
         model_path, dtype, device, group, quantization=args.quantization,
         dense_copy_gb=args.cpu_dense_copy_gb, dense_copy_dtype=args.cpu_dense_copy_dtype,
+        int8_rows=args.cpu_gguf_int8_rows,
     )  # fmt: skip
     kv_heads = model.num_local_kv_heads
     context_length = args.context_length or cfg.max_position_embeddings

@@ -5,6 +5,10 @@ only difference left is float32 summation order: logits agree to LOGIT_ATOL, and
 agree except after a near-tie (hf_reference.TIE_GAP). For the default model, `auto` runs the
 GGUF file's own Q4_1/Q8_0 blocks, which are what transformers dequantizes when it loads the
 file: the plain GGUF reference is the reference.
+
+These run with float32 activations (int8_rows / cpu_gguf_int8_rows 0): the default rounds a
+narrow step's activations to int8, as llama.cpp does, and tests/e2e/test_gguf_llamacpp.py
+holds that default to llama.cpp's greedy tokens on the same files.
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ def test_quantized_tiny_model_matches_transformers_on_its_dequantized_weights(
 
     path = str(tiny_model_dir(arch, **TINY_OVERRIDES.get(arch, {})))
     hf = dequantized_reference(AutoModelForCausalLM.from_pretrained(path).eval(), fmt)
-    model, cfg = load_model(path, torch.float32, "cpu", quantization=fmt)
+    model, cfg = load_model(path, torch.float32, "cpu", quantization=fmt, int8_rows=0)
     assert any(m.__class__.__name__ == "GGUFWeight" for m in model.modules())
     tokens = prompt_sets(cfg.vocab_size)["mixed"][1]
     ours = prefill_logits(model, cfg, tokens)
@@ -70,6 +74,7 @@ def test_quantized_tiny_model_matches_transformers_on_its_dequantized_weights(
     assert (ours - ref).abs().max() < LOGIT_ATOL
     engine = radixrt.Engine(
         model_path=path, quantization=fmt, dtype="float32", device="cpu", in_process=True,
+        cpu_gguf_int8_rows=0,
         skip_tokenizer_init=True, enable_kv_checks=True, chunked_prefill_size=7,
         max_total_tokens=4096,
     )  # fmt: skip
@@ -98,7 +103,7 @@ def test_bfloat16_packed_model_is_within_bfloat16s_rounding_of_transformers(
     path = str(tiny_model_dir("llama"))
     hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
     hf = dequantized_reference(hf_model, fmt)
-    model, cfg = load_model(path, torch.bfloat16, "cpu", quantization=fmt)
+    model, cfg = load_model(path, torch.bfloat16, "cpu", quantization=fmt, int8_rows=0)
     assert any(m.__class__.__name__ == "GGUFWeight" for m in model.modules())
     gen = torch.Generator().manual_seed(3)
     tokens = torch.randint(0, cfg.vocab_size, (40,), generator=gen).tolist()
@@ -139,7 +144,7 @@ def test_int8_copies_are_within_bfloat16s_rounding_of_transformers_on_their_weig
                 module.weight = torch.nn.Parameter(w)
     hf.config.tie_word_embeddings = False
     model, cfg = load_model(
-        path, torch.bfloat16, "cpu", quantization="int4", dense_copy_gb=1.0,
+        path, torch.bfloat16, "cpu", quantization="int4", dense_copy_gb=1.0, int8_rows=0,
         dense_copy_dtype="int8",
     )  # fmt: skip
     assert model.lm_head.packed.dense.dtype == torch.int8
@@ -159,6 +164,7 @@ def test_auto_on_the_default_model_runs_the_files_blocks_and_matches_transformer
     path = default_model_path()
     engine = radixrt.Engine(
         model_path=path, tokenizer_path=default_tokenizer_dir, dtype="float32", device="cpu",
+        cpu_gguf_int8_rows=0,
         in_process=True, enable_kv_checks=True, page_size=16, chunked_prefill_size=7,
         max_total_tokens=8192,
     )  # fmt: skip

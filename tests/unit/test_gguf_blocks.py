@@ -53,6 +53,17 @@ def dot_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return x.shape[1] * UNIT * (x.double().abs() @ w.double().abs().T)
 
 
+def int8_bound(x: torch.Tensor, w: torch.Tensor, group: int) -> torch.Tensor:
+    """The int8 kernel's bound: x is rounded to int8 per block of `group` inputs, step
+    max|x| / 127, so each x_j moves by at most half a step and the product by that times the
+    block's |w_j|; the integer sums are exact and the float steps (one per block) are within
+    the float32 bound, doubled for x's rounded values."""
+    rows, k = x.shape
+    half_step = x.abs().reshape(rows, k // group, group).amax(-1).double() / 254
+    w_abs = w.double().abs().reshape(w.shape[0], k // group, group).sum(-1)
+    return half_step @ w_abs.T + 2 * dot_bound(x, w)
+
+
 @needs_native
 @pytest.mark.parametrize("name", TYPES)
 def test_native_dequantization_is_gguf_pys_bit_for_bit(name):
@@ -80,12 +91,13 @@ def test_a_real_files_tensors_dequantize_as_gguf_py_reads_them():
 @needs_native
 @pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, DENSE_FROM_ROWS, 70])
-def test_each_matmul_is_within_float32_rounding_of_float64(name, rows):
-    # 1-8 rows: the sub-block kernel, several input rows per pass; from DENSE_FROM_ROWS on,
-    # tiles expanded for oneDNN. Outputs are of both signs and cancel, hence the per-output
-    # bound on the sum of |products| rather than a bound relative to the output.
+def test_each_float_matmul_is_within_float32_rounding_of_float64(name, rows):
+    # With float32 activations (int8_rows 0): 1-31 rows the sub-block kernel, several input
+    # rows per pass; from DENSE_FROM_ROWS on, tiles expanded for oneDNN. Outputs of both signs
+    # cancel, hence the per-output bound on the sum of |products|, not one relative to y.
     blocks = random_blocks(name, 45, 768, seed=rows)
     weight = GGUFWeight(blocks, name, 768)
+    weight.int8_rows = 0
     w = dequantize_part(BLOCK_TYPES[name], blocks, 768)
     x = torch.randn(rows, 768, generator=torch.Generator().manual_seed(rows))
     with torch.inference_mode():
@@ -93,6 +105,27 @@ def test_each_matmul_is_within_float32_rounding_of_float64(name, rows):
     exact = x.double() @ w.double().T
     assert y.shape == (rows, 45) and y.dtype == torch.float32
     assert bool(((y.double() - exact).abs() <= dot_bound(x, w)).all())
+
+
+@needs_native
+@pytest.mark.parametrize("name", TYPES)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8])
+def test_each_int8_matmul_is_within_its_activation_rounding(name, rows):
+    # The default for narrow steps: x rounded to int8 per 32 (per 256 for the K-quants).
+    t = BLOCK_TYPES[name]
+    blocks = random_blocks(name, 45, 768, seed=rows)
+    weight = GGUFWeight(blocks, name, 768)
+    assert weight.int8_rows >= rows
+    w = dequantize_part(t, blocks, 768)
+    x = torch.randn(rows, 768, generator=torch.Generator().manual_seed(rows))
+    x[0, 5] = 40.0  # an outlier: its block's step is large
+    with torch.inference_mode():
+        y = weight(x)
+    error = (y.double() - x.double() @ w.double().T).abs()
+    assert bool((error <= int8_bound(x, w, t.weights)).all())
+    # Not the float kernel's result: the int8 rounding shows (a test that can fail).
+    weight.int8_rows = 0
+    assert not torch.equal(y, weight(x))
 
 
 @needs_native
@@ -126,11 +159,15 @@ def test_a_merged_weight_of_several_types_is_its_parts_side_by_side(rows):
     w = torch.cat([dequantize_part(BLOCK_TYPES[n], b, 512) for n, b in parts])
     assert torch.equal(merged.dequantize(), w)
     x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(5))
+    alone = [GGUFWeight(b, n, 512) for n, b in parts]
     with torch.inference_mode():
-        y = merged(x)
-        if rows < DENSE_FROM_ROWS:  # the same kernel per part, column by column
-            alone = torch.cat([GGUFWeight(b, n, 512)(x) for n, b in parts], dim=1)
-            assert torch.equal(y, alone)
+        if rows < DENSE_FROM_ROWS:  # the same kernel per part, column by column, int8 or not
+            for int8_rows in (8, 0):
+                for weight in (merged, *alone):
+                    weight.int8_rows = int8_rows
+                y = merged(x)
+                assert torch.equal(y, torch.cat([a(x) for a in alone], dim=1))
+        y = merged(x)  # float32 activations
     assert bool(((y.double() - x.double() @ w.double().T).abs() <= dot_bound(x, w)).all())
 
 

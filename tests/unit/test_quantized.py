@@ -83,6 +83,7 @@ def test_native_matmul_matches_the_float_reference(fmt, rows):
     # rows < DENSE_FROM_ROWS: the block kernel (1-4 rows at a time); from it on: expand + BLAS.
     w = _weights(40, 160, seed=rows)
     weight = GGUFWeight(quantize(w, fmt), fmt, 160)
+    weight.int8_rows = 0  # float32 activations (test_gguf_blocks.py bounds the int8 ones)
     x = torch.randn(rows, 160, generator=torch.Generator().manual_seed(7))
     ref = x.double() @ weight.dequantize().double().T
     y = weight(x)
@@ -135,11 +136,11 @@ def test_native_op_names_bad_arguments():
     blocks = quantize(_weights(4, 64), "int4")
     packed = GGUFWeight(blocks, "int4", 64).packed
     with pytest.raises(RuntimeError, match="must be a packed uint8 tensor"):
-        torch.ops.radixrt.gguf_linear(torch.randn(1, 64), blocks, 4, 32)
+        torch.ops.radixrt.gguf_linear(torch.randn(1, 64), blocks, 4, 32, 8)
     with pytest.raises(RuntimeError, match="x has 96 features, the weight 64"):
-        torch.ops.radixrt.gguf_linear(torch.randn(1, 96), packed, 4, 32)
+        torch.ops.radixrt.gguf_linear(torch.randn(1, 96), packed, 4, 32, 8)
     with pytest.raises(RuntimeError, match="the weight has 4 rows, not 5"):
-        torch.ops.radixrt.gguf_linear(torch.randn(1, 64), packed, 5, 32)
+        torch.ops.radixrt.gguf_linear(torch.randn(1, 64), packed, 5, 32, 8)
 
 
 @needs_native
@@ -189,7 +190,7 @@ def test_a_dense_copy_serves_wide_bfloat16_inputs_only(rows):
     else:
         copy = torch.ops.mkldnn._linear_pointwise.default(x, weight.dense, None, "none", [], "")
         assert torch.equal(y, copy)
-    assert torch.equal(y_float, torch.ops.radixrt.gguf_linear(x.float(), weight.packed, 300, 32))
+    assert torch.equal(y_float, torch.ops.radixrt.gguf_linear(x.float(), weight.packed, 300, 32, 8))
 
 
 @needs_dense_copy

@@ -36,7 +36,7 @@ struct Copy {
 // from copy_rows rows on a bf16 x takes the blocks' copy where there is one, as
 // GGUFWeight.forward does.
 struct Rows {
-  int64_t dense, copy;  // the thresholds: DENSE_FROM_ROWS and COPY_FROM_ROWS (quantized.py)
+  int64_t dense, copy, int8;  // DENSE_FROM_ROWS, COPY_FROM_ROWS, INT8_ROWS (quantized.py)
 };
 
 at::Tensor project(const at::Tensor& x, const at::Tensor& w, int64_t kind, Rows rows,
@@ -46,7 +46,7 @@ at::Tensor project(const at::Tensor& x, const at::Tensor& w, int64_t kind, Rows 
     if (copy.weight.is_mkldnn()) return radixrt::dense_copy_linear(x, copy.weight);
     return radixrt::w8a8_linear(x, copy.weight, copy.scale);
   }
-  return radixrt::gguf_linear(x, w, radixrt::gguf_out_features(w), rows.dense);
+  return radixrt::gguf_linear(x, w, radixrt::gguf_out_features(w), rows.dense, rows.int8);
 }
 
 // What every layer's attention shares: the batch's slots and index tables, and the shapes.
@@ -108,7 +108,8 @@ at::Tensor decoder_layers(const at::Tensor& hidden, const at::Tensor& cos, const
                           const at::Tensor& qo_indptr, const at::Tensor& kv_indptr,
                           const at::Tensor& kv_indices, at::TensorList cascade_rows,
                           at::TensorList cascade_slots, int64_t num_heads, double eps,
-                          double scale, int64_t dense_from_rows, int64_t copy_from_rows) {
+                          double scale, int64_t dense_from_rows, int64_t copy_from_rows,
+                          int64_t int8_rows) {
   check_lists(weights, kinds, dense_copies, copy_scales, k_caches, v_caches);
   TORCH_CHECK(cascade_rows.size() == cascade_slots.size(),
               "decoder_layers: one slot list per cascade's rows");
@@ -117,7 +118,7 @@ at::Tensor decoder_layers(const at::Tensor& hidden, const at::Tensor& cos, const
                kv_indptr, kv_indices,
                cascade_rows, cascade_slots,
                num_heads, k_caches[0].size(1),
-               k_caches[0].size(2), Rows{dense_from_rows, copy_from_rows},
+               k_caches[0].size(2), Rows{dense_from_rows, copy_from_rows, int8_rows},
                scale};
   at::Tensor h = hidden, residual, x;
   const int64_t layers = static_cast<int64_t>(k_caches.size());
@@ -152,7 +153,7 @@ TORCH_LIBRARY_FRAGMENT(radixrt, m) {
       "Tensor(a!)[] k_caches, Tensor(b!)[] v_caches, Tensor out_cache_loc, Tensor qo_indptr, "
       "Tensor kv_indptr, Tensor kv_indices, Tensor[] cascade_rows, Tensor[] cascade_slots, "
       "int num_heads, float eps, float scale, "
-      "int dense_from_rows, int copy_from_rows) -> Tensor");
+      "int dense_from_rows, int copy_from_rows, int int8_rows) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(radixrt, CPU, m) { m.impl("decoder_layers", decoder_layers); }

@@ -35,6 +35,11 @@
 #endif
 #endif
 
+namespace radixrt::gguf {
+bool int8_supported();                                         // gguf_dot8.cpp
+at::Tensor int8_linear(const at::Tensor& x, const Layout& l);  // x float32 [M, K]
+}  // namespace radixrt::gguf
+
 namespace {
 
 using namespace radixrt::gguf;
@@ -50,17 +55,6 @@ constexpr int64_t kRowsPerPass = 8;  // input rows sharing each widened sub-bloc
 #else
 constexpr int64_t kRowsPerPass = 4;
 #endif
-
-struct Part {
-  int64_t type, rows, row0;  // row0: its first output column
-  const uint8_t* data;
-  int64_t row_bytes;
-};
-
-struct Layout {
-  int64_t K = 0, N = 0;
-  std::vector<Part> parts;
-};
 
 int64_t block_weights(int64_t type) {
   int64_t w = 0;
@@ -379,9 +373,11 @@ at::Tensor gguf_rows(const at::Tensor& packed, const at::Tensor& ids, int64_t in
 
 // x [M, K] float32 or bfloat16 -> [M, N] in x's dtype. Few rows run the sub-block kernel in
 // float32 (a bfloat16 x is widened, the result rounded); many rows, wide_linear in x's dtype.
-// out_features repeats the header's N, so that torch.compile's fake op knows the shape.
+// out_features repeats the header's N, so that torch.compile's fake op knows the shape. Steps
+// of up to int8_rows rows round x to int8 and sum in integers (gguf_dot8.cpp), as llama.cpp
+// does; other narrow steps run the float kernel, which multiplies x as it is.
 at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
-                       int64_t dense_from_rows) {
+                       int64_t dense_from_rows, int64_t int8_rows) {
   TORCH_CHECK((x.dtype() == at::kFloat || x.dtype() == at::kBFloat16) && x.dim() == 2,
               "gguf_linear: x must be float32 or bfloat16 [M, K], got ", x.dtype(), " of ",
               x.dim(), " dims");
@@ -389,14 +385,18 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& packed, int64_t ou
   TORCH_CHECK(x.size(1) == l.K, "gguf_linear: x has ", x.size(1), " features, the weight ", l.K);
   TORCH_CHECK(out_features == l.N, "gguf_linear: the weight has ", l.N, " rows, not ", out_features);
   if (x.size(0) >= dense_from_rows) return wide_linear(x.contiguous(), l);
-  if (x.dtype() == at::kFloat) return narrow_linear(x.contiguous(), l);
-  return narrow_linear(x.to(at::kFloat).contiguous(), l).to(at::kBFloat16);
+  const bool int8 = x.size(0) <= int8_rows && gguf::int8_supported();
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  const at::Tensor y = int8 ? gguf::int8_linear(xf, l) : narrow_linear(xf, l);
+  return y.to(x.scalar_type());
 }
 
 }  // namespace radixrt
 
 TORCH_LIBRARY_FRAGMENT(radixrt, m) {
-  m.def("gguf_linear(Tensor x, Tensor packed, int out_features, int dense_from_rows) -> Tensor");
+  m.def(
+      "gguf_linear(Tensor x, Tensor packed, int out_features, int dense_from_rows, "
+      "int int8_rows) -> Tensor");
   m.def("gguf_dequantize(Tensor packed) -> Tensor");
   m.def("gguf_rows(Tensor packed, Tensor ids, int in_features) -> Tensor");
 }

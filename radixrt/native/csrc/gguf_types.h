@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 #ifdef __F16C__
 #include <immintrin.h>
 #endif
@@ -213,6 +214,19 @@ template <> inline void decode_sub<IQ4_XS>(const uint8_t* blk, int s, Sub& o) {
     o.q[j + 16] = kIQ4Values[qs[j] >> 4];
   }
 }
+
+// A packed weight as the kernels read it (gguf_linear.cpp's read_layout): its parts, each one
+// type's rows of the output, stacked.
+struct Part {
+  int64_t type, rows, row0;  // row0: its first output column
+  const uint8_t* data;
+  int64_t row_bytes;
+};
+
+struct Layout {
+  int64_t K = 0, N = 0;
+  std::vector<Part> parts;
+};
 
 // Calls f.template operator()<T>() for the runtime type id; false for an unsupported one.
 template <typename F> bool dispatch(int64_t type, F&& f) {

@@ -28,7 +28,7 @@ at::Tensor dense_copy_linear(const at::Tensor& x, const at::Tensor& dense);
 
 // gguf_linear.cpp
 at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
-                       int64_t dense_from_rows);
+                       int64_t dense_from_rows, int64_t int8_rows);
 at::Tensor gguf_dequantize(const at::Tensor& packed);
 int64_t gguf_out_features(const at::Tensor& packed);
 

@@ -1,0 +1,168 @@
+// Narrow matmuls in integers, as llama.cpp computes them: each input row is rounded to int8
+// once per call (scale max|x| / 127 per block: 32 inputs for the 32-weight types, 256 for the
+// K-quants), and each weight sub-block's codes meet those int8 inputs in 16-bit then 32-bit
+// integer sums (maddubs, madd), one float step per block. A decode step is bound by these
+// instructions, not by memory, on small CPUs: integers do a sub-block in about a third of the
+// float kernel's instructions. The rounding of x is the only inexact step: its error bound is
+// what tests/unit/test_gguf_blocks.py checks.
+//
+// Codes here are raw (gguf_codes.h subtracts their bias for the float kernel): unsigned 0..63
+// with w = d s (u - bias) for most types; Q8_0 and the IQ4 types are signed, multiplied by
+// maddubs(|q|, x * sign(q)). No pair of products exceeds int16: 2 * 63 * 127 or 2 * 128 * 127.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "gguf_types.h"
+
+namespace radixrt::gguf {
+
+template <int64_t T>
+constexpr bool kSigned = T == Q8_0 || T == IQ4_NL || T == IQ4_XS;
+
+// ---- Inputs as int8 ------------------------------------------------------------------------
+// Rows of x in blocks of `group` (32 or 256): int8 codes, a float scale per block, and the sum
+// of the codes per 16 (for the weights' offsets and minimums).
+struct Q8Rows {
+  int64_t K = 0, group = 0;
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<int16_t> sums;
+};
+
+Q8Rows quantize_rows(const float* x, int64_t M, int64_t K, int64_t group);
+
+// ---- Raw codes of a sub-block as 32 bytes ---------------------------------------------------
+inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256((const __m256i*)p); }
+inline __m256i bits256(__m256i v, int shift, int mask) {
+  return _mm256_and_si256(_mm256_srli_epi16(v, shift), _mm256_set1_epi8(static_cast<char>(mask)));
+}
+// 16 bytes of nibbles: low ones (elements 0..15), then high ones (16..31).
+inline __m256i nibbles256(const uint8_t* qs) {
+  const __m128i v = _mm_loadu_si128((const __m128i*)qs);
+  const __m128i m = _mm_set1_epi8(0xF);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+}
+// Bit j of 32 bits as byte j: 0x10 where set.
+inline __m256i fifth_bits256(const uint8_t* qh_bytes) {
+  uint32_t qh;
+  std::memcpy(&qh, qh_bytes, 4);
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(qh)),
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3,
+                       3, 3, 3, 3, 3, 3, 3));
+  const __m256i select = _mm256_set1_epi64x(0x8040201008040201LL);
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select);
+  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+inline __m256i iq4_values256(__m256i nibbles) {
+  const __m128i table = _mm_loadu_si128((const __m128i*)kIQ4Values);
+  return _mm256_shuffle_epi8(_mm256_set_m128i(table, table), nibbles);
+}
+
+template <int64_t T>
+inline __m256i raw32(const uint8_t* blk, int s) {
+  if constexpr (T == Q4_0 || T == IQ4_NL) {
+    const __m256i n = nibbles256(blk + 2);
+    return T == IQ4_NL ? iq4_values256(n) : n;
+  } else if constexpr (T == Q4_1) {
+    return nibbles256(blk + 4);
+  } else if constexpr (T == Q5_0) {
+    return _mm256_or_si256(nibbles256(blk + 6), fifth_bits256(blk + 2));
+  } else if constexpr (T == Q5_1) {
+    return _mm256_or_si256(nibbles256(blk + 8), fifth_bits256(blk + 4));
+  } else if constexpr (T == Q8_0) {
+    return load32(blk + 2);
+  } else if constexpr (T == Q2_K) {
+    return bits256(load32(blk + 16 + 32 * (s / 4)), 2 * (s % 4), 3);
+  } else if constexpr (T == Q3_K) {
+    const __m256i low = bits256(load32(blk + 32 + 32 * (s / 4)), 2 * (s % 4), 3);
+    return _mm256_or_si256(low, _mm256_slli_epi16(bits256(load32(blk), s, 1), 2));
+  } else if constexpr (T == Q4_K) {
+    return bits256(load32(blk + 16 + 32 * (s / 2)), 4 * (s % 2), 0xF);
+  } else if constexpr (T == Q5_K) {
+    const __m256i low = bits256(load32(blk + 48 + 32 * (s / 2)), 4 * (s % 2), 0xF);
+    return _mm256_or_si256(low, _mm256_slli_epi16(bits256(load32(blk + 16), s, 1), 4));
+  } else if constexpr (T == Q6_K) {
+    const int half = s / 4, r = s % 4;
+    const __m256i low = bits256(load32(blk + 64 * half + 32 * (r % 2)), 4 * (r / 2), 0xF);
+    const __m256i high = bits256(load32(blk + 128 + 32 * half), 2 * r, 3);
+    return _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+  } else {  // IQ4_XS
+    return iq4_values256(nibbles256(blk + 8 + 16 * s));
+  }
+}
+
+// Pairs of products as int16: codes (unsigned, or signed through |q| and sign) times inputs.
+template <int64_t T>
+inline __m256i pair_products(__m256i codes, __m256i x) {
+  if constexpr (kSigned<T>) return _mm256_maddubs_epi16(_mm256_abs_epi8(codes), _mm256_sign_epi8(x, codes));
+  return _mm256_maddubs_epi16(codes, x);
+}
+
+// ---- Scales ---------------------------------------------------------------------------------
+// The 32-weight types: w = d (u - bias) or d u + m, as w = d u + b.
+template <int64_t T>
+inline void block_scale(const uint8_t* blk, float& d, float& b) {
+  d = fp16(blk);
+  if constexpr (T == Q4_1 || T == Q5_1) b = fp16(blk + 2);
+  else if constexpr (T == Q4_0) b = -8.0f * d;
+  else if constexpr (T == Q5_0) b = -16.0f * d;
+  else b = 0.0f;
+}
+
+// A super-block's integer scale and minimum per 16 weights: w = d sc u - dmin mn.
+struct KScales {
+  alignas(32) int16_t sc[16];
+  alignas(32) int16_t mn[16];
+  float d, dmin;
+};
+
+template <int64_t T>
+inline void kscales(const uint8_t* blk, KScales& k) {
+  if constexpr (T == Q4_K || T == Q5_K) {
+    k.d = fp16(blk), k.dmin = fp16(blk + 2);
+    for (int s = 0; s < 8; ++s) {
+      int sc, m;
+      scale_min_k4(blk + 4, s, sc, m);
+      k.sc[2 * s] = k.sc[2 * s + 1] = static_cast<int16_t>(sc);
+      k.mn[2 * s] = k.mn[2 * s + 1] = static_cast<int16_t>(m);
+    }
+  } else if constexpr (T == Q2_K) {
+    k.d = fp16(blk + 80), k.dmin = fp16(blk + 82);
+    for (int g = 0; g < 16; ++g) {
+      k.sc[g] = static_cast<int16_t>(blk[g] & 0xF);
+      k.mn[g] = static_cast<int16_t>(blk[g] >> 4);
+    }
+  } else if constexpr (T == Q3_K) {  // raw u = q + 4: the offset is 4 sc
+    const uint8_t* sc = blk + 96;
+    k.d = k.dmin = fp16(blk + 108);
+    for (int g = 0; g < 16; ++g) {
+      const int lo = g < 8 ? sc[g] & 0xF : sc[g - 8] >> 4;
+      const int hi = (sc[8 + g % 4] >> (2 * (g / 4))) & 3;
+      k.sc[g] = static_cast<int16_t>((lo | hi << 4) - 32);
+      k.mn[g] = static_cast<int16_t>(4 * k.sc[g]);
+    }
+  } else if constexpr (T == Q6_K) {  // raw u = q + 32
+    k.d = k.dmin = fp16(blk + 208);
+    for (int g = 0; g < 16; ++g) {
+      k.sc[g] = static_cast<int8_t>(blk[192 + g]);
+      k.mn[g] = static_cast<int16_t>(32 * k.sc[g]);
+    }
+  } else {  // IQ4_XS: signed values, no minimum
+    uint16_t high;
+    std::memcpy(&high, blk + 2, 2);
+    k.d = fp16(blk), k.dmin = 0.0f;
+    for (int s = 0; s < 8; ++s) {
+      const int lo = (blk[4 + s / 2] >> (4 * (s % 2))) & 0xF;
+      const int hi = (high >> (2 * s)) & 3;
+      k.sc[2 * s] = k.sc[2 * s + 1] = static_cast<int16_t>((lo | hi << 4) - 32);
+      k.mn[2 * s] = k.mn[2 * s + 1] = 0;
+    }
+  }
+}
+
+}  // namespace radixrt::gguf
