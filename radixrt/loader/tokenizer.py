@@ -81,7 +81,10 @@ class LazyTokenizer:
         """The tokenizer itself, loaded now if it was not yet."""
         if self._tokenizer is None:
             ready = self._prepared_dir and Path(self._prepared_dir).is_dir()
-            if ready:
+            # A GGUF file's own tokenizer builds faster than its saved copy loads (0.9 s
+            # against 2.2 s for a 262k vocabulary): the copy serves folder tokenizers.
+            from_file = Path(self._args[1] or self._args[0]).suffix == ".gguf"
+            if ready and not from_file:
                 from transformers import AutoTokenizer
 
                 self._tokenizer = AutoTokenizer.from_pretrained(self._prepared_dir)
