@@ -1,15 +1,20 @@
-"""Helpers for scripts/bench_offline.py: workload texts and the transformers baselines.
+"""Helpers for scripts/bench_offline.py (workload texts and the transformers baselines) and
+scripts/bench_cpu.py (its load figures: ready seconds and resident memory).
 
 The transformers model is built from radixrt's own dequantized GGUF weights (not from
 `from_pretrained(gguf_file=...)`), so both sides run the same numbers in the same dtype.
+torch is imported where it is used: bench_cpu.py's helpers need none of it.
 """
 
 from __future__ import annotations
 
 import random
+import statistics
 import time
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 FRUITS = [
     "apples",
@@ -181,12 +186,21 @@ def eos_ids(model, tokenizer) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
-@torch.inference_mode()
 def hf_static(
     model, prompts: list[list[int]], max_new: list[int], eos: list[int], pad_id: int
 ) -> tuple[float, list[list[int]]]:
     """One left-padded greedy `generate` over all prompts, EOS suppressed, to the batch max.
     Returns (wall seconds, each row's first max_new[i] tokens)."""
+    import torch
+
+    with torch.inference_mode():
+        return _hf_static(model, prompts, max_new, eos, pad_id)
+
+
+def _hf_static(
+    model, prompts: list[list[int]], max_new: list[int], eos: list[int], pad_id: int
+) -> tuple[float, list[list[int]]]:
+    import torch
     from transformers import GenerationConfig
 
     width = max(len(p) for p in prompts)
@@ -206,11 +220,17 @@ def hf_static(
     return wall, [out[i, width : width + m].tolist() for i, m in enumerate(max_new)]
 
 
-@torch.inference_mode()
 def hf_continuous(model, prompts: list[list[int]], max_new: list[int], pad_id: int) -> float:
     """transformers' continuous batching (paged cache, block sharing on), each request with its
     own max_new_tokens and EOS disabled (eos_token_id=-1). The manager is set up and warmed
     with two short requests before the clock starts. Returns wall seconds."""
+    import torch
+
+    with torch.inference_mode():
+        return _hf_continuous(model, prompts, max_new, pad_id)
+
+
+def _hf_continuous(model, prompts: list[list[int]], max_new: list[int], pad_id: int) -> float:
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
@@ -253,3 +273,39 @@ def _drain(manager, rids: list[str]) -> dict:
                 raise RuntimeError(f"request {out.request_id}: {out.error}")
             results[out.request_id] = out
     return results
+
+
+# -- scripts/bench_cpu.py: the load figures ----------------------------------------------------
+# (key in a worker's result, the row's title, its "counts" column, format): lower is better.
+LOAD_FIGURES = (
+    ("ready_s", "ready (s)", "s, lower is better", "{:.2f}"),
+    ("rss_load_mib", "resident memory after load (MiB)", "MiB, lower is better", "{:,.0f}"),
+    ("rss_end_mib", "resident memory after the workloads (MiB)", "MiB, lower is better", "{:,.0f}"),
+)
+
+
+def median_load(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The load figures of one engine's rounds: each the median, every round's in KEY_each."""
+    merged: dict[str, Any] = {}
+    for key, *_ in LOAD_FIGURES:
+        each = [r[key] for r in runs if key in r]
+        if len(each) == len(runs):
+            merged[key], merged[f"{key}_each"] = statistics.median(each), each
+    return merged
+
+
+def load_rows(results: dict[str, dict[str, Any]], pairs: list[tuple[str, str]]) -> list[str]:
+    """The table's rows for the load figures, in the tok/s rows' columns: each engine's figure
+    (or its error), no cache column, then radixrt ÷ peer (below 1.00×: radixrt is ready sooner,
+    or holds less memory)."""
+    rows = []
+    for key, title, counts, fmt in LOAD_FIGURES:
+        row = [title, counts]
+        for r in results.values():
+            row.append(r["error"] if "error" in r else fmt.format(r[key]) if key in r else "—")
+        row.append("—")
+        for ours, peer in pairs:
+            a, b = results[ours].get(key), results[peer].get(key)
+            row.append(f"{a / b:.2f}×" if a is not None and b else "—")
+        rows.append("| " + " | ".join(row) + " |")
+    return rows

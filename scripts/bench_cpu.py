@@ -14,6 +14,10 @@ python of DIR/<peer>/ (made by scripts/bench_cpu_setup.sh). A peer without a ven
 --rounds N runs every engine N times, the order reversed every other round (radixrt's
 variants first, then the peers; then the peers first), so that neither side always runs on a
 fresher or a warmer machine; each workload's figure is the median of its N times.
+
+Below the tok/s rows, three load rows (lower is better; bench_common.LOAD_FIGURES): seconds
+from the engine's constructor to its return, ready for a request, and the resident memory of
+the engine's processes after that and after the last workload.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import bench_common as bc
 
 WORKERS = Path(__file__).with_name("bench_cpu_workers.py")
 PEERS = ("vllm", "llamacpp", "transformers")
@@ -221,11 +227,12 @@ def round_orders(jobs: list, rounds: int) -> list[list]:
 
 def median_result(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One engine's rounds as one result: the first round's, with each workload's seconds the
-    median over the rounds (every round's in `seconds_each`); the first failure if any."""
+    median over the rounds (every round's in `seconds_each`), the load figures likewise; the
+    first failure if any."""
     failed = [r for r in runs if "error" in r]
     if failed or len(runs) == 1:
         return (failed or runs)[0]
-    merged = {**runs[0], "workloads": {}}
+    merged = {**runs[0], **bc.median_load(runs), "workloads": {}}
     for name, figures in runs[0]["workloads"].items():
         each = [r["workloads"][name]["seconds"] for r in runs]
         merged["workloads"][name] = {
@@ -274,7 +281,7 @@ def markdown_table(
     workloads: list[Workload], results: dict[str, dict[str, Any]], ours: list[str]
 ) -> str:
     """One row per workload: tok/s per engine, the cache hit rates, then radixrt ÷ peer for
-    each radixrt variant and each peer."""
+    each radixrt variant and each peer; then the load figures' rows, the same way."""
     peers = [label for label in results if label not in ours]
     pairs = [(o, p) for o in ours for p in peers]
     head = ["workload", "counts", *results, "prompt tokens from cache"]
@@ -286,7 +293,7 @@ def markdown_table(
         row.append(hit_rates(results, w))
         row += [ratio(results[o], results[p], w) for o, p in pairs]
         rows.append("| " + " | ".join(row) + " |")
-    return "\n".join(rows)
+    return "\n".join(rows + bc.load_rows(results, pairs))
 
 
 def cpu_model() -> str:

@@ -6,10 +6,13 @@ top; an engine's packages are imported inside its worker.
     PYTHON scripts/bench_cpu_workers.py convert MODEL.gguf HF_DIR
 
 SPEC.json (written by bench_cpu.py): gguf, hf_dir, threads, max_len, engine_args, warmup
-(token ids) and workloads (name, prompts, new_tokens). RESULT.json: engine, version, dtype and,
-per workload, seconds, prompt_tokens, output_tokens and cached_tokens (None where the engine
-does not say). Model load and the warm-up request are not timed. A worker that cannot do what
-was asked raises; the driver reports its error instead of a figure.
+(token ids) and workloads (name, prompts, new_tokens). RESULT.json: engine, version, dtype,
+ready_s (seconds from just before the engine's constructor to it returning, ready for a
+request), rss_load_mib and rss_end_mib (the summed VmRSS of this process and every descendant,
+right after that and after the last workload) and, per workload, seconds, prompt_tokens,
+output_tokens and cached_tokens (None where the engine does not say). Model load and the
+warm-up request are not in a workload's seconds. A worker that cannot do what was asked
+raises; the driver reports its error instead of a figure.
 """
 
 from __future__ import annotations
@@ -27,7 +30,72 @@ from typing import Any
 RunFn = Callable[[list[list[int]], int], tuple[list[int], int | None]]
 
 
-def time_workloads(spec: dict[str, Any], run: RunFn) -> dict[str, dict[str, Any]]:
+def ready(start: float) -> dict[str, float]:
+    """The load figures, taken the moment the engine's constructor has returned: seconds since
+    `start` (perf_counter just before the call) and the resident memory of its processes."""
+    return {"ready_s": time.perf_counter() - start, "rss_load_mib": tree_rss_mib()}
+
+
+def tree_rss_mib(pid: int | None = None) -> float:
+    """VmRSS summed over a process and all its descendants (an engine's scheduler and
+    detokenizer processes), MiB. Pages shared between them count in each."""
+    todo, total_kib = [pid or os.getpid()], 0
+    parents = None
+    while todo:
+        p = todo.pop()
+        total_kib += _vmrss_kib(p)
+        kids = _children(p)
+        if kids is None:  # no /proc/PID/task/*/children here: parents from every /proc/*/stat
+            parents = _parents() if parents is None else parents
+            kids = [c for c, parent in parents.items() if parent == p]
+        todo += kids
+    return total_kib / 1024
+
+
+def _vmrss_kib(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:  # it exited meanwhile
+        pass
+    return 0  # a zombie has no VmRSS
+
+
+def _children(pid: int) -> list[int] | None:
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        if not os.path.exists(f"/proc/{pid}/task/{tasks[0]}/children"):
+            return None  # a kernel without CONFIG_PROC_CHILDREN
+    except (OSError, IndexError):
+        return []
+    kids = []
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                kids += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return kids
+
+
+def _parents() -> dict[int, int]:
+    """pid -> parent pid of every process, from /proc/*/stat (the name may hold ')')."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    out[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+def time_workloads(spec: dict[str, Any], run: RunFn, load: dict[str, float]) -> dict[str, Any]:
+    """The warm-up request, then every workload timed; with the load figures and the resident
+    memory after the last workload."""
     run([spec["warmup"]], 4)
     results = {}
     for w in spec["workloads"]:
@@ -44,13 +112,14 @@ def time_workloads(spec: dict[str, Any], run: RunFn) -> dict[str, dict[str, Any]
             "output_tokens": sum(lengths),
             "cached_tokens": cached,
         }
-    return results
+    return {**load, "rss_end_mib": tree_rss_mib(), "workloads": results}
 
 
 # -- radixrt (the project's own venv) ----------------------------------------------------------
 def radixrt_worker(spec: dict[str, Any]) -> dict[str, Any]:
     import radixrt
 
+    start = time.perf_counter()
     engine = radixrt.Engine(
         model_path=spec["gguf"],
         device="cpu",
@@ -58,6 +127,7 @@ def radixrt_worker(spec: dict[str, Any]) -> dict[str, Any]:
         num_threads=spec["threads"],
         **{"cpu_kv_cache_gb": spec["kv_cache_gib"], **spec["engine_args"]},
     )
+    load = ready(start)  # Engine() returns once its scheduler process is ready
 
     def run(prompts: list[list[int]], new: int) -> tuple[list[int], int | None]:
         params = {"temperature": 0, "max_new_tokens": new, "ignore_eos": True}
@@ -66,12 +136,12 @@ def radixrt_worker(spec: dict[str, Any]) -> dict[str, Any]:
         return [m["completion_tokens"] for m in metas], sum(m["cached_tokens"] for m in metas)
 
     try:
-        timed = time_workloads(spec, run)
+        timed = time_workloads(spec, run, load)
         dtype = engine.get_server_info()["dtype"]
         quant = engine.server_args.quantization
     finally:
         engine.shutdown()
-    return {"version": radixrt.__version__, "dtype": f"{dtype}, {quant}", "workloads": timed}
+    return {"version": radixrt.__version__, "dtype": f"{dtype}, {quant}", **timed}
 
 
 # -- vLLM (its CPU build) -----------------------------------------------------------------------
@@ -81,6 +151,7 @@ def vllm_worker(spec: dict[str, Any]) -> dict[str, Any]:
     from vllm.inputs import TokensPrompt
 
     dtype = spec["engine_args"].get("dtype", "bfloat16")
+    start = time.perf_counter()
     llm = LLM(
         model=spec["hf_dir"],
         skip_tokenizer_init=True,
@@ -89,6 +160,7 @@ def vllm_worker(spec: dict[str, Any]) -> dict[str, Any]:
         dtype=dtype,
         seed=0,
     )
+    load = ready(start)
 
     def run(prompts: list[list[int]], new: int) -> tuple[list[int], int | None]:
         params = SamplingParams(
@@ -100,7 +172,7 @@ def vllm_worker(spec: dict[str, Any]) -> dict[str, Any]:
         cached = None if None in counts else sum(counts)
         return [len(o.outputs[0].token_ids) for o in outs], cached
 
-    return {"version": vllm.__version__, "dtype": dtype, "workloads": time_workloads(spec, run)}
+    return {"version": vllm.__version__, "dtype": dtype, **time_workloads(spec, run, load)}
 
 
 # -- llama.cpp (llama-cpp-python) ---------------------------------------------------------------
@@ -110,6 +182,7 @@ def llamacpp_worker(spec: dict[str, Any]) -> dict[str, Any]:
     threads = spec["threads"]
     if not spec["engine_args"].get("extra_bufts", True):
         _without_extra_buffers(llama_cpp)
+    start = time.perf_counter()
     llm = llama_cpp.Llama(
         model_path=spec["gguf"],
         n_ctx=spec["max_len"],
@@ -119,6 +192,7 @@ def llamacpp_worker(spec: dict[str, Any]) -> dict[str, Any]:
         seed=0,
         verbose=False,
     )
+    load = ready(start)
 
     def one(prompt: list[int], new: int) -> tuple[int, int]:
         # generate() keeps the KV of the longest common prefix with the previous sequence
@@ -135,13 +209,13 @@ def llamacpp_worker(spec: dict[str, Any]) -> dict[str, Any]:
         done = [one(p, new) for p in prompts]  # its Python API runs one sequence at a time
         return [made for made, _ in done], sum(kept for _, kept in done)
 
-    timed = time_workloads(spec, run)
+    timed = time_workloads(spec, run, load)
     # The file's own type as llama.cpp names it (e.g. "llama ?B Q4_K - Medium"): any GGUF runs.
     buf = ctypes.create_string_buffer(256)
     llama_cpp.llama_model_desc(llm.model, buf, len(buf))
     dtype = f"GGUF {buf.value.decode()}"
     dtype += "" if spec["engine_args"].get("extra_bufts", True) else NO_EXTRA
-    return {"version": llama_cpp.__version__, "dtype": dtype, "workloads": timed}
+    return {"version": llama_cpp.__version__, "dtype": dtype, **timed}
 
 
 NO_EXTRA = " (repacked/AMX weight buffers off: with them it crashed on this CPU)"
@@ -172,8 +246,10 @@ def transformers_worker(spec: dict[str, Any]) -> dict[str, Any]:
     import transformers
 
     torch.set_num_threads(spec["threads"])
+    start = time.perf_counter()
     model = transformers.AutoModelForCausalLM.from_pretrained(spec["hf_dir"], dtype=torch.float32)
     model.eval()
+    load = ready(start)
 
     def run(prompts: list[list[int]], new: int) -> tuple[list[int], int | None]:
         # Prompts within a workload have one length: one batch, no padding.
@@ -190,7 +266,7 @@ def transformers_worker(spec: dict[str, Any]) -> dict[str, Any]:
         return [out.shape[1] - ids.shape[1]] * len(prompts), None
 
     version = f"{transformers.__version__} (torch {torch.__version__})"
-    return {"version": version, "dtype": "float32", "workloads": time_workloads(spec, run)}
+    return {"version": version, "dtype": "float32", **time_workloads(spec, run, load)}
 
 
 # -- the HF folder vLLM and transformers load -------------------------------------------------

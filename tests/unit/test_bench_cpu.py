@@ -1,5 +1,6 @@
-"""scripts/bench_cpu.py: its workloads, its table and ratios, and one real shrunk run of the
-radixrt worker beside a peer whose venv is missing (reported, never given a figure)."""
+"""scripts/bench_cpu.py: its workloads, its table and ratios (tok/s, then the load figures),
+the resident memory of a process tree, and one real shrunk run of the radixrt worker beside a
+peer whose venv is missing (reported, never given a figure)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,50 @@ def test_the_table_counts_the_right_tokens_and_divides_the_right_way():
     assert "4.00×" in rows[2] and rows[2].endswith("| — |")
     assert "prompt tok/s | 500.0 | 1,000.0 |" in rows[3]  # the prefill counts its 2,000
     assert "0.50×" in rows[3] and "llama.cpp 50%" in rows[3]
+
+
+def test_the_load_rows_follow_with_radixrt_over_the_peer_lower_better():
+    (decode,) = bench_cpu.build_workloads(["decode"], quick=True)
+    load = {"ready_s": 1.5, "rss_load_mib": 600.0, "rss_end_mib": 1200.0}
+    ours = {"workloads": {"decode": _fig(2.0, 0)}, **load}
+    peer = {"workloads": {"decode": _fig(8.0, None)}, "ready_s": 3.0, "rss_load_mib": 2400.0}
+    results = {"radixrt": ours, "llama.cpp": peer, "vLLM": {"error": "not installed"}}
+    rows = bench_cpu.markdown_table([decode], results, ["radixrt"]).splitlines()
+    assert len(rows) == 2 + 1 + 3
+    ready, rss_load, rss_end = rows[3:]
+    assert (
+        ready == "| ready (s) | s, lower is better | 1.50 | 3.00 | not installed | — | 0.50× | — |"
+    )
+    assert rss_load.startswith("| resident memory after load (MiB) | MiB, lower is better |")
+    assert "| 600 | 2,400 | not installed | — | 0.25× | — |" in rss_load
+    assert "| 1,200 | — | not installed | — | — | — |" in rss_end  # the peer gave none
+
+
+def test_rounds_take_the_median_of_the_load_figures_too():
+    runs = [
+        {"workloads": {}, "ready_s": s, "rss_load_mib": m, "rss_end_mib": m + 1}
+        for s, m in ((3.0, 500.0), (1.0, 700.0), (2.0, 600.0))
+    ]
+    merged = bench_cpu.median_result(runs)
+    assert merged["ready_s"] == 2.0 and merged["ready_s_each"] == [3.0, 1.0, 2.0]
+    assert merged["rss_load_mib"] == 600.0 and merged["rss_end_mib"] == 601.0
+
+
+def test_resident_memory_counts_the_child_processes():
+    import subprocess
+
+    import bench_cpu_workers
+
+    alone = bench_cpu_workers.tree_rss_mib()
+    hold = 'x = b"x" * (64 << 20); print(flush=True); input()'
+    child = subprocess.Popen(
+        [sys.executable, "-c", hold], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        child.stdout.readline()  # its 64 MiB are touched
+        assert bench_cpu_workers.tree_rss_mib() > alone + 64
+    finally:
+        child.communicate("")
 
 
 def _fig(seconds: float, cached: int | None) -> dict:
@@ -99,6 +144,7 @@ def test_a_quick_run_measures_radixrt_and_reports_a_missing_peer(tmp_path):
     )  # fmt: skip
     ours = report["results"]["radixrt"]
     assert ours["workloads"]["decode"]["seconds"] > 0
+    assert ours["ready_s"] > 0 and ours["rss_load_mib"] > 0 and ours["rss_end_mib"] > 0
     shared = ours["workloads"]["shared_prefix"]
     assert shared["cached_tokens"] >= 3 * 100  # the other three prompts hit the 100 shared
     assert "not installed" in report["results"]["llama.cpp"]["error"]
