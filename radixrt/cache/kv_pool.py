@@ -7,6 +7,8 @@ request lists its slots in position order.
 
 from __future__ import annotations
 
+import math
+import mmap
 from typing import Any
 
 import torch
@@ -31,8 +33,8 @@ class KVPool:
         self.dtype = dtype
         self.device = torch.device(device)
         shape = (size, num_kv_heads, head_dim)
-        self.k_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.k_buffer = [_zeros(shape, dtype, self.device) for _ in range(num_layers)]
+        self.v_buffer = [_zeros(shape, dtype, self.device) for _ in range(num_layers)]
         # On the CPU one native call stores a step's K and V (two index_puts otherwise).
         self._native: Any | None = load_native() if self.device.type == "cpu" else None
 
@@ -53,6 +55,20 @@ class KVPool:
     ) -> int:
         itemsize = torch.tensor([], dtype=dtype).element_size()
         return 2 * num_layers * num_kv_heads * head_dim * itemsize
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zeroed buffer. On the CPU it is an anonymous memory map: the kernel hands out zero
+    pages and commits each only when a token is first written there, so the pool takes memory
+    as it fills (torch.zeros would write, and make resident, the whole budget at start)."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    numel = math.prod(shape)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if numel == 0:
+        return torch.zeros(shape, dtype=dtype)
+    buffer = mmap.mmap(-1, numel * itemsize)
+    return torch.frombuffer(buffer, dtype=dtype).view(shape)  # keeps `buffer` alive
 
 
 def _native_storable(
