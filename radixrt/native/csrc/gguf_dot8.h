@@ -121,22 +121,40 @@ struct KScales {
   float d, dmin;
 };
 
+// Q4_K's and Q5_K's twelve bytes of 6-bit scales and minimums as eight bytes each, four at a
+// time in 32-bit words (scale_min_k4 one at a time): scales 0-3 and minimums 0-3 are the low 6
+// bits of bytes 0-3 and 4-7; scales and minimums 4-7 take their low 4 bits from the nibbles of
+// bytes 8-11 and their high 2 from the top bits of bytes 0-3 and 4-7.
+inline void unpack_k4_scales(const uint8_t* s12, uint8_t sc[8], uint8_t mn[8]) {
+  uint32_t w[3];
+  std::memcpy(w, s12, 12);
+  const uint32_t low6 = 0x3F3F3F3F, low4 = 0x0F0F0F0F, top2 = 0x03030303;
+  const uint32_t sc_words[2] = {w[0] & low6, (w[2] & low4) | (((w[0] >> 6) & top2) << 4)};
+  const uint32_t mn_words[2] = {w[1] & low6, ((w[2] >> 4) & low4) | (((w[1] >> 6) & top2) << 4)};
+  std::memcpy(sc, sc_words, 8);
+  std::memcpy(mn, mn_words, 8);
+}
+
+// Eight bytes, each twice, as 16 int16 lanes: a per-32 value for each 16 weights.
+inline __m256i twice_per_16(const uint8_t v[8]) {
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(v));
+  return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(bytes, bytes));
+}
+
 template <int64_t T>
 inline void kscales(const uint8_t* blk, KScales& k) {
   if constexpr (T == Q4_K || T == Q5_K) {
     k.d = fp16(blk), k.dmin = fp16(blk + 2);
-    for (int s = 0; s < 8; ++s) {
-      int sc, m;
-      scale_min_k4(blk + 4, s, sc, m);
-      k.sc[2 * s] = k.sc[2 * s + 1] = static_cast<int16_t>(sc);
-      k.mn[2 * s] = k.mn[2 * s + 1] = static_cast<int16_t>(m);
-    }
-  } else if constexpr (T == Q2_K) {
+    uint8_t sc[8], mn[8];
+    unpack_k4_scales(blk + 4, sc, mn);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(k.sc), twice_per_16(sc));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(k.mn), twice_per_16(mn));
+  } else if constexpr (T == Q2_K) {  // a byte per 16: scale in the low nibble, min high
     k.d = fp16(blk + 80), k.dmin = fp16(blk + 82);
-    for (int g = 0; g < 16; ++g) {
-      k.sc[g] = static_cast<int16_t>(blk[g] & 0xF);
-      k.mn[g] = static_cast<int16_t>(blk[g] >> 4);
-    }
+    const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)blk));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(k.sc),
+                       _mm256_and_si256(bytes, _mm256_set1_epi16(0xF)));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(k.mn), _mm256_srli_epi16(bytes, 4));
   } else if constexpr (T == Q3_K) {  // raw u = q + 4: the offset is 4 sc
     const uint8_t* sc = blk + 96;
     k.d = k.dmin = fp16(blk + 108);
@@ -146,12 +164,11 @@ inline void kscales(const uint8_t* blk, KScales& k) {
       k.sc[g] = static_cast<int16_t>((lo | hi << 4) - 32);
       k.mn[g] = static_cast<int16_t>(4 * k.sc[g]);
     }
-  } else if constexpr (T == Q6_K) {  // raw u = q + 32
+  } else if constexpr (T == Q6_K) {  // raw u = q + 32: the offset is 32 sc
     k.d = k.dmin = fp16(blk + 208);
-    for (int g = 0; g < 16; ++g) {
-      k.sc[g] = static_cast<int8_t>(blk[192 + g]);
-      k.mn[g] = static_cast<int16_t>(32 * k.sc[g]);
-    }
+    const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(blk + 192)));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(k.sc), sc);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(k.mn), _mm256_slli_epi16(sc, 5));
   } else {  // IQ4_XS: signed values, no minimum
     uint16_t high;
     std::memcpy(&high, blk + 2, 2);
