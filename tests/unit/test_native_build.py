@@ -33,3 +33,27 @@ def test_a_second_builder_waits_for_the_first(tmp_path: Path) -> None:
         (tmp_path / "lock").unlink()  # the first build ends: its lock goes, then its flock
     thread.join(10)
     assert entered.is_set()
+
+
+def test_a_cpu_without_avx2_gets_the_torch_paths_with_one_warning(monkeypatch, caplog) -> None:
+    """No illegal instruction on an old CPU: the kernels are not built, callers keep torch."""
+    from radixrt.native import build, cpu
+
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"sse2", "avx", "fma", "f16c"}))
+    build.load_native.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger="radixrt.native"):
+            assert build.load_native() is None
+        assert "this CPU lacks avx2: using torch paths" in caplog.text
+    finally:
+        build.load_native.cache_clear()  # the next caller finds the real kernels again
+
+
+def test_the_avx2_build_is_a_build_of_its_own(monkeypatch) -> None:
+    from radixrt.native import build
+
+    sources = sorted(build.CSRC.glob("*.cpp"))
+    native = build.build_key(sources)
+    monkeypatch.setenv("RADIXRT_CPU_ISA", "avx2")
+    assert "-mno-avx512f" in build.cflags()
+    assert build.build_key(sources) != native
