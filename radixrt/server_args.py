@@ -83,10 +83,11 @@ class ServerArgs:
         DENSE_COPY_DTYPES,
     )
     cpu_gguf_int8_rows: int = _f(
-        8,
+        0,
         "steps of up to this many rows multiply packed GGUF weights as llama.cpp does: the "
-        "activations rounded to int8 per block, integer sums (2-3x faster at batch 1); 0: "
-        "float32 activations, the dequantized weights' exact products (docs/quantization.md)",
+        "activations rounded to int8 per block, integer sums (2-3x faster batch-1 matmuls on "
+        "K-quants); a request's tokens then depend on its batch's size. 0: float32 "
+        "activations, the dequantized weights' exact products (docs/quantization.md)",
     )
     disable_radix_cache: bool = _f(False, "turn the radix prefix cache off (for comparison)")
     schedule_policy: str = _f(

@@ -14,7 +14,7 @@ Models (--model):
   `--list` shows each file's types.
 - tiny, tiny-qwen2: random weights whose widths are multiples of 256, so every type is used
   in full, with SmolLM2's vocabulary and tokenizer (llama; qwen2 with q/k/v biases).
-- small: the same at a 0.25B model's widths (hidden 1024, 16 layers), for benchmarks.
+- small, medium: the same at a 0.25B and a 0.6B model's widths, for benchmarks.
 
 Files are cached under ~/.cache/radixrt/gguf-variants/ (RADIXRT_GGUF_VARIANTS), one folder per
 model keyed by the hash of the file it comes from (and, for the tiny ones, their shape): its
@@ -72,10 +72,11 @@ class TinySpec:
 
 TINY = {"tiny": TinySpec("llama"), "tiny-qwen2": TinySpec("qwen2", seed=1)}
 MODELS = ("default", *TINY)  # the ones tests compare with llama.cpp
-# For speed, not tests: every projection in K-quant blocks at a 0.25B model's widths.
+# For speed, not tests: every projection in K-quant blocks at 0.25B and 0.6B models' widths.
 RANDOM = {
     **TINY,
     "small": TinySpec("llama", hidden=1024, ffn=2816, layers=16, heads=16, kv_heads=4, seed=2),
+    "medium": TinySpec("llama", hidden=1536, ffn=4096, layers=18, heads=12, kv_heads=2, seed=3),
 }
 
 

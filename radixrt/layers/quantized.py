@@ -35,8 +35,10 @@ from radixrt.server_args import DENSE_COPY_DTYPES
 BLOCK = 32  # the block of `quantize`'s two formats
 PACKED = 0  # the native layer stack's kind for a packed projection (-1: dense)
 # Narrow steps of up to this many rows round x to int8 and multiply in integers, as llama.cpp
-# does (native/csrc/gguf_dot8.cpp); more rows, or 0 (GGUFWeight.int8_rows), keep x in float32.
-INT8_ROWS = 8
+# does (native/csrc/gguf_dot8.cpp); more rows keep x in float32. Off (0) by default: the other
+# paths multiply the exact dequantized weights, so a request's result would change with the
+# size of the batch it ran in (--cpu-gguf-int8-rows turns it on).
+INT8_ROWS = 0
 # Inputs of at least this many rows (prefill chunks) expand the weights to float32 once per
 # call and use the BLAS matmul: there the step is compute-bound (scripts/bench_gguf_linear.py).
 DENSE_FROM_ROWS = 32

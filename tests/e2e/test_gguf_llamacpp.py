@@ -75,11 +75,26 @@ def references(prompts) -> dict[tuple[str, str], list[dict]]:
     return dict(zip(CASES, gv.llamacpp_greedy(paths, prompts, NEW_TOKENS), strict=True))
 
 
+# With --cpu-gguf-int8-rows the activations are rounded to int8 as llama.cpp rounds them: the
+# tiny model in every type and the default model's Q4_K_M (its Q5_0, Q4_K, Q6_K, Q8_0).
+INT8_CASES = [c for c in CASES if c[0] == "tiny" or c == ("default", "Q4_K_M")]
+
+
 @pytest.mark.parametrize(("model", "qtype"), CASES, ids=[f"{m}-{q}" for m, q in CASES])
 def test_greedy_tokens_match_llamacpp(model, qtype, prompts, references):
+    check_against_llamacpp(model, qtype, prompts, references, int8_rows=0)
+
+
+@pytest.mark.parametrize(("model", "qtype"), INT8_CASES, ids=[f"{m}-{q}" for m, q in INT8_CASES])
+def test_int8_activations_match_llamacpp_too(model, qtype, prompts, references):
+    check_against_llamacpp(model, qtype, prompts, references, int8_rows=8)
+
+
+def check_against_llamacpp(model, qtype, prompts, references, int8_rows: int) -> None:
     engine = radixrt.Engine(
         model_path=str(gv.variant(qtype, model)), dtype="float32", device="cpu",
         in_process=True, skip_tokenizer_init=True, max_total_tokens=1024, log_level="warning",
+        cpu_gguf_int8_rows=int8_rows,
     )  # fmt: skip
     try:
         params = {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
