@@ -190,7 +190,9 @@ def test_a_dense_copy_serves_wide_bfloat16_inputs_only(rows):
     else:
         copy = torch.ops.mkldnn._linear_pointwise.default(x, weight.dense, None, "none", [], "")
         assert torch.equal(y, copy)
-    assert torch.equal(y_float, torch.ops.radixrt.gguf_linear(x.float(), weight.packed, 300, 32, 8))
+    assert torch.equal(
+        y_float, torch.ops.radixrt.gguf_linear(x.float(), weight.packed, 300, 32, weight.int8_rows)
+    )
 
 
 @needs_dense_copy
