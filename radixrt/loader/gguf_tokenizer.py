@@ -9,21 +9,16 @@ tokens in under a second, where transformers' own GGUF path takes 14 s and needs
 from __future__ import annotations
 
 import gc
-import mmap
-import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from radixrt.loader.gguf_metadata import read_tokenizer_metadata
+
 if TYPE_CHECKING:
     from tokenizers import AddedToken, Tokenizer
     from transformers import PreTrainedTokenizerFast
-
-# GGUF value types: struct formats of the scalars, numpy dtypes of the arrays' elements.
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?"}
-_SCALARS |= {10: "<Q", 11: "<q", 12: "<d"}
-_STRING, _ARRAY = 8, 9
 
 # llama.cpp's token types (tokenizer.ggml.token_type).
 UNKNOWN, CONTROL, USER_DEFINED = 2, 3, 4
@@ -100,52 +95,6 @@ _FIM_TEXTS = {
     ("fim_rep",): {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"},
     ("fim_sep",): {"<|file_sep|>"},
 }  # fmt: skip
-
-
-def read_tokenizer_metadata(path: str | Path) -> dict[str, Any]:
-    """The tokenizer.* entries of a GGUF file's header: numbers, strings, lists of strings and
-    numpy arrays. Only the header is read (gguf's GGUFReader parses every tensor too, 3 s for
-    Gemma 3's file against 0.1 s)."""
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        magic, version, _, n_kv = struct.unpack_from("<4sIQQ", buf, 0)
-        if magic != b"GGUF" or version not in (2, 3):
-            raise ValueError(f"{path} is not a little-endian GGUF file of version 2 or 3")
-        pos, found = 24, {}
-        for _ in range(n_kv):
-            key, pos = _string(buf, pos)
-            (kind,) = struct.unpack_from("<I", buf, pos)
-            value, pos = _value(buf, pos + 4, kind)
-            if key.startswith("tokenizer."):
-                found[key] = value
-        return found
-
-
-def _string(buf: mmap.mmap, pos: int) -> tuple[str, int]:
-    (size,) = struct.unpack_from("<Q", buf, pos)
-    return buf[pos + 8 : pos + 8 + size].decode(), pos + 8 + size
-
-
-def _value(buf: mmap.mmap, pos: int, kind: int) -> tuple[Any, int]:
-    if kind == _STRING:
-        return _string(buf, pos)
-    if kind != _ARRAY:
-        scalar = struct.Struct(_SCALARS[kind])
-        return scalar.unpack_from(buf, pos)[0], pos + scalar.size
-    item, count = struct.unpack_from("<IQ", buf, pos)
-    pos += 12
-    if item == _STRING:
-        return _strings(buf, pos, count)
-    dtype = np.dtype(_SCALARS[item].replace("?", "u1"))
-    return np.frombuffer(buf, dtype, count, pos).copy(), pos + count * dtype.itemsize
-
-
-def _strings(buf: mmap.mmap, pos: int, count: int) -> tuple[list[str], int]:
-    out, size_at = [], struct.Struct("<Q").unpack_from
-    for _ in range(count):
-        (size,) = size_at(buf, pos)
-        out.append(buf[pos + 8 : pos + 8 + size].decode())
-        pos += 8 + size
-    return out, pos
 
 
 def build_gguf_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:

@@ -31,10 +31,10 @@ import pytest
 
 from radixrt.loader import gguf_tokenizer
 from radixrt.loader.default_model import default_model_path
+from radixrt.loader.gguf_metadata import read_tokenizer_metadata
 from radixrt.loader.gguf_tokenizer import (
     PRE_SPLITS,
     build_gguf_tokenizer,
-    read_tokenizer_metadata,
 )
 from radixrt.loader.tokenizer import hand_over_tokenizer, load_tokenizer
 
