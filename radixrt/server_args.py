@@ -82,12 +82,13 @@ class ServerArgs:
         "time, with the rounding of both (see docs/quantization.md)",
         DENSE_COPY_DTYPES,
     )
-    cpu_gguf_int8_rows: int = _f(
-        0,
+    cpu_gguf_int8_rows: int | None = _f(
+        None,
         "steps of up to this many rows multiply packed GGUF weights as llama.cpp does: the "
         "activations rounded to int8 per block, integer sums (2-3x faster batch-1 matmuls on "
-        "K-quants); a request's tokens then depend on its batch's size. 0: float32 "
-        "activations, the dequantized weights' exact products (docs/quantization.md)",
+        "K-quants). Default: 31 under bfloat16 (whose rounding already makes tokens depend on "
+        "the batch), 0 under float32 (exact products, the same tokens in any batch). -1: "
+        "every step (no dense copies then). See docs/quantization.md",
     )
     disable_radix_cache: bool = _f(False, "turn the radix prefix cache off (for comparison)")
     schedule_policy: str = _f(
@@ -242,8 +243,10 @@ class ServerArgs:
             )
         if self.max_prefill_tokens is not None and self.max_prefill_tokens < 1:
             raise ValueError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
-        if self.cpu_gguf_int8_rows < 0:
-            raise ValueError(f"cpu_gguf_int8_rows must be >= 0, got {self.cpu_gguf_int8_rows}")
+        if self.cpu_gguf_int8_rows is not None and self.cpu_gguf_int8_rows < -1:
+            raise ValueError(
+                f"cpu_gguf_int8_rows must be -1 (every step) or >= 0, got {self.cpu_gguf_int8_rows}"
+            )
         if self.cpu_dense_copy_gb < 0:
             raise ValueError(f"cpu_dense_copy_gb must be >= 0, got {self.cpu_dense_copy_gb}")
         if self.max_running_requests < 1:

@@ -34,11 +34,11 @@ from radixrt.server_args import DENSE_COPY_DTYPES
 
 BLOCK = 32  # the block of `quantize`'s two formats
 PACKED = 0  # the native layer stack's kind for a packed projection (-1: dense)
-# Narrow steps of up to this many rows round x to int8 and multiply in integers, as llama.cpp
-# does (native/csrc/gguf_dot8.cpp); more rows keep x in float32. Off (0) by default: the other
-# paths multiply the exact dequantized weights, so a request's result would change with the
-# size of the batch it ran in (--cpu-gguf-int8-rows turns it on).
-INT8_ROWS = 0
+# Steps of up to `int8_rows` rows round x to int8 per block and multiply in integers, as
+# llama.cpp does (native/csrc/gguf_dot8.cpp); INT8_EVERY_STEP (--cpu-gguf-int8-rows -1) means
+# all of them. `int8_rows_for` picks the default from the model's dtype.
+INT8_EVERY_STEP = 1 << 62
+INT8_ROWS = 0  # a weight made outside the loader: float32 activations
 # Inputs of at least this many rows (prefill chunks) expand the weights to float32 once per
 # call and use the BLAS matmul: there the step is compute-bound (scripts/bench_gguf_linear.py).
 DENSE_FROM_ROWS = 32
@@ -173,6 +173,22 @@ def w8a8_reference(x: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor) -> 
     xq = (xf * inv).round().clamp(-127, 127).to(torch.int8)
     acc = torch._int_mm(xq, wq.t())
     return (acc.float() * (amax / 127 * w_scale)).to(x.dtype)
+
+
+def int8_rows_for(setting: int | None, dtype: torch.dtype) -> int:
+    """GGUFWeight.int8_rows for --cpu-gguf-int8-rows `setting` (-1: every step; None: auto).
+
+    Auto is by the exactness the dtype promises. float32 promises the same tokens whatever
+    the batching or caching: x stays float (0), because rounding it to int8 would turn the
+    last-bit differences between attention kernels (a prompt's last token after a radix hit
+    runs the decode tile, in a prefill the prefill tile) into different tokens. bfloat16 rounds
+    the activations to 8 bits between layers, which already makes a request's tokens depend on
+    its batch and on cache hits, so int8 rows add no new kind of difference there: steps below
+    DENSE_FROM_ROWS rows take them (2-3x faster K-quant matmuls at batch 1), wider ones the
+    dense copies or expanded tiles, which measure faster at prefill on bf16 matmul units."""
+    if setting is None:
+        return DENSE_FROM_ROWS - 1 if dtype == torch.bfloat16 else 0
+    return INT8_EVERY_STEP if setting == -1 else setting
 
 
 def can_keep_dense() -> bool:

@@ -13,7 +13,7 @@ from transformers import AutoConfig, PretrainedConfig
 
 from radixrt.distributed import TPGroup
 from radixrt.layers.config import TransformerConfig
-from radixrt.layers.quantized import INT8_ROWS, GGUFWeight
+from radixrt.layers.quantized import INT8_EVERY_STEP, GGUFWeight, int8_rows_for, native_ops_loaded
 from radixrt.layers.sharding import CheckpointTensor
 from radixrt.loader.hf_config import architecture_of, eos_token_ids, resolve_dtype
 from radixrt.loader.quantize import (
@@ -40,14 +40,15 @@ def load_model(
     quantization: str = "none",
     dense_copy_gb: float = 0.0,
     dense_copy_dtype: str = "bfloat16",
-    int8_rows: int = INT8_ROWS,
+    int8_rows: int | None = None,
 ) -> tuple[CausalLM, TransformerConfig]:
     """Build the model for `model_path` and load its weights, in `dtype` on `device`.
 
     `dtype` may also be a name or "auto" (see `resolve_dtype`). `dense_copy_gb`: the GiB that
     copies of packed weights in `dense_copy_dtype` (bfloat16 or int8) may take for wide batches
     on the CPU (see `keep_dense_copies`; 0: none). Packed weights multiply steps of up to
-    `int8_rows` rows with int8 activations (GGUFWeight.int8_rows; 0: never). Returns the
+    `int8_rows` rows with int8 activations (`int8_rows_for`: None picks by dtype; -1: every
+    step, and then no dense copies are kept, as no step would use them; 0: never). Returns the
     model in eval mode, without gradients. With a tensor-parallel `group` of more than one
     rank the model is this rank's part (see docs/tensor_parallel.md), and only its shards are
     read: slices of the safetensors files, or slices of each GGUF tensor once dequantized. The
@@ -80,15 +81,18 @@ def load_model(
     model.load_weights(checkpoint.weights(packed))
     model.eval().requires_grad_(False)
     apply_quantization(model, quantization)
+    rows = int8_rows_for(int8_rows, resolved)
     for weight in model.modules():
         if isinstance(weight, GGUFWeight):
-            weight.int8_rows = int8_rows
-    if resolved == torch.bfloat16 and torch.device(device).type == "cpu":
+            weight.int8_rows = rows
+    every_step_int8 = rows == INT8_EVERY_STEP and native_ops_loaded()  # no copy would be read
+    if resolved == torch.bfloat16 and torch.device(device).type == "cpu" and not every_step_int8:
         keep_dense_copies(model, dense_copy_gb, dense_copy_dtype)
     elif dense_copy_dtype != "bfloat16":  # asked for W8A8 copies where none are kept
         logger.warning(
-            "cpu_dense_copy_dtype %s ignored: copies are kept for bfloat16 on the CPU only "
-            "(this model runs in %s on %s)", dense_copy_dtype, resolved, device,
+            "cpu_dense_copy_dtype %s ignored: copies are kept for bfloat16 on the CPU only, and "
+            "not with int8 activations at every step (this model runs in %s on %s)",
+            dense_copy_dtype, resolved, device,
         )  # fmt: skip
     logger.info(
         "loaded weights: %s in %.1f s",

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from radixrt.layers.gguf_blocks import BLOCK_TYPES, block_type, dequantize_part
-from radixrt.layers.quantized import DENSE_FROM_ROWS, GGUFWeight
+from radixrt.layers.quantized import DENSE_FROM_ROWS, INT8_EVERY_STEP, GGUFWeight
 from radixrt.native.build import load_native
 from radixrt.native.cpu import ISA_ENV, cpu_flags, forced_isa
 
@@ -97,7 +97,7 @@ def test_each_float_matmul_is_within_float32_rounding_of_float64(name, rows):
     # cancel, hence the per-output bound on the sum of |products|, not one relative to y.
     blocks = random_blocks(name, 45, 768, seed=rows)
     weight = GGUFWeight(blocks, name, 768)
-    assert weight.int8_rows == 0  # the default: float32 activations
+    weight.int8_rows = 0  # --cpu-gguf-int8-rows 0: float32 activations
     w = dequantize_part(BLOCK_TYPES[name], blocks, 768)
     x = torch.randn(rows, 768, generator=torch.Generator().manual_seed(rows))
     with torch.inference_mode():
@@ -109,15 +109,17 @@ def test_each_float_matmul_is_within_float32_rounding_of_float64(name, rows):
 
 @needs_native
 @pytest.mark.parametrize("name", TYPES)
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 70])
 def test_each_int8_matmul_is_within_its_activation_rounding(name, rows):
-    # x rounded to int8 per 32 (per 256 for the K-quants), for steps of up to int8_rows rows.
+    # x rounded to int8 per 32 (per 256 for the K-quants), here at every row count.
+    # 1,280 inputs: five groups of eight 32-weight blocks; 1,792: six and a group of four.
     t = BLOCK_TYPES[name]
-    blocks = random_blocks(name, 45, 768, seed=rows)
-    weight = GGUFWeight(blocks, name, 768)
-    weight.int8_rows = 8  # --cpu-gguf-int8-rows 8
-    w = dequantize_part(t, blocks, 768)
-    x = torch.randn(rows, 768, generator=torch.Generator().manual_seed(rows))
+    k = 1792 if rows % 2 else 1280
+    blocks = random_blocks(name, 45, k, seed=rows)
+    weight = GGUFWeight(blocks, name, k)
+    weight.int8_rows = INT8_EVERY_STEP  # --cpu-gguf-int8-rows -1
+    w = dequantize_part(t, blocks, k)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
     x[0, 5] = 40.0  # an outlier: its block's step is large
     with torch.inference_mode():
         y = weight(x)
@@ -126,6 +128,27 @@ def test_each_int8_matmul_is_within_its_activation_rounding(name, rows):
     # Not the float kernel's result: the int8 rounding shows (a test that can fail).
     weight.int8_rows = 0
     assert not torch.equal(y, weight(x))
+
+
+@needs_native
+@pytest.mark.parametrize("name", TYPES)
+def test_an_int8_rows_result_does_not_depend_on_its_batch(name):
+    # Every row count runs the same per-row arithmetic (rows never mix; a row pass of 1-8 rows
+    # and a tile of columns change only the order of independent work), so a request's
+    # tokens are the same alone or in any batch. 576 inputs: two groups of eight 32-weight
+    # blocks and a group of two (768 for the 256-weight types).
+    k = 576 if BLOCK_TYPES[name].weights == 32 else 768
+    weight = GGUFWeight(random_blocks(name, 50, k, seed=8), name, k)
+    weight.int8_rows = INT8_EVERY_STEP
+    x = torch.randn(37, k, generator=torch.Generator().manual_seed(9))
+    with torch.inference_mode():
+        batch = weight(x)
+        alone = torch.cat([weight(x[i : i + 1]) for i in range(37)])
+        assert torch.equal(batch, alone)
+        assert torch.equal(weight(x[3:12]), batch[3:12])
+        xb = x.bfloat16()  # bfloat16 activations take the same path, widened first
+        singles = torch.cat([weight(xb[i : i + 1]) for i in (0, 20, 36)])
+        assert torch.equal(weight(xb)[[0, 20, 36]], singles)
 
 
 @needs_native
@@ -161,12 +184,13 @@ def test_a_merged_weight_of_several_types_is_its_parts_side_by_side(rows):
     x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(5))
     alone = [GGUFWeight(b, n, 512) for n, b in parts]
     with torch.inference_mode():
-        if rows < DENSE_FROM_ROWS:  # the same kernel per part, column by column, int8 or not
-            for int8_rows in (8, 0):
-                for weight in (merged, *alone):
-                    weight.int8_rows = int8_rows
-                y = merged(x)
-                assert torch.equal(y, torch.cat([a(x) for a in alone], dim=1))
+        # The same kernel per part, column by column: int8 at any row count, float below
+        # DENSE_FROM_ROWS (from there oneDNN's tiles, whose sums may group differently).
+        for int8_rows in (INT8_EVERY_STEP, 0):
+            for weight in (merged, *alone):
+                weight.int8_rows = int8_rows
+            if int8_rows or rows < DENSE_FROM_ROWS:
+                assert torch.equal(merged(x), torch.cat([a(x) for a in alone], dim=1))
         y = merged(x)  # float32 activations
     assert bool(((y.double() - x.double() @ w.double().T).abs() <= dot_bound(x, w)).all())
 

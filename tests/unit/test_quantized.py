@@ -107,6 +107,7 @@ def test_wide_matmul_over_many_tiles_matches_the_float_reference(fmt, rows, out_
     # Several tiles per thread, a last tile shorter than the others, tiles growing with rows;
     # under inference mode, as the engine runs (the threads writing y must be in it too).
     weight = GGUFWeight(quantize(_weights(out_features, 1536, seed=5), fmt), fmt, 1536)
+    weight.int8_rows = 0  # the float paths (test_gguf_blocks.py bounds the int8 kernel)
     x = torch.randn(rows, 1536, generator=torch.Generator().manual_seed(8))
     ref = x.double() @ weight.dequantize().double().T
     with torch.inference_mode():
@@ -151,6 +152,7 @@ def test_bfloat16_inputs_stay_bfloat16_within_its_rounding(fmt, rows):
     # relative); from it on the expanded tiles are rounded to bfloat16 as well and multiplied
     # in bfloat16 with float32 sums: 1% of the largest output covers both, not a wrong block.
     weight = GGUFWeight(quantize(_weights(300, 1536, seed=rows), fmt), fmt, 1536)
+    weight.int8_rows = 0  # the float paths
     x = torch.randn(rows, 1536, generator=torch.Generator().manual_seed(9)).bfloat16()
     ref = x.double() @ weight.dequantize().double().T
     with torch.inference_mode():
@@ -175,6 +177,7 @@ def test_a_dense_copy_serves_wide_bfloat16_inputs_only(rows):
     """From COPY_FROM_ROWS rows a bf16 input multiplies the bf16 copy (oneDNN): the same
     weights, so within bf16's rounding of the block kernel's result; below, the blocks."""
     weight = GGUFWeight(quantize(_weights(300, 576, seed=rows), "int4"), "int4", 576)
+    weight.int8_rows = 0  # copies serve only steps that int8 activations leave
     x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(3)).bfloat16()
     with torch.inference_mode():
         blocks_only = weight(x)

@@ -1,5 +1,7 @@
-// The integer narrow kernel (gguf_dot8.h): y = x W.T for few rows of x, x rounded to int8
-// per block. gguf_linear.cpp calls int8_linear for steps of up to `int8_rows` rows.
+// The integer kernel (gguf_dot8.h): y = x W.T with x rounded to int8 per block.
+// gguf_linear.cpp calls int8_linear for steps of up to `int8_rows` rows. The threads split a
+// projection's output columns (all its parts at once); each takes them a tile at a time
+// through every pass of up to 8 input rows, the 32-weight types' codes decoded once per tile.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -27,7 +29,15 @@ bool int8_supported() {
 #ifdef RADIXRT_DOT8
 namespace {
 
+// Input rows sharing each sub-block's codes: AVX-512's 32 registers hold 8 rows' sums.
+#ifdef __AVX512F__
+constexpr int64_t kRowsPerPass = 8;
+#else
 constexpr int64_t kRowsPerPass = 4;
+#endif
+// Output columns a thread takes through all row passes before the next: their weight rows
+// stay in its L1/L2 cache while every input row meets them (wide steps).
+constexpr int64_t kColumnsPerTile = 16;
 constexpr int64_t kPrefetchBytes = 4096;
 template <int64_t T>
 constexpr bool kPer32 = T == Q4_K || T == Q5_K || T == IQ4_XS;  // one scale per sub-block
@@ -53,20 +63,93 @@ float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// One 32-weight block into each row's float sums: d dx sum(u x8), and the offset b dx sum(x8).
+// sum += codes times x8, 4 bytes into each int32 lane: maddubs then madd, or one VNNI dpbusd
+// where the CPU has it. The integers are exact either way (no pair of products reaches
+// int16's limit), so both give the same sums, and so the same results.
+template <int64_t T>
+inline __m256i add_products(__m256i sum, __m256i codes, __m256i x) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  if constexpr (kSigned<T>)
+    return _mm256_dpbusd_epi32(sum, _mm256_abs_epi8(codes), _mm256_sign_epi8(x, codes));
+  return _mm256_dpbusd_epi32(sum, codes, x);
+#else
+  return _mm256_add_epi32(sum, _mm256_madd_epi16(pair_products<T>(codes, x), _mm256_set1_epi16(1)));
+#endif
+}
+
+// An 8 x 8 transpose of 32-bit words: word k of vector i becomes word i of vector k.
+inline void transpose8(__m256i v[8]) {
+  __m256i t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_epi32(v[i], v[i + 1]);
+    t[i + 1] = _mm256_unpackhi_epi32(v[i], v[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+    u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+    u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+    u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    v[k] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x20);
+    v[k + 4] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x31);
+  }
+}
+
+// Eight consecutive 32-weight blocks of a weight row, decoded once for every input row they
+// meet: their codes transposed (vector k holds word k, 4 codes, of each block, to match x's
+// layout in quantize_rows) and each block's scale d and offset b (zero past the row's end).
+struct alignas(32) Group32 {
+  __m256i codes[8];
+  __m256 d, off;
+};
+
+template <int64_t T, int count>
+__attribute__((always_inline)) inline void decode_group(const uint8_t* blocks, Group32& g) {
+  alignas(32) float d[8] = {}, off[8] = {};
+  for (int i = 0; i < 8; ++i) {
+    g.codes[i] = _mm256_setzero_si256();
+    if (i < count) {
+      block_scale<T>(blocks + i * Traits<T>::bytes, d[i], off[i]);
+      g.codes[i] = raw32<T>(blocks + i * Traits<T>::bytes, 0);
+    }
+  }
+  transpose8(g.codes);
+  g.d = _mm256_load_ps(d), g.off = _mm256_load_ps(off);
+}
+
+// Blocks [0, count) of 8 (fewer at a row's end), decoded into g.
+template <int64_t T>
+__attribute__((always_inline)) inline void decode_group(const uint8_t* blocks, int64_t count,
+                                                        Group32& g) {
+  _mm_prefetch(reinterpret_cast<const char*>(blocks) + kPrefetchBytes, _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(blocks) + kPrefetchBytes + 64, _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(blocks) + kPrefetchBytes + 128, _MM_HINT_T0);
+  switch (count) {  // a constant count: no per-block branches
+    case 1: decode_group<T, 1>(blocks, g); break;
+    case 2: decode_group<T, 2>(blocks, g); break;
+    case 3: decode_group<T, 3>(blocks, g); break;
+    case 4: decode_group<T, 4>(blocks, g); break;
+    case 5: decode_group<T, 5>(blocks, g); break;
+    case 6: decode_group<T, 6>(blocks, g); break;
+    case 7: decode_group<T, 7>(blocks, g); break;
+    default: decode_group<T, 8>(blocks, g);
+  }
+}
+
+// One group into each row's 8 float lanes, one lane a block: 8 multiply-adds leave each
+// block's integer total in its own lane (no reduction), then its total times d dx, plus its
+// offset b times dx sum(x8): one conversion and two fmas per 8 blocks.
 template <int M, int64_t T>
-inline void add_block(const uint8_t* blk, const Q8Rows& a, int64_t r0, int64_t b, __m256* acc,
-                      float* extra) {
-  float d, off;
-  block_scale<T>(blk, d, off);
-  const __m256i codes = raw32<T>(blk, 0);
-  const __m256i ones = _mm256_set1_epi16(1);
+inline void add_group(const Group32& g, const Q8Rows& a, int64_t r0, int64_t b0, __m256* acc) {
   for (int r = 0; r < M; ++r) {
-    const int64_t ab = (r0 + r) * (a.K / 32) + b;  // the block of x
-    const __m256i x = load32(reinterpret_cast<const uint8_t*>(a.q.data() + ab * 32));
-    const __m256i sums = _mm256_madd_epi16(pair_products<T>(codes, x), ones);
-    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(d * a.d[ab]), acc[r]);
-    if (off != 0.0f) extra[r] += off * a.d[ab] * (a.sums[2 * ab] + a.sums[2 * ab + 1]);
+    const int64_t ab = (r0 + r) * a.row_blocks + b0;  // this row's first block of x
+    const uint8_t* xq = reinterpret_cast<const uint8_t*>(a.q.data() + ab * 32);
+    __m256i sums = _mm256_setzero_si256();
+    for (int k = 0; k < 8; ++k) sums = add_products<T>(sums, g.codes[k], load32(xq + 32 * k));
+    const __m256 dx = _mm256_loadu_ps(a.d.data() + ab);  // zero past the row's end (padding)
+    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(g.d, dx), acc[r]);
+    acc[r] = _mm256_fmadd_ps(g.off, _mm256_loadu_ps(a.dsum.data() + ab), acc[r]);
   }
 }
 
@@ -103,28 +186,42 @@ inline void add_super_block(const uint8_t* blk, const Q8Rows& a, int64_t r0, int
   }
 }
 
-// Output columns [n0, n1) of one part for rows r0 .. r0 + M of the quantized x.
+// Output columns [n0, n1) of one part for rows r0 .. r0 + M of the quantized x; the
+// 32-weight types read their columns' groups from `groups` (decode_groups, a column's
+// row_blocks / 8 groups after another's).
 template <int M, int64_t T>
-void dot8_rows(const Q8Rows& a, int64_t r0, const Part& p, int64_t n0, int64_t n1, float* y,
-               int64_t ldy) {
+void dot8_rows(const Q8Rows& a, int64_t r0, const Part& p, int64_t n0, int64_t n1,
+               const Group32* groups, float* y, int64_t ldy) {
   constexpr int64_t kW = Traits<T>::weights, kB = Traits<T>::bytes;
   const int64_t nb = a.K / kW;
   for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* row = p.data + n * p.row_bytes;
     __m256 acc[M];
-    float extra[M] = {};
     for (auto& v : acc) v = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = row + b * kB;
-      _mm_prefetch(reinterpret_cast<const char*>(blk) + kPrefetchBytes, _MM_HINT_T0);
-      if constexpr (kW == 32) add_block<M, T>(blk, a, r0, b, acc, extra);
-      else add_super_block<M, T>(blk, a, r0, b, acc);
+    if constexpr (kW == 32) {
+      if (groups != nullptr) {
+        const Group32* column = groups + (n - n0) * (a.row_blocks / 8);
+        for (int64_t b = 0; b < nb; b += 8) add_group<M, T>(column[b / 8], a, r0, b, acc);
+      } else {  // one pass over the rows: decode each group as it is used
+        for (int64_t b = 0; b < nb; b += 8) {
+          Group32 g;
+          decode_group<T>(p.data + n * p.row_bytes + b * kB, std::min<int64_t>(8, nb - b), g);
+          add_group<M, T>(g, a, r0, b, acc);
+        }
+      }
+    } else {
+      const uint8_t* row = p.data + n * p.row_bytes;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = row + b * kB;
+        _mm_prefetch(reinterpret_cast<const char*>(blk) + kPrefetchBytes, _MM_HINT_T0);
+        add_super_block<M, T>(blk, a, r0, b, acc);
+      }
     }
-    for (int r = 0; r < M; ++r) y[(r0 + r) * ldy + p.row0 + n] = hsum(acc[r]) + extra[r];
+    for (int r = 0; r < M; ++r) y[(r0 + r) * ldy + p.row0 + n] = hsum(acc[r]);
   }
 }
 
-using Dot8Fn = void (*)(const Q8Rows&, int64_t, const Part&, int64_t, int64_t, float*, int64_t);
+using Dot8Fn = void (*)(const Q8Rows&, int64_t, const Part&, int64_t, int64_t, const Group32*,
+                        float*, int64_t);
 
 template <int64_t T>
 Dot8Fn dot8_fn(int64_t m) {
@@ -132,42 +229,96 @@ Dot8Fn dot8_fn(int64_t m) {
     case 1: return dot8_rows<1, T>;
     case 2: return dot8_rows<2, T>;
     case 3: return dot8_rows<3, T>;
+#ifdef __AVX512F__
+    case 4: return dot8_rows<4, T>;
+    case 5: return dot8_rows<5, T>;
+    case 6: return dot8_rows<6, T>;
+    case 7: return dot8_rows<7, T>;
+    default: return dot8_rows<8, T>;
+#else
     default: return dot8_rows<4, T>;
+#endif
   }
 }
 
 }  // namespace
 
-// Blocks of `group` inputs: d = max|x| / 127, q = round(x / d) (ties to even: the CPU's
+// One block of `group` inputs: d = max|x| / 127, q = round(x / d) (ties to even: the CPU's
 // rounding mode), as llama.cpp's Q8_0 / Q8_K do (they round ties away from zero: a tie is rare
 // in float inputs); the codes' sums per 16 beside them.
+void quantize_block(const float* xb, int64_t group, int8_t* q, float* d, int16_t* sums) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 vmax = _mm256_setzero_ps();
+  for (int64_t j = 0; j < group; j += 8)
+    vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + j)));
+  *d = hmax(vmax) / 127.0f;
+  const __m256 id = _mm256_set1_ps(*d > 0.0f ? 1.0f / *d : 0.0f);
+  for (int64_t j = 0; j < group; j += 16) {
+    const __m256i lo = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + j), id));
+    const __m256i hi = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + j + 8), id));
+    // packs works within 128-bit lanes: 16-bit [lo0-3 hi0-3 | lo4-7 hi4-7], fixed by permute.
+    const __m256i w16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xD8);
+    const __m128i w8 = _mm_packs_epi16(_mm256_castsi256_si128(w16), _mm256_extracti128_si256(w16, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + j), w8);
+    sums[j / 16] = static_cast<int16_t>(hsum_i32(_mm256_madd_epi16(w16, _mm256_set1_epi16(1))));
+  }
+}
+
 Q8Rows quantize_rows(const float* x, int64_t M, int64_t K, int64_t group) {
   Q8Rows a;
+  const int64_t nb = K / group;
   a.K = K, a.group = group;
-  a.q.resize(M * K);
-  a.d.resize(M * K / group);
-  a.sums.resize(M * K / 16);
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  for (int64_t b = 0; b < M * K / group; ++b) {
-    const float* xb = x + b * group;
-    __m256 vmax = _mm256_setzero_ps();
-    for (int64_t j = 0; j < group; j += 8)
-      vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + j)));
-    const float amax = hmax(vmax);
-    const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
-    a.d[b] = d;
-    for (int64_t j = 0; j < group; j += 16) {
-      const __m256i lo = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + j), _mm256_set1_ps(id)));
-      const __m256i hi = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + j + 8), _mm256_set1_ps(id)));
-      // packs works within 128-bit lanes: 16-bit [lo0-3 hi0-3 | lo4-7 hi4-7], fixed by permute.
-      const __m256i w16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xD8);
-      const __m128i w8 = _mm_packs_epi16(_mm256_castsi256_si128(w16), _mm256_extracti128_si256(w16, 1));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(a.q.data() + b * group + j), w8);
-      const __m256i pair = _mm256_madd_epi16(w16, _mm256_set1_epi16(1));
-      a.sums[(b * group + j) / 16] = static_cast<int16_t>(hsum_i32(pair));
+  a.row_blocks = group == 32 ? (nb + 7) / 8 * 8 : nb;
+  a.q.resize(M * a.row_blocks * group);  // zeros: the padding blocks stay zero
+  a.d.resize(M * a.row_blocks);
+  a.sums.resize(M * a.row_blocks * group / 16);
+  if (group == 32) a.dsum.resize(M * a.row_blocks);
+  // Blocks are independent: wide inputs (prefill chunks) split them over the threads.
+  at::parallel_for(0, M * nb, std::max<int64_t>(1, 16384 / group), [&](int64_t i0, int64_t i1) {
+    alignas(32) int8_t q[256];
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t r = i / nb, b = i % nb, ab = r * a.row_blocks + b;
+      quantize_block(x + r * K + b * group, group, q, a.d.data() + ab, a.sums.data() + ab * group / 16);
+      if (group == 256) {
+        std::memcpy(a.q.data() + ab * 256, q, 256);
+        continue;
+      }
+      // Word k of block b of a group of 8 goes to word b % 8 of the group's vector k.
+      int8_t* group_q = a.q.data() + (ab - b % 8) * 32;
+      for (int k = 0; k < 8; ++k) std::memcpy(group_q + 32 * k + 4 * (b % 8), q + 4 * k, 4);
+      a.dsum[ab] = a.d[ab] * (a.sums[2 * ab] + a.sums[2 * ab + 1]);
     }
-  }
+  });
   return a;
+}
+
+// Columns [n0, n1) of the whole layout (across its parts) for every row of x, a tile of
+// columns at a time. Each row's sums are the same whatever M is (rows never mix), so a
+// request's result does not depend on its batch.
+void int8_columns(const Q8Rows& by32, const Q8Rows& by256, const Layout& l, int64_t M,
+                  int64_t n0, int64_t n1, float* y) {
+  for (const Part& p : l.parts) {
+    const int64_t lo = std::max(n0, p.row0) - p.row0, hi = std::min(n1, p.row0 + p.rows) - p.row0;
+    if (lo >= hi) continue;
+    dispatch(p.type, [&]<int64_t T>() {
+      constexpr bool kGroups = Traits<T>::weights == 32;
+      const Q8Rows& a = kGroups ? by32 : by256;
+      // Several row passes: each column's codes decoded once for all of them.
+      const bool keep = kGroups && M > kRowsPerPass;
+      std::vector<Group32> groups(keep ? kColumnsPerTile * a.row_blocks / 8 : 0);
+      for (int64_t c0 = lo; c0 < hi; c0 += kColumnsPerTile) {
+        const int64_t c1 = std::min(hi, c0 + kColumnsPerTile);
+        for (int64_t c = c0; keep && c < c1; ++c)
+          for (int64_t b = 0; b < a.K / 32; b += 8)
+            decode_group<T>(p.data + c * p.row_bytes + b * Traits<T>::bytes,
+                            std::min<int64_t>(8, a.K / 32 - b),
+                            groups[(c - c0) * (a.row_blocks / 8) + b / 8]);
+        for (int64_t r0 = 0; r0 < M; r0 += kRowsPerPass)
+          dot8_fn<T>(std::min(kRowsPerPass, M - r0))(a, r0, p, c0, c1,
+                                                     keep ? groups.data() : nullptr, y, l.N);
+      }
+    });
+  }
 }
 
 at::Tensor int8_linear(const at::Tensor& x, const Layout& l) {
@@ -181,18 +332,10 @@ at::Tensor int8_linear(const at::Tensor& x, const Layout& l) {
   const Q8Rows by32 = small ? quantize_rows(xp, M, l.K, 32) : Q8Rows{};
   const Q8Rows by256 = large ? quantize_rows(xp, M, l.K, 256) : Q8Rows{};
   float* yp = y.data_ptr<float>();
-  for (const Part& p : l.parts)
-    for (int64_t r0 = 0; r0 < M; r0 += kRowsPerPass) {
-      Dot8Fn fn = nullptr;
-      const Q8Rows* a = nullptr;
-      dispatch(p.type, [&]<int64_t T>() {
-        fn = dot8_fn<T>(std::min(kRowsPerPass, M - r0));
-        a = Traits<T>::weights == 32 ? &by32 : &by256;
-      });
-      at::parallel_for(0, p.rows, 16, [&](int64_t n0, int64_t n1) {
-        fn(*a, r0, p, n0, n1, yp, l.N);
-      });
-    }
+  // One parallel region for the whole projection: its parts are split together.
+  at::parallel_for(0, l.N, kColumnsPerTile, [&](int64_t n0, int64_t n1) {
+    int8_columns(by32, by256, l, M, n0, n1, yp);
+  });
   return y;
 }
 #else

@@ -1,10 +1,12 @@
-// Narrow matmuls in integers, as llama.cpp computes them: each input row is rounded to int8
-// once per call (scale max|x| / 127 per block: 32 inputs for the 32-weight types, 256 for the
-// K-quants), and each weight sub-block's codes meet those int8 inputs in 16-bit then 32-bit
-// integer sums (maddubs, madd), one float step per block. A decode step is bound by these
-// instructions, not by memory, on small CPUs: integers do a sub-block in about a third of the
-// float kernel's instructions. The rounding of x is the only inexact step: its error bound is
-// what tests/unit/test_gguf_blocks.py checks.
+// Matmuls in integers, as llama.cpp computes them: each input row is rounded to int8 once per
+// call (scale max|x| / 127 per block: 32 inputs for the 32-weight types, 256 for the
+// K-quants), and each weight sub-block's codes meet those int8 inputs in exact integer sums
+// (maddubs and madd, or VNNI's dpbusd), one float step per block (per 8 blocks for the
+// 32-weight types). A decode step is bound by these instructions, not by memory, on small
+// CPUs: integers do a sub-block in about a third of the float kernel's instructions. The
+// rounding of x is the only inexact step: its error bound is what
+// tests/unit/test_gguf_blocks.py checks. Every row's arithmetic is the same whatever the
+// number of rows, so a row's result does not depend on its batch.
 //
 // Codes here are raw (gguf_codes.h subtracts their bias for the float kernel): unsigned 0..63
 // with w = d s (u - bias) for most types; Q8_0 and the IQ4 types are signed, multiplied by
@@ -24,13 +26,18 @@ template <int64_t T>
 constexpr bool kSigned = T == Q8_0 || T == IQ4_NL || T == IQ4_XS;
 
 // ---- Inputs as int8 ------------------------------------------------------------------------
-// Rows of x in blocks of `group` (32 or 256): int8 codes, a float scale per block, and the sum
-// of the codes per 16 (for the weights' offsets and minimums).
+// Rows of x in blocks of `group` (32 or 256): int8 codes, a float scale per block, the sum
+// of the codes per 16 (for the weights' offsets and minimums), and for blocks of 32 their
+// scale times their codes' sum (as llama.cpp's Q8_1 keeps it). Blocks of 32 are stored in
+// groups of 8, transposed: word k (4 codes) of the group's block i at byte 32 k + 4 i, the
+// order in which the kernel meets the weights' codes; each row is padded with zero blocks
+// to a whole group (`row_blocks` blocks a row).
 struct Q8Rows {
-  int64_t K = 0, group = 0;
+  int64_t K = 0, group = 0, row_blocks = 0;
   std::vector<int8_t> q;
   std::vector<float> d;
   std::vector<int16_t> sums;
+  std::vector<float> dsum;
 };
 
 Q8Rows quantize_rows(const float* x, int64_t M, int64_t K, int64_t group);

@@ -374,8 +374,8 @@ at::Tensor gguf_rows(const at::Tensor& packed, const at::Tensor& ids, int64_t in
 // x [M, K] float32 or bfloat16 -> [M, N] in x's dtype. Few rows run the sub-block kernel in
 // float32 (a bfloat16 x is widened, the result rounded); many rows, wide_linear in x's dtype.
 // out_features repeats the header's N, so that torch.compile's fake op knows the shape. Steps
-// of up to int8_rows rows round x to int8 and sum in integers (gguf_dot8.cpp), as llama.cpp
-// does; other narrow steps run the float kernel, which multiplies x as it is.
+// of up to int8_rows rows, however wide, round x to int8 and sum in integers (gguf_dot8.cpp),
+// as llama.cpp does; other narrow steps run the float kernel, which multiplies x as it is.
 at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
                        int64_t dense_from_rows, int64_t int8_rows) {
   TORCH_CHECK((x.dtype() == at::kFloat || x.dtype() == at::kBFloat16) && x.dim() == 2,
@@ -384,8 +384,8 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& packed, int64_t ou
   const Layout l = read_layout(packed);
   TORCH_CHECK(x.size(1) == l.K, "gguf_linear: x has ", x.size(1), " features, the weight ", l.K);
   TORCH_CHECK(out_features == l.N, "gguf_linear: the weight has ", l.N, " rows, not ", out_features);
-  if (x.size(0) >= dense_from_rows) return wide_linear(x.contiguous(), l);
   const bool int8 = x.size(0) <= int8_rows && gguf::int8_supported();
+  if (!int8 && x.size(0) >= dense_from_rows) return wide_linear(x.contiguous(), l);
   const at::Tensor xf = x.to(at::kFloat).contiguous();
   const at::Tensor y = int8 ? gguf::int8_linear(xf, l) : narrow_linear(xf, l);
   return y.to(x.scalar_type());
