@@ -106,7 +106,9 @@ struct alignas(32) Group32 {
 
 template <int64_t T, int count>
 __attribute__((always_inline)) inline void decode_group(const uint8_t* blocks, Group32& g) {
-  alignas(32) float d[8] = {}, off[8] = {};
+  for (int64_t at = 0; at < 8 * Traits<T>::bytes; at += 64)  // every line of the group
+    _mm_prefetch(reinterpret_cast<const char*>(blocks) + kPrefetchBytes + at, _MM_HINT_T0);
+  float d[8] = {}, off[8] = {};
   for (int i = 0; i < 8; ++i) {
     g.codes[i] = _mm256_setzero_si256();
     if (i < count) {
@@ -115,16 +117,15 @@ __attribute__((always_inline)) inline void decode_group(const uint8_t* blocks, G
     }
   }
   transpose8(g.codes);
-  g.d = _mm256_load_ps(d), g.off = _mm256_load_ps(off);
+  // From registers, not through memory: 8 scalar stores then a vector load of them would
+  // wait for the stores to retire (no store-to-load forwarding across them).
+  g.d = _mm256_setr_ps(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]);
+  g.off = _mm256_setr_ps(off[0], off[1], off[2], off[3], off[4], off[5], off[6], off[7]);
 }
 
 // Blocks [0, count) of 8 (fewer at a row's end), decoded into g.
 template <int64_t T>
-__attribute__((always_inline)) inline void decode_group(const uint8_t* blocks, int64_t count,
-                                                        Group32& g) {
-  _mm_prefetch(reinterpret_cast<const char*>(blocks) + kPrefetchBytes, _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(blocks) + kPrefetchBytes + 64, _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(blocks) + kPrefetchBytes + 128, _MM_HINT_T0);
+void decode_group(const uint8_t* blocks, int64_t count, Group32& g) {
   switch (count) {  // a constant count: no per-block branches
     case 1: decode_group<T, 1>(blocks, g); break;
     case 2: decode_group<T, 2>(blocks, g); break;
@@ -150,6 +151,48 @@ inline void add_group(const Group32& g, const Q8Rows& a, int64_t r0, int64_t b0,
     const __m256 dx = _mm256_loadu_ps(a.d.data() + ab);  // zero past the row's end (padding)
     acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(g.d, dx), acc[r]);
     acc[r] = _mm256_fmadd_ps(g.off, _mm256_loadu_ps(a.dsum.data() + ab), acc[r]);
+  }
+}
+
+// Four blocks' 8-lane sums as their four totals: [A, B, C, D].
+inline __m128i totals4(__m256i a, __m256i b, __m256i c, __m256i d) {
+  const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
+  return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+// add_group for one pass of rows, whose x keeps its blocks in order (quantize_rows without
+// `transposed`): the codes are not transposed, each block's sums are reduced to its total
+// by a tree of adds instead. Those totals are the same integers, and the float steps after
+// them the same, so a row's result is the same as add_group's; at 1-8 rows this is faster
+// than transposing every group of codes for so few rows.
+template <int M, int64_t T, int count>
+inline void add_blocks_in_order(const uint8_t* blocks, const Q8Rows& a, int64_t r0, int64_t b0,
+                                __m256* acc) {
+  for (int64_t at = 0; at < 8 * Traits<T>::bytes; at += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(blocks) + kPrefetchBytes + at, _MM_HINT_T0);
+  float d[8] = {}, off[8] = {};
+  __m256i codes[8];
+  for (int i = 0; i < 8; ++i) {
+    codes[i] = _mm256_setzero_si256();
+    if (i < count) {
+      block_scale<T>(blocks + i * Traits<T>::bytes, d[i], off[i]);
+      codes[i] = raw32<T>(blocks + i * Traits<T>::bytes, 0);
+    }
+  }
+  const __m256 d_w = _mm256_setr_ps(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]);
+  const __m256 off_w = _mm256_setr_ps(off[0], off[1], off[2], off[3], off[4], off[5], off[6], off[7]);
+  for (int r = 0; r < M; ++r) {
+    const int64_t ab = (r0 + r) * a.row_blocks + b0;
+    const uint8_t* xq = reinterpret_cast<const uint8_t*>(a.q.data() + ab * 32);
+    __m256i s[8];
+    for (int i = 0; i < 8; ++i)
+      s[i] = i < count ? add_products<T>(_mm256_setzero_si256(), codes[i], load32(xq + 32 * i))
+                       : _mm256_setzero_si256();
+    const __m256i totals = _mm256_set_m128i(totals4(s[4], s[5], s[6], s[7]),
+                                            totals4(s[0], s[1], s[2], s[3]));
+    const __m256 dx = _mm256_loadu_ps(a.d.data() + ab);
+    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals), _mm256_mul_ps(d_w, dx), acc[r]);
+    acc[r] = _mm256_fmadd_ps(off_w, _mm256_loadu_ps(a.dsum.data() + ab), acc[r]);
   }
 }
 
@@ -202,10 +245,19 @@ void dot8_rows(const Q8Rows& a, int64_t r0, const Part& p, int64_t n0, int64_t n
         const Group32* column = groups + (n - n0) * (a.row_blocks / 8);
         for (int64_t b = 0; b < nb; b += 8) add_group<M, T>(column[b / 8], a, r0, b, acc);
       } else {  // one pass over the rows: decode each group as it is used
+        const uint8_t* row = p.data + n * p.row_bytes;
         for (int64_t b = 0; b < nb; b += 8) {
-          Group32 g;
-          decode_group<T>(p.data + n * p.row_bytes + b * kB, std::min<int64_t>(8, nb - b), g);
-          add_group<M, T>(g, a, r0, b, acc);
+          const uint8_t* blocks = row + b * kB;
+          switch (std::min<int64_t>(8, nb - b)) {  // a constant count: no per-block branches
+            case 1: add_blocks_in_order<M, T, 1>(blocks, a, r0, b, acc); break;
+            case 2: add_blocks_in_order<M, T, 2>(blocks, a, r0, b, acc); break;
+            case 3: add_blocks_in_order<M, T, 3>(blocks, a, r0, b, acc); break;
+            case 4: add_blocks_in_order<M, T, 4>(blocks, a, r0, b, acc); break;
+            case 5: add_blocks_in_order<M, T, 5>(blocks, a, r0, b, acc); break;
+            case 6: add_blocks_in_order<M, T, 6>(blocks, a, r0, b, acc); break;
+            case 7: add_blocks_in_order<M, T, 7>(blocks, a, r0, b, acc); break;
+            default: add_blocks_in_order<M, T, 8>(blocks, a, r0, b, acc);
+          }
         }
       }
     } else {
@@ -264,7 +316,7 @@ void quantize_block(const float* xb, int64_t group, int8_t* q, float* d, int16_t
   }
 }
 
-Q8Rows quantize_rows(const float* x, int64_t M, int64_t K, int64_t group) {
+Q8Rows quantize_rows(const float* x, int64_t M, int64_t K, int64_t group, bool transposed) {
   Q8Rows a;
   const int64_t nb = K / group;
   a.K = K, a.group = group;
@@ -279,14 +331,14 @@ Q8Rows quantize_rows(const float* x, int64_t M, int64_t K, int64_t group) {
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t r = i / nb, b = i % nb, ab = r * a.row_blocks + b;
       quantize_block(x + r * K + b * group, group, q, a.d.data() + ab, a.sums.data() + ab * group / 16);
-      if (group == 256) {
-        std::memcpy(a.q.data() + ab * 256, q, 256);
+      if (group == 32) a.dsum[ab] = a.d[ab] * (a.sums[2 * ab] + a.sums[2 * ab + 1]);
+      if (!transposed) {
+        std::memcpy(a.q.data() + ab * group, q, group);
         continue;
       }
       // Word k of block b of a group of 8 goes to word b % 8 of the group's vector k.
       int8_t* group_q = a.q.data() + (ab - b % 8) * 32;
       for (int k = 0; k < 8; ++k) std::memcpy(group_q + 32 * k + 4 * (b % 8), q + 4 * k, 4);
-      a.dsum[ab] = a.d[ab] * (a.sums[2 * ab] + a.sums[2 * ab + 1]);
     }
   });
   return a;
@@ -329,8 +381,9 @@ at::Tensor int8_linear(const at::Tensor& x, const Layout& l) {
     dispatch(p.type, [&]<int64_t T>() { (Traits<T>::weights == 32 ? small : large) = true; });
   }
   const float* xp = x.data_ptr<float>();
-  const Q8Rows by32 = small ? quantize_rows(xp, M, l.K, 32) : Q8Rows{};
-  const Q8Rows by256 = large ? quantize_rows(xp, M, l.K, 256) : Q8Rows{};
+  const bool passes = M > kRowsPerPass;  // then the 32-weight types' codes are transposed
+  const Q8Rows by32 = small ? quantize_rows(xp, M, l.K, 32, passes) : Q8Rows{};
+  const Q8Rows by256 = large ? quantize_rows(xp, M, l.K, 256, false) : Q8Rows{};
   float* yp = y.data_ptr<float>();
   // One parallel region for the whole projection: its parts are split together.
   at::parallel_for(0, l.N, kColumnsPerTile, [&](int64_t n0, int64_t n1) {

@@ -28,10 +28,10 @@ constexpr bool kSigned = T == Q8_0 || T == IQ4_NL || T == IQ4_XS;
 // ---- Inputs as int8 ------------------------------------------------------------------------
 // Rows of x in blocks of `group` (32 or 256): int8 codes, a float scale per block, the sum
 // of the codes per 16 (for the weights' offsets and minimums), and for blocks of 32 their
-// scale times their codes' sum (as llama.cpp's Q8_1 keeps it). Blocks of 32 are stored in
-// groups of 8, transposed: word k (4 codes) of the group's block i at byte 32 k + 4 i, the
-// order in which the kernel meets the weights' codes; each row is padded with zero blocks
-// to a whole group (`row_blocks` blocks a row).
+// scale times their codes' sum (as llama.cpp's Q8_1 keeps it). Blocks of 32 are `transposed`
+// for steps of several row passes: in groups of 8, word k (4 codes) of the group's block i at
+// byte 32 k + 4 i, the order in which the kernel meets the weights' transposed codes. Each
+// row is padded with zero blocks to a whole group (`row_blocks` blocks a row).
 struct Q8Rows {
   int64_t K = 0, group = 0, row_blocks = 0;
   std::vector<int8_t> q;
@@ -40,7 +40,7 @@ struct Q8Rows {
   std::vector<float> dsum;
 };
 
-Q8Rows quantize_rows(const float* x, int64_t M, int64_t K, int64_t group);
+Q8Rows quantize_rows(const float* x, int64_t M, int64_t K, int64_t group, bool transposed);
 
 // ---- Raw codes of a sub-block as 32 bytes ---------------------------------------------------
 inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256((const __m256i*)p); }
