@@ -1,5 +1,6 @@
-"""Every GGUF block type's matmul on this CPU: the int8 kernel (llama.cpp's way, the default for
-narrow steps) against the float kernel, per batch rows (docs/quantization.md's type table).
+"""Every GGUF block type's matmul on this CPU: the int8 kernel (llama.cpp's way; the default for
+steps below 32 rows under bfloat16) against the float paths, per batch rows
+(docs/quantization.md's type table).
 
     python scripts/bench_gguf_types.py [--rows 1,4,8,64] [--threads 2] [--repeats 5]
                                        [--types Q4_K,Q6_K,...]
@@ -7,8 +8,9 @@ narrow steps) against the float kernel, per batch rows (docs/quantization.md's t
 One step's matmuls of a 0.25B model's shapes (hidden 1024, 16 layers: q/k/v 1536 x 1024,
 o 1024 x 1024, gate/up 5632 x 1024, down 1024 x 2816), random blocks of each type (scales of a
 realistic size, so no subnormal arithmetic), in microseconds per step and the weight bytes
-read per second; the best of --repeats, kernels interleaved. From `DENSE_FROM_ROWS` rows on
-both settings take the same expanded-tile path.
+read per second; the best of --repeats, kernels interleaved. The int8 column runs int8 at
+every row count (--cpu-gguf-int8-rows -1); the float one, from `DENSE_FROM_ROWS` rows on, the
+expanded tiles (float32 here: x is float32).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 import torch
 
 from radixrt.layers.gguf_blocks import BLOCK_TYPES
-from radixrt.layers.quantized import GGUFWeight
+from radixrt.layers.quantized import INT8_EVERY_STEP, GGUFWeight
 from radixrt.native.build import load_native
 from radixrt.native.cpu import cpu_flags, forced_isa
 
@@ -79,7 +81,7 @@ def main() -> None:
         size = sum(w.packed.numel() for w in weights)
         cells = []
         for m in rows:
-            for int8_rows in (8, 0):
+            for int8_rows in (INT8_EVERY_STEP, 0):
                 us = step_us(weights, m, int8_rows, args.repeats)
                 cells.append(f"{us / 1000:.2f} ms ({size / us / 1e3:.1f} GB/s)")
         bits = 8 * t.bytes / t.weights

@@ -43,19 +43,31 @@ def _as_list(value: int | list[int] | None) -> list[int]:
     return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
-def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
+def resolve_dtype(
+    dtype: str | torch.dtype, device: str | torch.device = "cpu", packed: bool = False
+) -> torch.dtype:
     """A torch dtype from a name ("float32", "bfloat16", "float16") or "auto": bfloat16 on
-    CUDA (float16 where bf16 is unsupported); on the CPU bfloat16 where it has bf16 matmul
-    units, else float32, for dense and packed GGUF weights alike (the packed kernels take
-    bf16 activations; from 32 rows on they multiply bf16 tiles, about twice float32's speed,
-    and below that they add a cast each way, a few percent of a batch-1 step: cpu_kernels.md's
-    table). Raises ValueError for anything else."""
+    CUDA (float16 where bf16 is unsupported). On the CPU bfloat16 where it has bf16 matmul
+    units; without them bfloat16 too for a model whose linear layers are `packed` (a GGUF
+    file, --quantization int4/int8) when the native kernels run, else float32. Packed layers
+    multiply in float32 or integers whatever the dtype (wide steps widen a bfloat16 x where no
+    bf16 units would multiply it), and under bfloat16 steps of 1-31 rows take int8
+    activations (quantized.int8_rows_for): on AVX2 paths that measured 1.6x float32's batch-1
+    decode and level or better elsewhere (docs/quantization.md). A dense model without bf16
+    units keeps float32, whose matmuls are then 2-3x faster. Raises ValueError for anything
+    else."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
         if str(device).startswith("cuda"):
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.bfloat16 if cpu_has_bf16() else torch.float32
+        return torch.bfloat16 if cpu_has_bf16() or (packed and _native_kernels()) else torch.float32
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {dtype!r}")
     return _DTYPES[dtype]
+
+
+def _native_kernels() -> bool:
+    from radixrt.layers.quantized import native_ops_loaded  # imports torch ops: only when asked
+
+    return native_ops_loaded()

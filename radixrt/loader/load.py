@@ -21,6 +21,7 @@ from radixrt.loader.quantize import (
     apply_quantization,
     keep_dense_copies,
     pack_file_weights,
+    packs_weights,
 )
 from radixrt.loader.weights import iter_safetensors, safetensors_files
 from radixrt.models.base import CausalLM
@@ -61,7 +62,8 @@ def load_model(
     group = group or TPGroup.single()
     start = time.monotonic()
     path = Path(model_path)
-    resolved = resolve_dtype(dtype, device)
+    packs = packs_weights(quantization, path, torch.device(device), group.size)
+    resolved = resolve_dtype(dtype, device, packed=packs)
     logger.info(
         "loading weights: %s (%s on %s)", path, str(resolved).removeprefix("torch."), device
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from radixrt.layers.config import TransformerConfig
 from radixrt.loader.default_model import default_model_path
 from radixrt.loader.hf_config import resolve_dtype
 from radixrt.loader.load import load_model
+from radixrt.loader.quantize import packs_weights
 from radixrt.observability.kv_events import create_kv_event_sink
 from radixrt.observability.log_setup import format_bytes
 from radixrt.server_args import ServerArgs
@@ -85,7 +87,9 @@ def build_components(
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     model_path = args.model_path or default_model_path()
-    dtype = resolve_dtype(args.dtype, device)
+    tp_size = group.size if group is not None else 1
+    packed = packs_weights(args.quantization, Path(model_path), torch.device(device), tp_size)
+    dtype = resolve_dtype(args.dtype, device, packed=packed)
     # FileNotFoundError names a bad path. With a group: this rank's shard of the model.
     model, cfg = load_model(
         model_path, dtype, device, group, quantization=args.quantization,

@@ -196,6 +196,18 @@ def test_model_config_fields(tiny_model_dir, tmp_path):
         resolve_dtype("float64")
 
 
+def test_auto_dtype_is_bfloat16_for_packed_weights_on_any_cpu_with_the_kernels(monkeypatch):
+    from radixrt.layers.quantized import native_ops_loaded
+    from radixrt.native.cpu import ISA_ENV
+
+    if not native_ops_loaded():
+        pytest.skip("radixrt's native CPU ops did not build (no compiler?)")
+    monkeypatch.setenv(ISA_ENV, "avx2")  # a CPU without bf16 matmul units
+    assert resolve_dtype("auto", "cpu") == torch.float32  # a dense model's matmuls
+    assert resolve_dtype("auto", "cpu", packed=True) == torch.bfloat16  # int8 rows, see docs
+    assert resolve_dtype("float32", "cpu", packed=True) == torch.float32
+
+
 def test_packs_weights_says_before_loading_whether_layers_will_be_packed():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     gguf, folder = Path("model.gguf"), Path("hf-folder")

@@ -1,17 +1,11 @@
 // y = x @ W.T for W kept in llama.cpp's GGUF block types (gguf_types.h), read as stored.
 //
-// A packed weight is one uint8 tensor: a header of int64s
-//   [magic, in_features K, out_features N, parts, then per part: type, rows, byte offset,
-//    bytes per row]
-// then the parts' rows, each part one block type. A merged projection (q/k/v, gate/up) whose
-// pieces the file stores in different types (Q4_K_M mixes Q4_K and Q6_K) is one weight of
-// several parts, so every projection stays one call (radixrt/layers/quantized.py writes it).
-//
-// Narrow inputs (decode steps) are memory-bound: each sub-block of 32 weights is widened to
-// floats in registers and multiplied into up to 8 (AVX-512) or 4 (AVX2) input rows at once,
-// so a step reads the file's 4.5-8.5 bits a weight, not 32. Wide inputs (big batches, prefill
-// chunks) are compute-bound: there the weights are expanded a tile at a time and handed to
-// oneDNN's matmul.
+// A packed weight is one uint8 tensor: an int64 header [magic, K, N, parts, then per part:
+// type, rows, byte offset, bytes per row], then each part's rows (layers/gguf_blocks.py). A
+// merged projection whose pieces have different types (Q4_K_M) is one weight of several parts.
+// Narrow inputs: the int8 kernel (gguf_dot8.cpp) or the float one here, which widens each
+// sub-block in registers for up to 8 (AVX-512) or 4 (AVX2) rows. Wide inputs: tiles expanded
+// for oneDNN's matmul, or the int8 kernel.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
@@ -385,7 +379,13 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& packed, int64_t ou
   TORCH_CHECK(x.size(1) == l.K, "gguf_linear: x has ", x.size(1), " features, the weight ", l.K);
   TORCH_CHECK(out_features == l.N, "gguf_linear: the weight has ", l.N, " rows, not ", out_features);
   const bool int8 = x.size(0) <= int8_rows && gguf::int8_supported();
-  if (!int8 && x.size(0) >= dense_from_rows) return wide_linear(x.contiguous(), l);
+  if (!int8 && x.size(0) >= dense_from_rows) {
+#if !defined(__AVX512BF16__) && !defined(__AMX_BF16__)  // no bf16 units: oneDNN would emulate
+    if (x.scalar_type() == at::kBFloat16)  // them at a third of float32's speed
+      return wide_linear(x.to(at::kFloat).contiguous(), l).to(at::kBFloat16);
+#endif
+    return wide_linear(x.contiguous(), l);
+  }
   const at::Tensor xf = x.to(at::kFloat).contiguous();
   const at::Tensor y = int8 ? gguf::int8_linear(xf, l) : narrow_linear(xf, l);
   return y.to(x.scalar_type());
