@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,9 +18,7 @@ from radixrt.distributed import TPGroup
 from radixrt.executor.model_runner import ModelRunner
 from radixrt.layers.config import TransformerConfig
 from radixrt.loader.default_model import default_model_path
-from radixrt.loader.hf_config import resolve_dtype
 from radixrt.loader.load import load_model
-from radixrt.loader.quantize import packs_weights
 from radixrt.observability.kv_events import create_kv_event_sink
 from radixrt.observability.log_setup import format_bytes
 from radixrt.server_args import ServerArgs
@@ -87,17 +84,17 @@ def build_components(
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     model_path = args.model_path or default_model_path()
-    tp_size = group.size if group is not None else 1
-    packed = packs_weights(args.quantization, Path(model_path), torch.device(device), tp_size)
-    dtype = resolve_dtype(args.dtype, device, packed=packed)
     # FileNotFoundError names a bad path. With a group: this rank's shard of the model.
+    # load_model resolves --dtype (auto depends on whether the weights are packed).
     model, cfg = load_model(
-        model_path, dtype, device, group, quantization=args.quantization,
+        model_path, args.dtype, device, group, quantization=args.quantization,
         dense_copy_gb=args.cpu_dense_copy_gb, dense_copy_dtype=args.cpu_dense_copy_dtype,
         int8_rows=args.cpu_gguf_int8_rows,
     )  # fmt: skip
     kv_heads = model.num_local_kv_heads
     context_length = args.context_length or cfg.max_position_embeddings
+    dtype = cfg.dtype
+    assert dtype is not None  # load_model sets it
     tokens = pool_size_tokens(args, cfg, dtype, device, kv_heads)
     if group is not None:  # every rank's pool must have the same pages: the smallest
         gathered = group.all_gather(torch.tensor([tokens], device=group.device), dim=0)

@@ -126,16 +126,7 @@ __attribute__((always_inline)) inline void decode_group(const uint8_t* blocks, G
 // Blocks [0, count) of 8 (fewer at a row's end), decoded into g.
 template <int64_t T>
 void decode_group(const uint8_t* blocks, int64_t count, Group32& g) {
-  switch (count) {  // a constant count: no per-block branches
-    case 1: decode_group<T, 1>(blocks, g); break;
-    case 2: decode_group<T, 2>(blocks, g); break;
-    case 3: decode_group<T, 3>(blocks, g); break;
-    case 4: decode_group<T, 4>(blocks, g); break;
-    case 5: decode_group<T, 5>(blocks, g); break;
-    case 6: decode_group<T, 6>(blocks, g); break;
-    case 7: decode_group<T, 7>(blocks, g); break;
-    default: decode_group<T, 8>(blocks, g);
-  }
+  up_to<8>(count, [&]<int kCount>() { decode_group<T, kCount>(blocks, g); });
 }
 
 // One group into each row's 8 float lanes, one lane a block: 8 multiply-adds leave each
@@ -248,16 +239,7 @@ void dot8_rows(const Q8Rows& a, int64_t r0, const Part& p, int64_t n0, int64_t n
         const uint8_t* row = p.data + n * p.row_bytes;
         for (int64_t b = 0; b < nb; b += 8) {
           const uint8_t* blocks = row + b * kB;
-          switch (std::min<int64_t>(8, nb - b)) {  // a constant count: no per-block branches
-            case 1: add_blocks_in_order<M, T, 1>(blocks, a, r0, b, acc); break;
-            case 2: add_blocks_in_order<M, T, 2>(blocks, a, r0, b, acc); break;
-            case 3: add_blocks_in_order<M, T, 3>(blocks, a, r0, b, acc); break;
-            case 4: add_blocks_in_order<M, T, 4>(blocks, a, r0, b, acc); break;
-            case 5: add_blocks_in_order<M, T, 5>(blocks, a, r0, b, acc); break;
-            case 6: add_blocks_in_order<M, T, 6>(blocks, a, r0, b, acc); break;
-            case 7: add_blocks_in_order<M, T, 7>(blocks, a, r0, b, acc); break;
-            default: add_blocks_in_order<M, T, 8>(blocks, a, r0, b, acc);
-          }
+          up_to<8>(nb - b, [&]<int kCount>() { add_blocks_in_order<M, T, kCount>(blocks, a, r0, b, acc); });
         }
       }
     } else {
@@ -277,20 +259,7 @@ using Dot8Fn = void (*)(const Q8Rows&, int64_t, const Part&, int64_t, int64_t, c
 
 template <int64_t T>
 Dot8Fn dot8_fn(int64_t m) {
-  switch (m) {
-    case 1: return dot8_rows<1, T>;
-    case 2: return dot8_rows<2, T>;
-    case 3: return dot8_rows<3, T>;
-#ifdef __AVX512F__
-    case 4: return dot8_rows<4, T>;
-    case 5: return dot8_rows<5, T>;
-    case 6: return dot8_rows<6, T>;
-    case 7: return dot8_rows<7, T>;
-    default: return dot8_rows<8, T>;
-#else
-    default: return dot8_rows<4, T>;
-#endif
-  }
+  return up_to<kRowsPerPass>(m, []<int M>() { return &dot8_rows<M, T>; });
 }
 
 }  // namespace

@@ -237,20 +237,7 @@ using RowsFn = void (*)(const float*, const Part&, int64_t, int64_t, int64_t, fl
 
 template <int64_t T>
 RowsFn rows_fn_of(int64_t m) {
-  switch (m) {
-    case 1: return narrow_rows<1, T>;
-    case 2: return narrow_rows<2, T>;
-    case 3: return narrow_rows<3, T>;
-#ifdef RADIXRT_AVX512
-    case 4: return narrow_rows<4, T>;
-    case 5: return narrow_rows<5, T>;
-    case 6: return narrow_rows<6, T>;
-    case 7: return narrow_rows<7, T>;
-    default: return narrow_rows<8, T>;
-#else
-    default: return narrow_rows<4, T>;
-#endif
-  }
+  return up_to<kRowsPerPass>(m, []<int M>() { return &narrow_rows<M, T>; });
 }
 
 // Few input rows (decode steps): kRowsPerPass input rows at a time share each widened

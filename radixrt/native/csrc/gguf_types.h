@@ -228,6 +228,14 @@ struct Layout {
   std::vector<Part> parts;
 };
 
+// f.template operator()<N>() for N = min(n, kMax), n >= 1: a runtime count (input rows, blocks
+// left in a row) as the compile-time constant the kernels unroll by.
+template <int kMax, typename F> auto up_to(int64_t n, F&& f) {
+  if constexpr (kMax > 1)
+    if (n < kMax) return up_to<kMax - 1>(n, f);
+  return f.template operator()<kMax>();
+}
+
 // Calls f.template operator()<T>() for the runtime type id; false for an unsupported one.
 template <typename F> bool dispatch(int64_t type, F&& f) {
   switch (type) {
