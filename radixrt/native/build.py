@@ -72,19 +72,9 @@ def load_native() -> Any | None:
     build_dir = Path.home() / ".cache" / "radixrt" / f"native-{key}"
     start = time.perf_counter()
     try:
-        from torch.utils.cpp_extension import load
-
         build_dir.mkdir(parents=True, exist_ok=True)
         with _one_builder(build_dir):
-            load(
-                name=f"radixrt_native_{key}",
-                sources=[str(s) for s in sources],
-                extra_cflags=cflags(),
-                extra_ldflags=["-fopenmp"],
-                build_directory=str(build_dir),
-                is_python_module=False,
-                verbose=False,
-            )
+            _build_or_reuse(build_dir, f"radixrt_native_{key}", sources)
     except Exception as exc:  # a compiler error, a missing header: fall back, say why once
         logger.warning("native CPU kernels failed to build, using torch paths: %s", exc)
         return None
@@ -93,6 +83,31 @@ def load_native() -> Any | None:
         time.perf_counter() - start, build_dir, forced_isa(),
     )  # fmt: skip
     return NativeOps()
+
+
+def _build_or_reuse(build_dir: Path, name: str, sources: list[Path]) -> None:
+    """Load the library this folder already holds, or build it there.
+
+    The folder's key covers everything the binary depends on, so a finished build is loaded
+    as it is. torch's `load` would compare the build's command lines instead, and those name
+    the checkout and the venv: from another checkout (a fresh clone, CI) it rebuilt the same
+    sources for about a minute."""
+    library, finished = build_dir / f"{name}.so", build_dir / "finished"
+    if library.exists() and finished.exists():
+        torch.ops.load_library(str(library))
+        return
+    from torch.utils.cpp_extension import load
+
+    load(
+        name=name,
+        sources=[str(s) for s in sources],
+        extra_cflags=cflags(),
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(build_dir),
+        is_python_module=False,
+        verbose=False,
+    )
+    finished.touch()  # written last: a build killed before this point is redone
 
 
 @contextlib.contextmanager
@@ -146,6 +161,7 @@ def build_key(sources: list[Path]) -> str:
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     digest.update(torch.__version__.encode())
+    digest.update(platform.python_version().encode())
     digest.update(" ".join(cflags()).encode())
     digest.update(_cpu_signature().encode())
     return digest.hexdigest()[:16]

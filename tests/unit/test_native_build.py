@@ -57,3 +57,27 @@ def test_the_avx2_build_is_a_build_of_its_own(monkeypatch) -> None:
     monkeypatch.setenv("RADIXRT_CPU_ISA", "avx2")
     assert "-mno-avx512f" in build.cflags()
     assert build.build_key(sources) != native
+
+
+def test_a_finished_build_is_loaded_from_any_checkout(tmp_path: Path, monkeypatch) -> None:
+    """torch's `load` rebuilds when a command line changes, and those name the checkout: a
+    folder whose build finished is loaded as it is, one whose build did not is built again."""
+    import torch.utils.cpp_extension
+
+    from radixrt.native import build
+
+    loaded: list[str] = []
+    built: list[str] = []
+    monkeypatch.setattr(torch.ops, "load_library", loaded.append)
+
+    def fake_load(name: str, build_directory: str, **_: object) -> None:
+        built.append(name)
+        (Path(build_directory) / f"{name}.so").write_bytes(b"")
+
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", fake_load)
+    (tmp_path / "lib.so").write_bytes(b"")  # a library without the mark: killed mid-build
+    build._build_or_reuse(tmp_path, "lib", [])
+    assert built == ["lib"] and loaded == []
+    assert (tmp_path / "finished").exists()
+    build._build_or_reuse(tmp_path, "lib", [])
+    assert built == ["lib"] and loaded == [str(tmp_path / "lib.so")]
