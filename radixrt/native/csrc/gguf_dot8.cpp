@@ -39,8 +39,6 @@ constexpr int64_t kRowsPerPass = 4;
 // stay in its L1/L2 cache while every input row meets them (wide steps).
 constexpr int64_t kColumnsPerTile = 16;
 constexpr int64_t kPrefetchBytes = 4096;
-template <int64_t T>
-constexpr bool kPer32 = T == Q4_K || T == Q5_K || T == IQ4_XS;  // one scale per sub-block
 
 float hmax(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -187,6 +185,18 @@ inline void add_blocks_in_order(const uint8_t* blocks, const Q8Rows& a, int64_t 
   }
 }
 
+// isum += pairs of products times their scales, two int16 products to each int32 lane: one
+// VNNI dpwssd where the CPU has it, else madd then add (the same exact integers).
+inline __m256i add_scaled(__m256i isum, __m256i pairs, __m256i scales) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpwssd_epi32(isum, pairs, scales);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpwssd_avx_epi32(isum, pairs, scales);
+#else
+  return _mm256_add_epi32(isum, _mm256_madd_epi16(pairs, scales));
+#endif
+}
+
 // One 256-weight super-block: sums of sc u x8 in int32 over its 8 sub-blocks, then
 // d dx that - dmin dx sum(mn x8) in float.
 template <int M, int64_t T>
@@ -194,27 +204,29 @@ inline void add_super_block(const uint8_t* blk, const Q8Rows& a, int64_t r0, int
                             __m256* acc) {
   KScales k;
   kscales<T>(blk, k);
-  __m256i isum[M];
-  for (auto& v : isum) v = _mm256_setzero_si256();
+  // Two sums a row, even and odd sub-blocks: one chain of 8 dependent dpwssd would wait on
+  // its latency at one row.
+  __m256i isum[2][M];
+  for (auto& half : isum)
+    for (auto& v : half) v = _mm256_setzero_si256();
   const int8_t* xq = a.q.data() + b * 256;
+#pragma GCC unroll 8
   for (int s = 0; s < 8; ++s) {
     const __m256i codes = raw32<T>(blk, s);
-    const __m256i scale = kPer32<T> ? _mm256_set1_epi16(k.sc[2 * s])
-                                    : _mm256_set_m128i(_mm_set1_epi16(k.sc[2 * s + 1]),
-                                                       _mm_set1_epi16(k.sc[2 * s]));
+    const __m256i scale = scale_of<T>(k, s);
     for (int r = 0; r < M; ++r) {
       const __m256i x = load32(reinterpret_cast<const uint8_t*>(xq + (r0 + r) * a.K + 32 * s));
-      isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(pair_products<T>(codes, x), scale));
+      isum[s % 2][r] = add_scaled(isum[s % 2][r], pair_products<T>(codes, x), scale);
     }
   }
-  const __m256i mins = _mm256_load_si256((const __m256i*)k.mn);
+  for (int r = 0; r < M; ++r) isum[0][r] = _mm256_add_epi32(isum[0][r], isum[1][r]);
   for (int r = 0; r < M; ++r) {
     const int64_t ab = (r0 + r) * (a.K / 256) + b;
     const float dx = a.d[ab];
-    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(k.d * dx), acc[r]);
+    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[0][r]), _mm256_set1_ps(k.d * dx), acc[r]);
     if constexpr (T != IQ4_XS) {
       const __m256i x_sums = _mm256_loadu_si256((const __m256i*)(a.sums.data() + ab * 16));
-      const __m256 m = _mm256_cvtepi32_ps(_mm256_madd_epi16(mins, x_sums));
+      const __m256 m = _mm256_cvtepi32_ps(_mm256_madd_epi16(k.mn, x_sums));
       acc[r] = _mm256_fnmadd_ps(m, _mm256_set1_ps(k.dmin * dx), acc[r]);
     }
   }

@@ -23,6 +23,8 @@
 namespace radixrt::gguf {
 
 template <int64_t T>
+constexpr bool kPer32 = T == Q4_K || T == Q5_K || T == IQ4_XS;  // one scale per sub-block
+template <int64_t T>
 constexpr bool kSigned = T == Q8_0 || T == IQ4_NL || T == IQ4_XS;
 
 // ---- Inputs as int8 ------------------------------------------------------------------------
@@ -121,30 +123,32 @@ inline void block_scale(const uint8_t* blk, float& d, float& b) {
   else b = 0.0f;
 }
 
-// A super-block's integer scale and minimum per 16 weights: w = d sc u - dmin mn.
+// A super-block's integer scale and minimum per 16 weights, 16 int16 lanes each (a per-32
+// value twice): w = d sc u - dmin mn. Kept in registers: each sub-block's scales are shuffled
+// out of `sc` (scale_of), not broadcast from memory.
 struct KScales {
-  alignas(32) int16_t sc[16];
-  alignas(32) int16_t mn[16];
+  __m256i sc, mn;
   float d, dmin;
 };
 
 // Q4_K's and Q5_K's twelve bytes of 6-bit scales and minimums as eight bytes each, four at a
 // time in 32-bit words (scale_min_k4 one at a time): scales 0-3 and minimums 0-3 are the low 6
 // bits of bytes 0-3 and 4-7; scales and minimums 4-7 take their low 4 bits from the nibbles of
-// bytes 8-11 and their high 2 from the top bits of bytes 0-3 and 4-7.
-inline void unpack_k4_scales(const uint8_t* s12, uint8_t sc[8], uint8_t mn[8]) {
+// bytes 8-11 and their high 2 from the top bits of bytes 0-3 and 4-7. In registers: bytes
+// stored and reloaded as a wider word would stall on the store.
+inline void unpack_k4_scales(const uint8_t* s12, uint64_t& sc, uint64_t& mn) {
   uint32_t w[3];
   std::memcpy(w, s12, 12);
   const uint32_t low6 = 0x3F3F3F3F, low4 = 0x0F0F0F0F, top2 = 0x03030303;
-  const uint32_t sc_words[2] = {w[0] & low6, (w[2] & low4) | (((w[0] >> 6) & top2) << 4)};
-  const uint32_t mn_words[2] = {w[1] & low6, ((w[2] >> 4) & low4) | (((w[1] >> 6) & top2) << 4)};
-  std::memcpy(sc, sc_words, 8);
-  std::memcpy(mn, mn_words, 8);
+  const uint64_t sc_high = (w[2] & low4) | (((w[0] >> 6) & top2) << 4);
+  const uint64_t mn_high = ((w[2] >> 4) & low4) | (((w[1] >> 6) & top2) << 4);
+  sc = (w[0] & low6) | sc_high << 32;
+  mn = (w[1] & low6) | mn_high << 32;
 }
 
 // Eight bytes, each twice, as 16 int16 lanes: a per-32 value for each 16 weights.
-inline __m256i twice_per_16(const uint8_t v[8]) {
-  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(v));
+inline __m256i twice_per_16(uint64_t v) {
+  const __m128i bytes = _mm_cvtsi64_si128(static_cast<long long>(v));
   return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(bytes, bytes));
 }
 
@@ -152,41 +156,61 @@ template <int64_t T>
 inline void kscales(const uint8_t* blk, KScales& k) {
   if constexpr (T == Q4_K || T == Q5_K) {
     k.d = fp16(blk), k.dmin = fp16(blk + 2);
-    uint8_t sc[8], mn[8];
+    uint64_t sc, mn;
     unpack_k4_scales(blk + 4, sc, mn);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(k.sc), twice_per_16(sc));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(k.mn), twice_per_16(mn));
+    k.sc = twice_per_16(sc), k.mn = twice_per_16(mn);
   } else if constexpr (T == Q2_K) {  // a byte per 16: scale in the low nibble, min high
     k.d = fp16(blk + 80), k.dmin = fp16(blk + 82);
     const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)blk));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(k.sc),
-                       _mm256_and_si256(bytes, _mm256_set1_epi16(0xF)));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(k.mn), _mm256_srli_epi16(bytes, 4));
+    k.sc = _mm256_and_si256(bytes, _mm256_set1_epi16(0xF));
+    k.mn = _mm256_srli_epi16(bytes, 4);
   } else if constexpr (T == Q3_K) {  // raw u = q + 4: the offset is 4 sc
     const uint8_t* sc = blk + 96;
     k.d = k.dmin = fp16(blk + 108);
-    for (int g = 0; g < 16; ++g) {
-      const int lo = g < 8 ? sc[g] & 0xF : sc[g - 8] >> 4;
-      const int hi = (sc[8 + g % 4] >> (2 * (g / 4))) & 3;
-      k.sc[g] = static_cast<int16_t>((lo | hi << 4) - 32);
-      k.mn[g] = static_cast<int16_t>(4 * k.sc[g]);
-    }
+    // Low 4 bits: bytes 0-7's low nibbles (scales 0-7), then their high ones (8-15); high 2
+    // bits: bits 2(g/4) of byte 8 + g % 4.
+    const __m128i low8 = _mm_loadl_epi64((const __m128i*)sc);
+    const __m128i low4 = _mm_and_si128(_mm_unpacklo_epi64(low8, _mm_srli_epi16(low8, 4)),
+                                       _mm_set1_epi8(0xF));
+    uint32_t h;
+    std::memcpy(&h, sc + 8, 4);
+    const __m128i hw = _mm_set1_epi32(static_cast<int>(h));  // byte 8 + g % 4 at g % 4
+    const __m128i high2 = _mm_and_si128(
+        _mm_srlv_epi32(hw, _mm_setr_epi32(0, 2, 4, 6)),  // group of 4 g/4: shift 2(g/4)
+        _mm_set1_epi8(3));
+    const __m128i v = _mm_sub_epi8(_mm_or_si128(low4, _mm_slli_epi16(high2, 4)), _mm_set1_epi8(32));
+    k.sc = _mm256_cvtepi8_epi16(v), k.mn = _mm256_slli_epi16(k.sc, 2);
   } else if constexpr (T == Q6_K) {  // raw u = q + 32: the offset is 32 sc
     k.d = k.dmin = fp16(blk + 208);
-    const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(blk + 192)));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(k.sc), sc);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(k.mn), _mm256_slli_epi16(sc, 5));
-  } else {  // IQ4_XS: signed values, no minimum
+    k.sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(blk + 192)));
+    k.mn = _mm256_slli_epi16(k.sc, 5);
+  } else {  // IQ4_XS: signed values, no minimum; scale s in dword s, both its words
     uint16_t high;
+    uint32_t low;
     std::memcpy(&high, blk + 2, 2);
+    std::memcpy(&low, blk + 4, 4);
     k.d = fp16(blk), k.dmin = 0.0f;
-    for (int s = 0; s < 8; ++s) {
-      const int lo = (blk[4 + s / 2] >> (4 * (s % 2))) & 0xF;
-      const int hi = (high >> (2 * s)) & 3;
-      k.sc[2 * s] = k.sc[2 * s + 1] = static_cast<int16_t>((lo | hi << 4) - 32);
-      k.mn[2 * s] = k.mn[2 * s + 1] = 0;
-    }
+    const __m256i lo = _mm256_and_si256(
+        _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(low)), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+        _mm256_set1_epi32(0xF));
+    const __m256i hi = _mm256_and_si256(
+        _mm256_srlv_epi32(_mm256_set1_epi32(high), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+        _mm256_set1_epi32(3));
+    const __m256i sc = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+    k.sc = _mm256_or_si256(_mm256_and_si256(sc, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(sc, 16));
+    k.mn = _mm256_setzero_si256();
   }
+}
+
+// Sub-block s's scales as 16 int16 lanes, one per pair of its products: word 2s and 2s + 1 of
+// k.sc, each for 16 weights. Where a type has one scale per 32 both words are that scale, and
+// one dword broadcast gives them; otherwise the low half takes word 2s and the high half 2s + 1.
+template <int64_t T>
+inline __m256i scale_of(const KScales& k, int s) {
+  const __m256i pair = _mm256_permutevar8x32_epi32(k.sc, _mm256_set1_epi32(s));
+  if constexpr (kPer32<T>) return pair;
+  return _mm256_shuffle_epi8(pair, _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                                                    2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3));
 }
 
 }  // namespace radixrt::gguf
