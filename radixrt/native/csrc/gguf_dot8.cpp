@@ -39,6 +39,8 @@ constexpr int64_t kRowsPerPass = 4;
 // stay in its L1/L2 cache while every input row meets them (wide steps).
 constexpr int64_t kColumnsPerTile = 16;
 constexpr int64_t kPrefetchBytes = 4096;
+template <int64_t T>
+constexpr bool kHasOffset = T == Q4_0 || T == Q4_1 || T == Q5_0 || T == Q5_1;  // b != 0
 
 float hmax(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -106,19 +108,10 @@ template <int64_t T, int count>
 __attribute__((always_inline)) inline void decode_group(const uint8_t* blocks, Group32& g) {
   for (int64_t at = 0; at < 8 * Traits<T>::bytes; at += 64)  // every line of the group
     _mm_prefetch(reinterpret_cast<const char*>(blocks) + kPrefetchBytes + at, _MM_HINT_T0);
-  float d[8] = {}, off[8] = {};
-  for (int i = 0; i < 8; ++i) {
-    g.codes[i] = _mm256_setzero_si256();
-    if (i < count) {
-      block_scale<T>(blocks + i * Traits<T>::bytes, d[i], off[i]);
-      g.codes[i] = raw32<T>(blocks + i * Traits<T>::bytes, 0);
-    }
-  }
+  for (int i = 0; i < 8; ++i)
+    g.codes[i] = i < count ? raw32<T>(blocks + i * Traits<T>::bytes, 0) : _mm256_setzero_si256();
   transpose8(g.codes);
-  // From registers, not through memory: 8 scalar stores then a vector load of them would
-  // wait for the stores to retire (no store-to-load forwarding across them).
-  g.d = _mm256_setr_ps(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]);
-  g.off = _mm256_setr_ps(off[0], off[1], off[2], off[3], off[4], off[5], off[6], off[7]);
+  block_scales<T>(blocks, count, g.d, g.off);
 }
 
 // Blocks [0, count) of 8 (fewer at a row's end), decoded into g.
@@ -139,7 +132,7 @@ inline void add_group(const Group32& g, const Q8Rows& a, int64_t r0, int64_t b0,
     for (int k = 0; k < 8; ++k) sums = add_products<T>(sums, g.codes[k], load32(xq + 32 * k));
     const __m256 dx = _mm256_loadu_ps(a.d.data() + ab);  // zero past the row's end (padding)
     acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(g.d, dx), acc[r]);
-    acc[r] = _mm256_fmadd_ps(g.off, _mm256_loadu_ps(a.dsum.data() + ab), acc[r]);
+    if constexpr (kHasOffset<T>) acc[r] = _mm256_fmadd_ps(g.off, _mm256_loadu_ps(a.dsum.data() + ab), acc[r]);
   }
 }
 
@@ -159,17 +152,11 @@ inline void add_blocks_in_order(const uint8_t* blocks, const Q8Rows& a, int64_t 
                                 __m256* acc) {
   for (int64_t at = 0; at < 8 * Traits<T>::bytes; at += 64)
     _mm_prefetch(reinterpret_cast<const char*>(blocks) + kPrefetchBytes + at, _MM_HINT_T0);
-  float d[8] = {}, off[8] = {};
   __m256i codes[8];
-  for (int i = 0; i < 8; ++i) {
-    codes[i] = _mm256_setzero_si256();
-    if (i < count) {
-      block_scale<T>(blocks + i * Traits<T>::bytes, d[i], off[i]);
-      codes[i] = raw32<T>(blocks + i * Traits<T>::bytes, 0);
-    }
-  }
-  const __m256 d_w = _mm256_setr_ps(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]);
-  const __m256 off_w = _mm256_setr_ps(off[0], off[1], off[2], off[3], off[4], off[5], off[6], off[7]);
+  for (int i = 0; i < 8; ++i)
+    codes[i] = i < count ? raw32<T>(blocks + i * Traits<T>::bytes, 0) : _mm256_setzero_si256();
+  __m256 d_w, off_w;
+  block_scales<T>(blocks, count, d_w, off_w);
   for (int r = 0; r < M; ++r) {
     const int64_t ab = (r0 + r) * a.row_blocks + b0;
     const uint8_t* xq = reinterpret_cast<const uint8_t*>(a.q.data() + ab * 32);
@@ -181,7 +168,7 @@ inline void add_blocks_in_order(const uint8_t* blocks, const Q8Rows& a, int64_t 
                                             totals4(s[0], s[1], s[2], s[3]));
     const __m256 dx = _mm256_loadu_ps(a.d.data() + ab);
     acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals), _mm256_mul_ps(d_w, dx), acc[r]);
-    acc[r] = _mm256_fmadd_ps(off_w, _mm256_loadu_ps(a.dsum.data() + ab), acc[r]);
+    if constexpr (kHasOffset<T>) acc[r] = _mm256_fmadd_ps(off_w, _mm256_loadu_ps(a.dsum.data() + ab), acc[r]);
   }
 }
 

@@ -113,14 +113,30 @@ inline __m256i pair_products(__m256i codes, __m256i x) {
 }
 
 // ---- Scales ---------------------------------------------------------------------------------
-// The 32-weight types: w = d (u - bias) or d u + m, as w = d u + b.
+// The fp16 at `at` bytes into each of `count` blocks of `stride` bytes (zeros after them) as 8
+// floats: gathered in two 64-bit integers (the integer units are idle in these kernels), then
+// one conversion.
+inline __m256 fp16x8(const uint8_t* at, int64_t stride, int count) {
+  uint64_t words[2] = {0, 0};
+  for (int i = 0; i < count; ++i) {
+    uint16_t h;
+    std::memcpy(&h, at + i * stride, 2);
+    words[i / 4] |= static_cast<uint64_t>(h) << (16 * (i % 4));
+  }
+  const __m128i halves = _mm_set_epi64x(static_cast<long long>(words[1]), static_cast<long long>(words[0]));
+  return _mm256_cvtph_ps(halves);
+}
+
+// The 32-weight types: w = d (u - bias) or d u + m, as w = d u + b; a scale d and offset b
+// for each of `count` consecutive blocks (zero after them).
 template <int64_t T>
-inline void block_scale(const uint8_t* blk, float& d, float& b) {
-  d = fp16(blk);
-  if constexpr (T == Q4_1 || T == Q5_1) b = fp16(blk + 2);
-  else if constexpr (T == Q4_0) b = -8.0f * d;
-  else if constexpr (T == Q5_0) b = -16.0f * d;
-  else b = 0.0f;
+inline void block_scales(const uint8_t* blocks, int count, __m256& d, __m256& b) {
+  constexpr int64_t kB = Traits<T>::bytes;
+  d = fp16x8(blocks, kB, count);
+  if constexpr (T == Q4_1 || T == Q5_1) b = fp16x8(blocks + 2, kB, count);
+  else if constexpr (T == Q4_0) b = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
+  else if constexpr (T == Q5_0) b = _mm256_mul_ps(d, _mm256_set1_ps(-16.0f));
+  else b = _mm256_setzero_ps();
 }
 
 // A super-block's integer scale and minimum per 16 weights, 16 int16 lanes each (a per-32
