@@ -245,7 +245,8 @@ void dot8_rows(const Q8Rows& a, int64_t r0, const Part& p, int64_t n0, int64_t n
       const uint8_t* row = p.data + n * p.row_bytes;
       for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = row + b * kB;
-        _mm_prefetch(reinterpret_cast<const char*>(blk) + kPrefetchBytes, _MM_HINT_T0);
+        for (int64_t at = 0; at < kB; at += 64)  // every line of the super-block
+          _mm_prefetch(reinterpret_cast<const char*>(blk) + kPrefetchBytes + at, _MM_HINT_T0);
         add_super_block<M, T>(blk, a, r0, b, acc);
       }
     }

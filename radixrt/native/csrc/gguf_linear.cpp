@@ -201,7 +201,8 @@ void narrow_rows(const float* x, const Part& p, int64_t K, int64_t n0, int64_t n
         for (auto& v : r) v = vzero();
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = row + b * kB;
-      _mm_prefetch(reinterpret_cast<const char*>(blk) + kPrefetchBytes, _MM_HINT_T0);
+      for (int64_t at = 0; at < kB; at += 64)  // every line of a K-quant's 144-210 bytes
+        _mm_prefetch(reinterpret_cast<const char*>(blk) + kPrefetchBytes + at, _MM_HINT_T0);
       for (int s = 0; s < kSubs; ++s) {
         Vec w[kVecs];
         weights32<T>(blk, s, w);
