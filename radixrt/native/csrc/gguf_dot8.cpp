@@ -38,7 +38,6 @@ constexpr int64_t kRowsPerPass = 4;
 // Output columns a thread takes through all row passes before the next: their weight rows
 // stay in its L1/L2 cache while every input row meets them (wide steps).
 constexpr int64_t kColumnsPerTile = 16;
-constexpr int64_t kPrefetchBytes = 4096;
 template <int64_t T>
 constexpr bool kHasOffset = T == Q4_0 || T == Q4_1 || T == Q5_0 || T == Q5_1;  // b != 0
 
@@ -104,14 +103,19 @@ struct alignas(32) Group32 {
   __m256 d, off;
 };
 
+// Blocks [0, count) of 8 as they are stored: codes in block order, not yet transposed.
 template <int64_t T, int count>
-__attribute__((always_inline)) inline void decode_group(const uint8_t* blocks, Group32& g) {
-  for (int64_t at = 0; at < 8 * Traits<T>::bytes; at += 64)  // every line of the group
-    _mm_prefetch(reinterpret_cast<const char*>(blocks) + kPrefetchBytes + at, _MM_HINT_T0);
+__attribute__((always_inline)) inline void load_group(const uint8_t* blocks, Group32& g) {
+  prefetch_ahead(blocks, 8 * Traits<T>::bytes);
   for (int i = 0; i < 8; ++i)
     g.codes[i] = i < count ? raw32<T>(blocks + i * Traits<T>::bytes, 0) : _mm256_setzero_si256();
-  transpose8(g.codes);
   block_scales<T>(blocks, count, g.d, g.off);
+}
+
+template <int64_t T, int count>
+__attribute__((always_inline)) inline void decode_group(const uint8_t* blocks, Group32& g) {
+  load_group<T, count>(blocks, g);
+  transpose8(g.codes);
 }
 
 // Blocks [0, count) of 8 (fewer at a row's end), decoded into g.
@@ -150,25 +154,20 @@ inline __m128i totals4(__m256i a, __m256i b, __m256i c, __m256i d) {
 template <int M, int64_t T, int count>
 inline void add_blocks_in_order(const uint8_t* blocks, const Q8Rows& a, int64_t r0, int64_t b0,
                                 __m256* acc) {
-  for (int64_t at = 0; at < 8 * Traits<T>::bytes; at += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(blocks) + kPrefetchBytes + at, _MM_HINT_T0);
-  __m256i codes[8];
-  for (int i = 0; i < 8; ++i)
-    codes[i] = i < count ? raw32<T>(blocks + i * Traits<T>::bytes, 0) : _mm256_setzero_si256();
-  __m256 d_w, off_w;
-  block_scales<T>(blocks, count, d_w, off_w);
+  Group32 g;
+  load_group<T, count>(blocks, g);
   for (int r = 0; r < M; ++r) {
     const int64_t ab = (r0 + r) * a.row_blocks + b0;
     const uint8_t* xq = reinterpret_cast<const uint8_t*>(a.q.data() + ab * 32);
     __m256i s[8];
     for (int i = 0; i < 8; ++i)
-      s[i] = i < count ? add_products<T>(_mm256_setzero_si256(), codes[i], load32(xq + 32 * i))
+      s[i] = i < count ? add_products<T>(_mm256_setzero_si256(), g.codes[i], load32(xq + 32 * i))
                        : _mm256_setzero_si256();
     const __m256i totals = _mm256_set_m128i(totals4(s[4], s[5], s[6], s[7]),
                                             totals4(s[0], s[1], s[2], s[3]));
     const __m256 dx = _mm256_loadu_ps(a.d.data() + ab);
-    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals), _mm256_mul_ps(d_w, dx), acc[r]);
-    if constexpr (kHasOffset<T>) acc[r] = _mm256_fmadd_ps(off_w, _mm256_loadu_ps(a.dsum.data() + ab), acc[r]);
+    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals), _mm256_mul_ps(g.d, dx), acc[r]);
+    if constexpr (kHasOffset<T>) acc[r] = _mm256_fmadd_ps(g.off, _mm256_loadu_ps(a.dsum.data() + ab), acc[r]);
   }
 }
 
@@ -245,8 +244,7 @@ void dot8_rows(const Q8Rows& a, int64_t r0, const Part& p, int64_t n0, int64_t n
       const uint8_t* row = p.data + n * p.row_bytes;
       for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = row + b * kB;
-        for (int64_t at = 0; at < kB; at += 64)  // every line of the super-block
-          _mm_prefetch(reinterpret_cast<const char*>(blk) + kPrefetchBytes + at, _MM_HINT_T0);
+        prefetch_ahead(blk, kB);
         add_super_block<M, T>(blk, a, r0, b, acc);
       }
     }

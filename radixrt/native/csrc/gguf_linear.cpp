@@ -40,10 +40,6 @@ using namespace radixrt::gguf;
 
 constexpr int64_t kMagic = 0x57515852;  // "RXQW"
 constexpr int64_t kHeaderFields = 4, kPartFields = 4;
-// How far ahead of the block being read the narrow kernels prefetch: with it a batch-1 step's
-// matmuls went from 15.6 to 8.7 ms on an AVX-512 Xeon, whose hardware prefetchers left these
-// short row-by-row reads at ~3 GB/s a core.
-constexpr int64_t kPrefetchBytes = 4096;
 #ifdef RADIXRT_AVX512
 constexpr int64_t kRowsPerPass = 8;  // input rows sharing each widened sub-block
 #else
@@ -201,8 +197,7 @@ void narrow_rows(const float* x, const Part& p, int64_t K, int64_t n0, int64_t n
         for (auto& v : r) v = vzero();
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = row + b * kB;
-      for (int64_t at = 0; at < kB; at += 64)  // every line of a K-quant's 144-210 bytes
-        _mm_prefetch(reinterpret_cast<const char*>(blk) + kPrefetchBytes + at, _MM_HINT_T0);
+      prefetch_ahead(blk, kB);
       for (int s = 0; s < kSubs; ++s) {
         Vec w[kVecs];
         weights32<T>(blk, s, w);

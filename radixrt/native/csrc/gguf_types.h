@@ -44,6 +44,18 @@ struct Sub {
   float a[2], b[2];  // per 16 weights
 };
 
+// How far ahead of the block being read the narrow kernels prefetch: with it a batch-1 step's
+// matmuls went from 15.6 to 8.7 ms on an AVX-512 Xeon, whose hardware prefetchers left these
+// short row-by-row reads at ~3 GB/s a core.
+constexpr int64_t kPrefetchBytes = 4096;
+
+// Prefetch every cache line of the `bytes` bytes kPrefetchBytes past p. A K-quant super-block
+// spans 3-4 lines: one prefetch a block left the rest to demand misses while a batch-1 step
+// streams its weights (the small model's matmuls took 6.3 ms, not 5.0).
+inline void prefetch_ahead(const uint8_t* p, int64_t bytes) {
+  for (int64_t at = 0; at < bytes; at += 64) __builtin_prefetch(p + kPrefetchBytes + at, 0, 3);
+}
+
 inline float fp16(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
