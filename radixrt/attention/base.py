@@ -18,7 +18,9 @@ class AttentionBackend(ABC):
     what it precomputes in `fb.attn_metadata`. `forward(...)` is called by every attention layer:
     it first writes the new tokens' K/V into the pool at `fb.out_cache_loc` (layer `layer_id`),
     then returns, for every new token, causal attention over its own sequence: the cached prefix
-    plus the new tokens up to and including itself.
+    plus the new tokens up to and including itself. With `window` W > 0 (a sliding-window
+    layer) a token at position p sees only the keys at positions p - W + 1 .. p, as
+    transformers' sliding-window mask does (key j visible iff p - W < j <= p); 0 sees all.
 
     A backend that can run decode steps under CUDA graphs sets `supports_cuda_graph` and
     implements `init_graph_metadata`.
@@ -38,6 +40,7 @@ class AttentionBackend(ABC):
         layer_id: int,
         fb: ForwardBatch,
         scaling: float,
+        window: int = 0,
     ) -> torch.Tensor:  # [T, num_q_heads, head_dim]
         ...
 

@@ -36,20 +36,25 @@ class NativePlan:
     kv_indptr: torch.Tensor
     kv_indices: torch.Tensor
     cascades: list[Cascade]
+    window: int = 0  # > 0: each row sees only the keys of its sliding window
 
 
 def plan_native(
-    fb: ForwardBatch, skip: list[int], cascades: list[tuple[list[int], torch.Tensor]]
+    fb: ForwardBatch,
+    skip: list[int],
+    cascades: list[tuple[list[int], torch.Tensor]],
+    window: int = 0,
 ) -> NativePlan:
     """skip[i]: leading slots of sequence i that a cascade covers instead of the kernel;
-    cascades: (its sequences, its shared slots)."""
+    cascades: (its sequences, its shared slots), none with a sliding `window`."""
+    assert window == 0 or not cascades, "a sliding window sees no shared prefix as a whole"
     qo_starts = offsets(fb.extend_lens_cpu)
     rows = [
         Cascade(_rows(qo_starts, fb.extend_lens_cpu, ids, fb.qo_indptr.device), prefix)
         for ids, prefix in cascades
     ]
     if not any(skip):
-        return NativePlan(fb.qo_indptr, fb.kv_indptr, fb.kv_indices, rows)
+        return NativePlan(fb.qo_indptr, fb.kv_indptr, fb.kv_indices, rows, window)
     kv_starts = offsets(fb.seq_lens_cpu)
     own = [
         fb.kv_indices[start + s : start + n]
@@ -57,7 +62,7 @@ def plan_native(
     ]
     lens = [n - s for n, s in zip(fb.seq_lens_cpu, skip, strict=True)]
     kv_indptr = torch.tensor([0, *lens], dtype=torch.int64).cumsum(0)
-    return NativePlan(fb.qo_indptr, kv_indptr.to(fb.kv_indptr.device), torch.cat(own), rows)
+    return NativePlan(fb.qo_indptr, kv_indptr.to(fb.kv_indptr.device), torch.cat(own), rows, window)
 
 
 def offsets(lengths: list[int]) -> list[int]:
@@ -84,7 +89,7 @@ def native_attention(
     """Attention of every row of the batch: the kernel, then each cascade's shared prefix
     merged in (the native layer stack makes the same calls)."""
     out, lse = ops.paged_attention(
-        q, k_cache, v_cache, plan.qo_indptr, plan.kv_indptr, plan.kv_indices, scaling
+        q, k_cache, v_cache, plan.qo_indptr, plan.kv_indptr, plan.kv_indices, scaling, plan.window
     )
     for cascade in plan.cascades:
         ops.cascade_attention(

@@ -9,11 +9,16 @@ sequences, few per step, go one by one.
 On the CPU, when radixrt's native kernels are built (radixrt/native/build.py), the whole batch goes
 through one unpadded paged-attention kernel instead (radixrt/attention/cpu_native.py); the
 SDPA path stays as the fallback and as the reference the kernel is tested against.
+
+A sliding-window layer (forward's `window` > 0) reads metadata built for its window the first
+time a layer asks in this forward: its masks also hide the keys before each token's band, no
+shared prefix is split off (a token past the window does not see it), and the native kernel
+gets the window.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -104,6 +109,9 @@ class TorchAttentionMetadata:
     extends: list[ExtendMetadata]
     shared_extend: SharedExtendMetadata | None = None
     native: NativePlan | None = None  # set when the native CPU kernel runs this batch
+    window: int = 0  # what these masks and plan were built for (0: full causal)
+    # The same batch's metadata for each sliding window its layers use, built on first use.
+    windowed: dict[int, TorchAttentionMetadata] = field(default_factory=dict)
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -117,22 +125,25 @@ class TorchAttentionBackend(AttentionBackend):
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         """Build the decode table and the per-extend-sequence data; sets `fb.attn_metadata`."""
+        fb.attn_metadata = self._metadata(fb, 0)
+
+    def _metadata(self, fb: ForwardBatch, window: int) -> TorchAttentionMetadata:
         batched = [
             n == 1 or (n <= MAX_BATCHED_EXTEND and p > 0)
             for n, p in zip(fb.extend_lens_cpu, fb.prefix_lens_cpu, strict=True)
         ]
         decode_ids = [i for i, b in enumerate(batched) if b]
         extend_ids = [i for i, b in enumerate(batched) if not b]
-        decode = _decode_metadata(fb, decode_ids) if decode_ids else None
+        decode = _decode_metadata(fb, decode_ids, window) if decode_ids else None
         starts, kv_starts = offsets(fb.extend_lens_cpu), offsets(fb.seq_lens_cpu)
-        extends = [_extend_metadata(fb, i, starts[i], kv_starts[i]) for i in extend_ids]
-        shared = _shared_extend_metadata(extends)
+        extends = [_extend_metadata(fb, i, starts[i], kv_starts[i], window) for i in extend_ids]
+        shared = _shared_extend_metadata(extends) if window == 0 else None
         if shared is not None:
             extends = [e for e in extends if e.prefix_len == 0]
         native = None
         if self._native is not None and fb.kv_indices.device.type == "cpu":
-            native = _native_plan(fb, decode_ids, decode, extend_ids, shared)
-        fb.attn_metadata = TorchAttentionMetadata(decode, extends, shared, native)
+            native = _native_plan(fb, decode_ids, decode, extend_ids, shared, window)
+        return TorchAttentionMetadata(decode, extends, shared, native, window)
 
     def forward(
         self,
@@ -142,11 +153,16 @@ class TorchAttentionBackend(AttentionBackend):
         layer_id: int,
         fb: ForwardBatch,
         scaling: float,
+        window: int = 0,
     ) -> torch.Tensor:  # [T, Hq, D]
         """Write k/v into the pool (layer `layer_id`), then attend; see AttentionBackend."""
         fb.kv_pool.set_kv(layer_id, fb.out_cache_loc, k, v)
         meta = fb.attn_metadata
         assert isinstance(meta, TorchAttentionMetadata), "init_forward_metadata did not run"
+        if window > 0:
+            if window not in meta.windowed:
+                meta.windowed[window] = self._metadata(fb, window)
+            meta = meta.windowed[window]
         k_cache, v_cache = fb.kv_pool.get_kv(layer_id)
         if meta.native is not None and can_run_native(q, k_cache, v_cache):
             return native_attention(self._native, q, k_cache, v_cache, meta.native, scaling)
@@ -173,6 +189,7 @@ def _native_plan(
     decode: DecodeMetadata | None,
     extend_ids: list[int],
     shared: SharedExtendMetadata | None,
+    window: int,
 ) -> NativePlan:
     """The same cascades as the torch path (a prefix shared by the decode-like sequences, one
     shared by the extends with a cached prefix); every other key goes to the kernel."""
@@ -185,10 +202,10 @@ def _native_plan(
     for ids, prefix_slots in cascades:
         for i in ids:
             skip[i] = prefix_slots.numel()
-    return plan_native(fb, skip, cascades)
+    return plan_native(fb, skip, cascades, window)
 
 
-def _decode_metadata(fb: ForwardBatch, ids: list[int]) -> DecodeMetadata:
+def _decode_metadata(fb: ForwardBatch, ids: list[int], window: int) -> DecodeMetadata:
     device = fb.kv_indices.device
     lens_cpu = [fb.seq_lens_cpu[i] for i in ids]
     max_len = max(lens_cpu)
@@ -205,14 +222,17 @@ def _decode_metadata(fb: ForwardBatch, ids: list[int]) -> DecodeMetadata:
     # up to it; padding queries (t >= n) repeat the last one.
     n_new = fb.extend_lens.index_select(0, ids_t)  # [Bd]
     t = torch.minimum(torch.arange(q_len, device=device)[None, :], n_new[:, None] - 1)
-    visible = cols[None, None, :] <= (lens - n_new)[:, None, None] + t[:, :, None]
+    q_pos = (lens - n_new)[:, None, None] + t[:, :, None]  # [Bd, Lq, 1]
+    visible = cols[None, None, :] <= q_pos
+    if window > 0:
+        visible &= cols[None, None, :] > q_pos - window
     token_idx = real = None
     if q_len > 1 or len(ids) < fb.batch_size:
         token_idx = (fb.qo_indptr.index_select(0, ids_t)[:, None] + t).reshape(-1)
         if q_len > 1:
             real = (torch.arange(q_len, device=device)[None, :] < n_new[:, None]).reshape(-1)
     min_prefix = min(n - fb.extend_lens_cpu[i] for n, i in zip(lens_cpu, ids, strict=True))
-    shared = _shared_prefix_len(table, min_prefix + 1)
+    shared = _shared_prefix_len(table, min_prefix + 1) if window == 0 else 0
     prefix_slots = None
     if shared >= MIN_SHARED_PREFIX:
         prefix_slots, table, visible = table[0, :shared], table[:, shared:], visible[..., shared:]
@@ -242,25 +262,32 @@ def _shared_prefix_len(table: torch.Tensor, min_len: int) -> int:
     return min(shared, min_len - 1)
 
 
-def _extend_metadata(fb: ForwardBatch, i: int, start: int, kv_start: int) -> ExtendMetadata:
+def _extend_metadata(
+    fb: ForwardBatch, i: int, start: int, kv_start: int, window: int
+) -> ExtendMetadata:
     # start / kv_start: offsets of sequence i in the batch's tokens / in kv_indices, from the
     # Python length lists (reading qo_indptr or kv_indptr would sync with the device).
     end = start + fb.extend_lens_cpu[i]
     prefix = fb.prefix_lens_cpu[i]
-    if prefix == 0:
-        return ExtendMetadata(start, end, 0, None, None)
     total = prefix + (end - start)
-    slots = fb.kv_indices[kv_start : kv_start + total]
-    device = slots.device
-    # A query at position p sees keys at positions <= p: bottom-right aligned causal mask.
-    q_pos = torch.arange(prefix, total, device=device)
-    visible = torch.arange(total, device=device)[None, :] <= q_pos[:, None]  # [n, total]
+    windowed = 0 < window < total
+    if prefix == 0 and not windowed:
+        return ExtendMetadata(start, end, 0, None, None)
+    slots = fb.kv_indices[kv_start : kv_start + total] if prefix else None
+    device = fb.kv_indices.device
+    # A query at position p sees keys at positions <= p: bottom-right aligned causal mask
+    # (and, in a sliding window, only those after p - window).
+    q_pos = torch.arange(prefix, total, device=device)[:, None]
+    keys = torch.arange(total, device=device)[None, :]
+    visible = keys <= q_pos  # [n, total]
+    if windowed:
+        visible &= keys > q_pos - window
     return ExtendMetadata(start, end, prefix, slots, _additive(visible, fb.kv_pool.dtype))
 
 
 def _shared_extend_metadata(extends: list[ExtendMetadata]) -> SharedExtendMetadata | None:
     """Group the extend sequences with a cached prefix if their slots share a long start."""
-    # (sequence, its slots, its mask): slots and mask are set exactly when prefix_len > 0.
+    # (sequence, its slots, its mask): slots and mask are set when prefix_len > 0.
     group = [(e, e.slots, e.mask) for e in extends if e.slots is not None and e.mask is not None]
     if len(group) < 2:
         return None

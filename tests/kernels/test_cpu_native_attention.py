@@ -23,8 +23,9 @@ needs_native = pytest.mark.skipif(
 TOLERANCE = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (1e-2, 1e-4)}  # (out, lse)
 
 
-def reference(kv, scale: float):
-    """Per sequence: new token t of n sits at position L - n + t and sees keys 0..L - n + t."""
+def reference(kv, scale: float, window: int = 0):
+    """Per sequence: new token t of n sits at position L - n + t and sees keys 0..L - n + t
+    (with a sliding window W > 0, only those after L - n + t - W)."""
     hq, hkv = kv.q.shape[1], kv.k_buffer.shape[1]
     out = torch.empty(kv.q.shape, dtype=torch.float64)
     lse = torch.empty(kv.q.shape[:2], dtype=torch.float64)
@@ -36,7 +37,10 @@ def reference(kv, scale: float):
         v = kv.v_buffer[slots].double().repeat_interleave(hq // hkv, 1).transpose(0, 1)
         q = kv.q[qo[b] : qo[b + 1]].double().transpose(0, 1)  # [Hq, n, D]
         scores = q @ k.transpose(1, 2) * scale
-        visible = torch.arange(length)[None, :] <= torch.arange(length - n, length)[:, None]
+        keys, q_pos = torch.arange(length)[None, :], torch.arange(length - n, length)[:, None]
+        visible = keys <= q_pos
+        if window:
+            visible &= keys > q_pos - window
         scores = scores.masked_fill(~visible, float("-inf"))
         out[qo[b] : qo[b + 1]] = (torch.softmax(scores, -1) @ v).transpose(0, 1)
         lse[qo[b] : qo[b + 1]] = torch.logsumexp(scores, -1).transpose(0, 1)
@@ -53,12 +57,12 @@ def random_specs(gen: torch.Generator, count: int, max_new: int) -> list[tuple[i
     return specs
 
 
-def check(kv, dtype: torch.dtype) -> None:
+def check(kv, dtype: torch.dtype, window: int = 0) -> None:
     scale = kv.q.shape[-1] ** -0.5
     out, lse = OPS.paged_attention(
-        kv.q, kv.k_buffer, kv.v_buffer, kv.qo_indptr, kv.kv_indptr, kv.kv_indices, scale
+        kv.q, kv.k_buffer, kv.v_buffer, kv.qo_indptr, kv.kv_indptr, kv.kv_indices, scale, window
     )
-    ref_out, ref_lse = reference(kv, scale)
+    ref_out, ref_lse = reference(kv, scale, window)
     out_tol, lse_tol = TOLERANCE[dtype]
     assert out.dtype == dtype and lse.dtype == torch.float32
     torch.testing.assert_close(out.double(), ref_out, atol=out_tol, rtol=0)
@@ -74,6 +78,30 @@ def test_ragged_batch_matches_float64_reference(paged_kv, dtype, head_dim, hq, h
     specs = random_specs(gen, count=7, max_new=40)
     kv = paged_kv(specs, hq, hkv, head_dim, page_size=16, dtype=dtype, seed=hkv, device=CPU)
     check(kv, dtype)
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [1, 5, 64, 100, 299, 4096])
+@pytest.mark.parametrize(
+    "head_dim,hq,hkv", [(256, 4, 1), (64, 9, 3), (128, 2, 2)]  # Gemma 3 270M's first
+)
+def test_sliding_window_matches_float64_reference(paged_kv, dtype, window, head_dim, hq, hkv):
+    """Decodes (past and within the window), short extends and chunks of up to 120 tokens
+    (bands that cut through a tile's rows) after prefixes of up to 300."""
+    gen = torch.Generator().manual_seed(window + head_dim)
+    specs = [*random_specs(gen, count=6, max_new=120), (0, 130), (280, 1)]
+    kv = paged_kv(specs, hq, hkv, head_dim, page_size=16, dtype=dtype, seed=window, device=CPU)
+    check(kv, dtype, window)
+
+
+@needs_native
+def test_window_refuses_a_negative_width(paged_kv):
+    kv = paged_kv([(3, 1)], 2, 2, 64, page_size=1, dtype=torch.float32, seed=0, device=CPU)
+    with pytest.raises(RuntimeError, match="window must be >= 0"):
+        OPS.paged_attention(
+            kv.q, kv.k_buffer, kv.v_buffer, kv.qo_indptr, kv.kv_indptr, kv.kv_indices, 0.1, -1
+        )
 
 
 @needs_native
@@ -180,8 +208,10 @@ def mixed_batch(pool: KVPool, backend: TorchAttentionBackend) -> ForwardBatch:
 
 
 @needs_native
-def test_backend_native_path_matches_its_torch_path():
-    """The whole backend, cascades included, against its own SDPA path on the same batch."""
+@pytest.mark.parametrize("window", [0, 8, 35])
+def test_backend_native_path_matches_its_torch_path(window):
+    """The whole backend, cascades included (none in a sliding window: its masks cut through
+    the shared prefixes), against its own SDPA path on the same batch."""
     pool = KVPool(2400, 1, 3, 64, torch.float32, "cpu")
     pool.k_buffer[0].normal_()
     pool.v_buffer[0].normal_()
@@ -191,12 +221,15 @@ def test_backend_native_path_matches_its_torch_path():
     q, k, v = torch.randn(t, 9, 64), torch.randn(t, 3, 64), torch.randn(t, 3, 64)
     backend.init_forward_metadata(fb)
     assert fb.attn_metadata.native is not None and len(fb.attn_metadata.native.cascades) == 2
-    native_out = backend.forward(q, k, v, 0, fb, 0.125)
+    native_out = backend.forward(q, k, v, 0, fb, 0.125, window)
+    assert len(fb.attn_metadata.windowed) == (window > 0)
+    full_out = backend.forward(q, k, v, 0, fb, 0.125)
+    assert (window > 0) == (not torch.allclose(native_out, full_out, atol=1e-3))
     backend._native = None
     backend.init_forward_metadata(fb)
     assert fb.attn_metadata.native is None
     torch.testing.assert_close(
-        native_out, backend.forward(q, k, v, 0, fb, 0.125), atol=2e-5, rtol=0
+        native_out, backend.forward(q, k, v, 0, fb, 0.125, window), atol=2e-5, rtol=0
     )
 
 

@@ -4,7 +4,9 @@
 // Sequence b owns q rows qo_indptr[b]:qo_indptr[b+1] (n new tokens) and keys at the pool slots
 // kv_indices[kv_indptr[b]:kv_indptr[b+1]] (L keys, position order). New token t sits at
 // position L - n + t and sees keys 0..L - n + t (bottom-right aligned causal), so one kernel
-// covers decode (n = 1), a few tokens after a cached prefix, and a prefill chunk.
+// covers decode (n = 1), a few tokens after a cached prefix, and a prefill chunk. A sliding
+// window W > 0 (Gemma 3's local layers) narrows that to keys p - W + 1 .. p for a token at p:
+// the key loop starts at the first key the tile's first token sees, and the mask cuts the band.
 //
 // cascade_attention runs the same tiles without the mask: chosen rows of a batch against one
 // prefix that their sequences share (slots read once per tile of rows, not once per sequence),
@@ -27,6 +29,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "attention_bf16.h"
@@ -62,6 +65,7 @@ struct Args {
   int64_t hq, hkv, group, head_dim;
   float scale;
   bool causal;  // false: every row sees all of its sequence's keys (a shared prefix)
+  int64_t window;  // > 0: a row at position p sees keys p - window + 1 .. p only (causal only)
 };
 
 // Rows of one tile: tokens t0..t0+tokens-1 of sequence seq, query heads h0..h0+heads-1 of
@@ -106,19 +110,26 @@ constexpr bool kPairs =
 
 // Online softmax over one block of scores: masks keys past each row's position, updates the
 // running max m and sum l, turns St into probabilities and returns the rescale of the old ones.
+// With a window, keys at or below `floor` are masked too, and a row that has seen no key yet
+// keeps m = -inf: its max is taken as 0 so that exp(-inf - -inf) never makes a NaN.
 template <int NR>
-void softmax_block(int kb, int64_t j0, bool needs_mask, const vtile* limit, vtile* st, vtile* m,
-                   vtile* l, vtile* alpha) {
+void softmax_block(int kb, int64_t j0, bool needs_mask, const vtile* limit, const vtile* floor,
+                   vtile* st, vtile* m, vtile* l, vtile* alpha) {
   const vtile neg_inf = splat<vtile>(-INFINITY);
   for (int r = 0; r < NR; ++r) {
     vtile block_max = neg_inf;
     for (int j = 0; j < kb; ++j) {
       vtile s = st[j * NR + r];
-      if (needs_mask) s = splat<vtile>(static_cast<float>(j0 + j)) <= limit[r] ? s : neg_inf;
+      if (needs_mask) {
+        const vtile key = splat<vtile>(static_cast<float>(j0 + j));
+        s = key <= limit[r] ? s : neg_inf;
+        if (floor != nullptr) s = key > floor[r] ? s : neg_inf;
+      }
       st[j * NR + r] = s;
       block_max = vmax(block_max, s);
     }
-    const vtile m_new = vmax(m[r], block_max);
+    vtile m_new = vmax(m[r], block_max);
+    if (floor != nullptr) m_new = m_new == neg_inf ? splat<vtile>(0.0f) : m_new;
     alpha[r] = vexp(m[r] - m_new);
     vtile sum = splat<vtile>(0.0f);
     for (int j = 0; j < kb; ++j) {
@@ -153,11 +164,13 @@ void attend_tile(const Args& a, const Tile& tile, Scratch& s) {
   // Transposed, pre-scaled queries (paired, unscaled for kPairs); padding lanes are zero and
   // copy the last row's position.
   float* qt = reinterpret_cast<float*>(s.qt.data());
-  vtile limit[NR], m[NR], l[NR], alpha[NR];
+  vtile limit[NR], floor[NR], m[NR], l[NR], alpha[NR];
   float* lim = reinterpret_cast<float*>(limit);
+  float* low = reinterpret_cast<float*>(floor);
   for (int r = 0; r < NR * kTileLanes; ++r) {
     const int rr = std::min(r, rows - 1);
     lim[r] = static_cast<float>(first_pos + token_step * (rr / tile.heads));
+    low[r] = lim[r] - static_cast<float>(a.window);
     const T* src = q + q_offset(rr);
 #ifdef RADIXRT_BF16_DOT
     if constexpr (kPairs<T>) {
@@ -177,22 +190,26 @@ void attend_tile(const Args& a, const Tile& tile, Scratch& s) {
   std::fill(s.ot.begin(), s.ot.begin() + d_len * NR, splat<vtile>(0.0f));
 
   const int64_t key_end = first_pos + token_step * (tile.tokens - 1) + 1;  // one past the last
+  // The first key the tile's first token sees; the band's other edge is masked per row.
+  const int64_t key_begin = a.window > 0 ? std::max<int64_t>(0, first_pos - a.window + 1) : 0;
+  const vtile* band = a.window > 0 ? floor : nullptr;
   const T* kp[kKeyBlock];
   const T* vp[kKeyBlock];
-  for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
+  for (int64_t j0 = key_begin; j0 < key_end; j0 += kKeyBlock) {
     const int kb = static_cast<int>(std::min<int64_t>(kKeyBlock, key_end - j0));
     for (int j = 0; j < kb; ++j) {
       const int64_t off = slots[j0 + j] * a.kv_stride_slot + tile.kv_head * a.kv_stride_head;
       kp[j] = k + off;
       vp[j] = v + off;
     }
-    const bool needs_mask = j0 + kb - 1 > first_pos;
+    const bool needs_mask =
+        j0 + kb - 1 > first_pos || (band != nullptr && j0 <= key_end - 1 - a.window);
 #ifdef RADIXRT_BF16_DOT
     if constexpr (kPairs<T>) {
       using namespace radixrt_bf16;
       constexpr int C = chains<NR>();
       score_pairs<NR, C>(kp, kb, d_len / 2, s.q2.data(), a.scale, s.st.data());
-      softmax_block<NR>(kb, j0, needs_mask, limit, s.st.data(), m, l, alpha);
+      softmax_block<NR>(kb, j0, needs_mask, limit, band, s.st.data(), m, l, alpha);
       pair_probabilities<NR>(kb, s.st.data(), s.p2.data());
       pair_values(vp, kb, d_len, s.v2.data());
       accumulate_all_pairs<NR, C>(kb, d_len, s.p2.data(), s.v2.data(), alpha, s.ot.data());
@@ -200,7 +217,7 @@ void attend_tile(const Args& a, const Tile& tile, Scratch& s) {
     }
 #endif
     score_block<T, NR>(kp, kb, d_len, s.qt.data(), s.st.data());
-    softmax_block<NR>(kb, j0, needs_mask, limit, s.st.data(), m, l, alpha);
+    softmax_block<NR>(kb, j0, needs_mask, limit, band, s.st.data(), m, l, alpha);
     accumulate_block<T, NR>(vp, kb, d_len, s.st.data(), alpha, s.ot.data());
   }
 
@@ -222,11 +239,18 @@ void attend_tile(const Args& a, const Tile& tile, Scratch& s) {
 // are loaded once for all G heads. A decode token sees all of its sequence's keys.
 constexpr int kMaxDecodeHeads = 8;
 
+// A decode token's keys: its sequence's slots and their count, the last `window` of them with
+// a sliding window.
+std::pair<const int64_t*, int64_t> decode_keys(const Args& a, const Tile& tile) {
+  const int64_t len = a.kv_indptr[tile.seq + 1] - a.kv_indptr[tile.seq];
+  const int64_t skip = a.window > 0 ? std::max<int64_t>(0, len - a.window) : 0;
+  return {a.kv_indices + a.kv_indptr[tile.seq] + skip, len - skip};
+}
+
 template <typename T, int DV>  // DV = head_dim / 8
 void decode_tile(const Args& a, const Tile& tile) {
   const int g_len = static_cast<int>(tile.heads);
-  const int64_t kv_len = a.kv_indptr[tile.seq + 1] - a.kv_indptr[tile.seq];
-  const int64_t* slots = a.kv_indices + a.kv_indptr[tile.seq];
+  const auto [slots, kv_len] = decode_keys(a, tile);
   const int64_t head0 = tile.kv_head * a.group + tile.h0;
   const int64_t q_row = a.qo_indptr[tile.seq] * a.q_stride_t;
   const T* q = static_cast<const T*>(a.q);
@@ -299,8 +323,7 @@ void decode_tile(const Args& a, const Tile& tile) {
 // The decode tile on bfloat16 pairs (decode_bf16.h), GM heads at a time (its registers).
 template <typename T, int H, int GM>
 void decode_tile_pairs(const Args& a, const Tile& tile) {
-  const int64_t kv_len = a.kv_indptr[tile.seq + 1] - a.kv_indptr[tile.seq];
-  const int64_t* slots = a.kv_indices + a.kv_indptr[tile.seq];
+  const auto [slots, kv_len] = decode_keys(a, tile);
   const int64_t head0 = tile.kv_head * a.group + tile.h0;
   const int64_t q_row = a.qo_indptr[tile.seq] * a.q_stride_t;
   const int64_t kv_off = tile.kv_head * a.kv_stride_head;
@@ -361,7 +384,8 @@ std::vector<Tile> plan_tiles(const Args& a, int64_t batch) {
         for (int64_t t0 = 0; t0 < n; t0 += tokens_per_tile) {
           const int64_t hc = std::min(heads, a.group - h0);
           const int64_t tc = std::min(tokens_per_tile, n - t0);
-          const double keys = static_cast<double>(a.causal ? len - n + t0 + tc : len);
+          double keys = static_cast<double>(a.causal ? len - n + t0 + tc : len);
+          if (a.window > 0) keys = std::min(keys, static_cast<double>(a.window + tc));
           tiles.push_back({b, kv, h0, hc, t0, tc, keys * static_cast<double>(hc * tc + 8)});
         }
   }
@@ -397,7 +421,7 @@ std::tuple<at::Tensor, at::Tensor> attend_all(const at::Tensor& q_in, const at::
                                               const at::Tensor& qo_indptr,
                                               const at::Tensor& kv_indptr,
                                               const at::Tensor& kv_indices, double scale,
-                                              bool causal) {
+                                              bool causal, int64_t window) {
   const at::Tensor q = q_in.contiguous();
   at::Tensor out = at::empty_like(q);
   at::Tensor lse = at::empty({q.size(0), q.size(1)}, q.options().dtype(at::kFloat));
@@ -406,7 +430,8 @@ std::tuple<at::Tensor, at::Tensor> attend_all(const at::Tensor& q_in, const at::
          kv_indptr.data_ptr<int64_t>(), kv_indices.data_ptr<int64_t>(), q.stride(0),
          q.stride(1),            k_cache.stride(0),          k_cache.stride(1),
          q.size(1),              k_cache.size(1),            q.size(1) / k_cache.size(1),
-         q.size(2),              static_cast<float>(scale),  causal};
+         q.size(2),              static_cast<float>(scale),  causal,
+         window};
   const std::vector<Tile> tiles = plan_tiles(a, qo_indptr.numel() - 1);
   const int64_t count = static_cast<int64_t>(tiles.size());
   double cost = 0;
@@ -466,9 +491,11 @@ std::tuple<at::Tensor, at::Tensor> paged_attention(const at::Tensor& q, const at
                                                    const at::Tensor& v_cache,
                                                    const at::Tensor& qo_indptr,
                                                    const at::Tensor& kv_indptr,
-                                                   const at::Tensor& kv_indices, double scale) {
+                                                   const at::Tensor& kv_indices, double scale,
+                                                   int64_t window) {
   check_inputs(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices);
-  return attend_all(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, scale, true);
+  TORCH_CHECK(window >= 0, "paged_attention: window must be >= 0 (0: no sliding window)");
+  return attend_all(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, scale, true, window);
 }
 
 void cascade_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -486,7 +513,7 @@ void cascade_attention(const at::Tensor& q, const at::Tensor& k_cache, const at:
   if (rows.numel() == 0 || prefix_slots.numel() == 0) return;
   const auto [o_pre, lse_pre] =
       attend_all(q.index_select(0, rows), k_cache, v_cache, bounds, keys, prefix_slots, scale,
-                 false);
+                 false, 0);
   switch (q.scalar_type()) {
     case at::kFloat: merge_rows<float>(out, lse, rows, o_pre, lse_pre); break;
     case at::kBFloat16: merge_rows<c10::BFloat16>(out, lse, rows, o_pre, lse_pre); break;
@@ -499,7 +526,7 @@ void cascade_attention(const at::Tensor& q, const at::Tensor& k_cache, const at:
 TORCH_LIBRARY_FRAGMENT(radixrt, m) {
   m.def(
       "paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor qo_indptr, "
-      "Tensor kv_indptr, Tensor kv_indices, float scale) -> (Tensor, Tensor)");
+      "Tensor kv_indptr, Tensor kv_indices, float scale, int window=0) -> (Tensor, Tensor)");
   m.def(
       "cascade_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor rows, "
       "Tensor prefix_slots, float scale, Tensor(a!) out, Tensor(b!) lse) -> ()");
