@@ -84,7 +84,8 @@ def test_ragged_batch_matches_float64_reference(paged_kv, dtype, head_dim, hq, h
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window", [1, 5, 64, 100, 299, 4096])
 @pytest.mark.parametrize(
-    "head_dim,hq,hkv", [(256, 4, 1), (64, 9, 3), (128, 2, 2)]  # Gemma 3 270M's first
+    "head_dim,hq,hkv",
+    [(256, 4, 1), (64, 9, 3), (128, 2, 2)],  # Gemma 3 270M's first
 )
 def test_sliding_window_matches_float64_reference(paged_kv, dtype, window, head_dim, hq, hkv):
     """Decodes (past and within the window), short extends and chunks of up to 120 tokens
