@@ -45,10 +45,28 @@ TINY_BASE: dict[str, Any] = dict(
 )
 
 
+# Gemma 3's shape in small: windowed and global layers in a pattern (a window of 7, shorter than
+# every test prompt), their own rotary bases, head_dim apart from hidden / heads, a query scale
+# that is not head_dim's, tied embeddings.
+GEMMA3_TINY: dict[str, Any] = dict(
+    num_hidden_layers=3,
+    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+    sliding_window=7,
+    head_dim=32,
+    query_pre_attn_scalar=24,
+    rope_parameters={
+        "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+    },
+    tie_word_embeddings=True,
+)
+
+
 def _config_class(arch: str) -> type:
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     classes = {
+        "gemma3": Gemma3TextConfig,
         "llama": LlamaConfig,
         "qwen2": Qwen2Config,
         "mistral": MistralConfig,
@@ -65,6 +83,8 @@ def tiny_config(arch: str, **overrides: Any) -> Any:
     kwargs = dict(TINY_BASE)
     if arch == "mistral":
         kwargs["sliding_window"] = None  # our Mistral has no sliding window
+    if arch == "gemma3":
+        kwargs.update(GEMMA3_TINY)
     kwargs.update(overrides)
     return _config_class(arch)(**kwargs)
 

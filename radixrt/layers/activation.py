@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -19,3 +21,15 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
         return ops.silu_and_mul(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """GeGLU (Gemma's MLP): [T, 2*I] -> gelu(gate, tanh approximation) * up, [T, I], the ops
+    transformers' `gelu_pytorch_tanh` runs."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
+
+
+def gated_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The `act(gate) * up` of an HF activation name (config.GATED_ACTIVATIONS)."""
+    return {"silu": silu_and_mul, "gelu_pytorch_tanh": gelu_tanh_and_mul}[name]

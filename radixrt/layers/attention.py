@@ -11,6 +11,7 @@ from torch import nn
 from radixrt.distributed import TPGroup
 from radixrt.layers.config import local_kv_heads
 from radixrt.layers.linear import MergedLinear, RowParallelLinear
+from radixrt.layers.norm import RMSNorm
 from radixrt.layers.rotary import rotate_qk
 from radixrt.layers.sharding import Narrow
 
@@ -28,6 +29,8 @@ class AttentionShape:
     head_dim: int
     qkv_bias: bool
     o_bias: bool
+    window: int = 0  # sliding window (0: the whole context); see AttentionBackend.forward
+    scaling: float | None = None  # the scores' scale; None: head_dim ** -0.5
 
     def local_kv_heads(self, tp: int) -> int:
         return local_kv_heads(self.num_kv_heads, tp)
@@ -39,7 +42,8 @@ class RotaryAttention(nn.Module):
 
     `qkv_proj` stacks the checkpoint's q_proj, k_proj and v_proj. Subclasses change what
     happens to q and k between the projection and the rotary by overriding `transform_qk`
-    (Qwen3 normalizes each head there). Scaling is head_dim ** -0.5.
+    (QKNormAttention normalizes each head there). Scaling is head_dim ** -0.5 unless the
+    shape sets it; a layer with a `window` attends only to that many latest positions.
 
     With tensor parallelism a rank holds num_heads / tp query heads and the KV heads they read
     (`AttentionShape.local_kv_heads`): its attention is local, and `o_proj` sums the ranks'.
@@ -55,7 +59,8 @@ class RotaryAttention(nn.Module):
         self.head_dim = shape.head_dim
         self.q_size = self.num_heads * shape.head_dim
         self.kv_size = self.num_kv_heads * shape.head_dim
-        self.scaling = shape.head_dim**-0.5
+        self.scaling = shape.head_dim**-0.5 if shape.scaling is None else shape.scaling
+        self.window = shape.window
         sizes = [self.q_size, self.kv_size, self.kv_size]
         names = ["q_proj", "k_proj", "v_proj"]
         narrows = _qkv_narrows(shape, group) if group.size > 1 else None
@@ -73,12 +78,38 @@ class RotaryAttention(nn.Module):
         qk = rotate_qk(self.transform_qk(qk), cos, sin)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
-        out = batch.attn_backend.forward(q, k, v, self.layer_id, batch, self.scaling)
+        out = batch.attn_backend.forward(q, k, v, self.layer_id, batch, self.scaling, self.window)
         return self.o_proj(out.reshape(t, self.q_size))  # out: [T, Hq, D]
 
     def transform_qk(self, qk: torch.Tensor) -> torch.Tensor:
         """q and k heads before the rotary, [T, Hq + Hkv, D] -> same shape; as they are here."""
         return qk
+
+
+class QKNormAttention(RotaryAttention):
+    """RotaryAttention with `q_norm` and `k_norm` [head_dim] applied to every head before the
+    rotary (Qwen3 with RMSNorm, Gemma 3 with GemmaRMSNorm: `norm`)."""
+
+    def __init__(
+        self,
+        layer_id: int,
+        shape: AttentionShape,
+        eps: float,
+        group: TPGroup | None = None,
+        norm: type[RMSNorm] = RMSNorm,
+    ) -> None:
+        super().__init__(layer_id, shape, group)
+        self.q_norm = norm(self.head_dim, eps)
+        self.k_norm = norm(self.head_dim, eps)
+
+    def transform_qk(self, qk: torch.Tensor) -> torch.Tensor:  # [T, Hq + Hkv, D]
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        return torch.cat((_per_head(self.q_norm, q), _per_head(self.k_norm, k)), dim=1)
+
+
+def _per_head(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    # [T, H, D] -> rows of D (a copy: x is a strided view into the qkv projection) -> [T, H, D]
+    return norm(x.reshape(-1, x.shape[-1])).view(x.shape)
 
 
 def check_heads_divide(shape: AttentionShape, tp: int) -> None:

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     import torch
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+GATED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # HF names: SwiGLU, and Gemma's GeGLU
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,12 +41,18 @@ class RopeConfig:
         if params is None:
             params = dict(getattr(hf, "rope_scaling", None) or {})
             params.setdefault("rope_theta", getattr(hf, "rope_theta", 10000.0))
+        return cls.from_params(params, getattr(hf, "partial_rotary_factor", 1.0))
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any], partial_default: float = 1.0) -> RopeConfig:
+        """One set of rope parameters (transformers' `rope_parameters`, or one layer type's
+        entry of it); ValueError naming the field for what these layers can't honour."""
         kind = params.get("rope_type", params.get("type", "default"))
         if kind not in SUPPORTED_ROPE_TYPES:
             raise ValueError(
                 f"rope_scaling.rope_type must be one of {list(SUPPORTED_ROPE_TYPES)}, got {kind!r}"
             )
-        partial = params.get("partial_rotary_factor", getattr(hf, "partial_rotary_factor", 1.0))
+        partial = params.get("partial_rotary_factor", partial_default)
         if partial != 1.0:
             raise ValueError(f"partial_rotary_factor must be 1.0, got {partial}")
         scaling: dict[str, Any] = {}
@@ -78,6 +85,11 @@ class TransformerConfig:
     qkv_bias: bool = False
     o_bias: bool = False
     mlp_bias: bool = False
+    hidden_act: str = "silu"  # the gated MLP's activation: one of GATED_ACTIVATIONS
+    # Per layer, its sliding window (0: full attention); empty: every layer attends fully.
+    layer_windows: tuple[int, ...] = ()
+    sliding_rope: RopeConfig | None = None  # the windowed layers' rotary, where it differs
+    attention_scale: float | None = None  # the scores' scale; None: head_dim ** -0.5
     # Set by the loader (loader/load.py), which knows the checkpoint's folder and the dtype:
     eos_token_ids: list[int] = field(
         default_factory=list
@@ -96,11 +108,22 @@ class TransformerConfig:
         """KV heads of one rank of `tp`: the size of that rank's KV pool (see local_kv_heads)."""
         return local_kv_heads(self.num_kv_heads, tp)
 
+    def window_of(self, layer_id: int) -> int:
+        """Layer `layer_id`'s sliding window, 0 where it attends to the whole context."""
+        return self.layer_windows[layer_id] if self.layer_windows else 0
+
     @classmethod
     def from_hf(
-        cls, hf: Any, *, qkv_bias: bool = False, o_bias: bool = False, mlp_bias: bool = False
+        cls,
+        hf: Any,
+        *,
+        qkv_bias: bool = False,
+        o_bias: bool = False,
+        mlp_bias: bool = False,
+        rope: RopeConfig | None = None,
     ) -> TransformerConfig:
-        """Read an HF config of a SiLU-gated, RMSNorm, rotary decoder.
+        """Read an HF config of a SiLU-gated, RMSNorm, rotary decoder (`rope`: its rotary where
+        the architecture reads it itself, as Gemma 3's per-layer-type parameters).
 
         Raises ValueError, naming the field, for a setting these layers can't honour.
         """
@@ -125,7 +148,7 @@ class TransformerConfig:
             num_kv_heads=num_kv_heads,
             head_dim=head_dim_of(hf),
             rms_norm_eps=float(hf.rms_norm_eps),
-            rope=RopeConfig.from_hf(hf),
+            rope=rope or RopeConfig.from_hf(hf),
             max_position_embeddings=hf.max_position_embeddings,
             tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
             qkv_bias=qkv_bias,

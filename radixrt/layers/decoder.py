@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -46,3 +47,39 @@ class DecoderLayer(nn.Module):
         hidden = self.self_attn(hidden, cos, sin, batch)
         hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual)
         return self.mlp(hidden), residual
+
+
+class SandwichNormLayer(nn.Module):
+    """Gemma's block: norms before and after both attention and MLP,
+    x + post_attn(attn(in(x))), then + post_ffw(mlp(pre_ffw(.))).
+
+    The same deferred residual as DecoderLayer: the stream is (returned hidden) + residual,
+    added inside the next norm; the sums are transformers' (residual + output).
+    """
+
+    def __init__(
+        self, self_attn: RotaryAttention, mlp: GatedMLP, norm: Callable[[], RMSNorm]
+    ) -> None:
+        super().__init__()
+        self.self_attn = self_attn
+        self.mlp = mlp
+        self.input_layernorm = norm()
+        self.post_attention_layernorm = norm()
+        self.pre_feedforward_layernorm = norm()
+        self.post_feedforward_layernorm = norm()
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        batch: ForwardBatch,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # as DecoderLayer.forward
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm.add_and_norm(hidden, residual)
+        hidden = self.post_attention_layernorm(self.self_attn(hidden, cos, sin, batch))
+        hidden, residual = self.pre_feedforward_layernorm.add_and_norm(hidden, residual)
+        return self.post_feedforward_layernorm(self.mlp(hidden)), residual

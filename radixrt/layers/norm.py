@@ -50,3 +50,53 @@ class RMSNorm(nn.Module):
         x32 = x.float()
         variance = x32.pow(2).mean(-1, keepdim=True)
         return self.weight * (x32 * torch.rsqrt(variance + self.eps)).to(dtype)
+
+
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: y = (x / sqrt(mean(x^2) + eps)) * (1 + weight), all in float32, then
+    cast to x's dtype (transformers' Gemma3RMSNorm order: the product before the cast).
+
+    `weight` is the checkpoint's (zero-centred); the float32 multiplier 1 + weight is taken
+    once, after loading (`weights_loaded`), so a step does not add it again per norm. In
+    float32 the fused kernels compute exactly this with the multiplier as their weight.
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__(hidden_size, eps)
+        self.multiplier: torch.Tensor | None = None
+
+    def weights_loaded(self) -> None:
+        self.multiplier = 1.0 + self.weight.detach().float()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        multiplier = self._multiplier()
+        if x.dtype == torch.float32 and x.dim() == 2:
+            if use_triton(x):
+                from radixrt.kernels.fused_layers import rmsnorm
+
+                return rmsnorm(x, multiplier, self.eps)[0]
+            ops = native_cpu(x)
+            if ops is not None:
+                return ops.rms_norm(x, multiplier, self.eps)
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * multiplier).to(x.dtype)
+
+    def add_and_norm(
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if x.dtype == residual.dtype == torch.float32 and x.dim() == 2:
+            if use_triton(x):
+                from radixrt.kernels.fused_layers import rmsnorm
+
+                return rmsnorm(x, self._multiplier(), self.eps, residual)
+            ops = native_cpu(x)
+            if ops is not None:
+                return ops.add_rms_norm(x, residual, self._multiplier(), self.eps)  # type: ignore[no-any-return]
+        h = x + residual
+        return self.forward(h), h
+
+    def _multiplier(self) -> torch.Tensor:
+        if self.multiplier is None:  # a module used without its model's load_weights
+            return 1.0 + self.weight.float()
+        return self.multiplier

@@ -27,16 +27,30 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 class DecoderModel(nn.Module):
-    """Token embedding, the decoder layers, the final norm (HF's `model.` submodule)."""
+    """Token embedding, the decoder layers, the final norm (HF's `model.` submodule).
+
+    Sliding-window layers take `config.sliding_rope`'s rotary where the config has one (Gemma
+    3's local base); `embed_scale` multiplies the embeddings (Gemma: sqrt(hidden), in the
+    embeddings' dtype, as transformers does)."""
 
     def __init__(
-        self, config: TransformerConfig, layers: list[DecoderLayer], group: TPGroup
+        self,
+        config: TransformerConfig,
+        layers: list[nn.Module],
+        group: TPGroup,
+        norm: type[RMSNorm] = RMSNorm,
+        embed_scale: float | None = None,
     ) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, group)
+        self.embed_scale = embed_scale
         self.layers = nn.ModuleList(layers)
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = norm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope)
+        self.windowed = [config.window_of(i) > 0 for i in range(len(layers))]
+        self.sliding_rotary = None
+        if config.sliding_rope is not None:
+            self.sliding_rotary = RotaryEmbedding(config.head_dim, config.sliding_rope)
         # The layers as one native call on the CPU where that computes the same (built at
         # the first CPU forward, when the weights are final); set False to keep the modules.
         self.use_native_stack = True
@@ -49,13 +63,20 @@ class DecoderModel(nn.Module):
         if batch.attn_metadata is None:
             batch.attn_backend.init_forward_metadata(batch)
         hidden = self.embed_tokens(input_ids)  # [T, hidden]
+        if self.embed_scale is not None:
+            scale = torch.tensor(self.embed_scale, dtype=torch.float32)  # transformers' rounding
+            hidden = hidden * scale.to(hidden.dtype)
         cos, sin = self.rotary.cos_sin(positions, hidden.dtype)  # [T, 1, D/2] each, all layers
         stack = self.native_stack() if hidden.device.type == "cpu" else None
         if stack is not None and stack.can_run(hidden, batch):
             return stack(hidden, cos, sin, batch)
+        sliding = (cos, sin)
+        if self.sliding_rotary is not None:
+            sliding = self.sliding_rotary.cos_sin(positions, hidden.dtype)
         residual = None
-        for layer in self.layers:
-            hidden, residual = layer(hidden, residual, cos, sin, batch)
+        for layer, windowed in zip(self.layers, self.windowed, strict=True):
+            c, s = sliding if windowed else (cos, sin)
+            hidden, residual = layer(hidden, residual, c, s, batch)
         if residual is None:  # a model without layers
             return self.norm(hidden)
         return self.norm.add_and_norm(hidden, residual)[0]
@@ -84,16 +105,20 @@ class DecoderForCausalLM(CausalLM):
         self.config = config
         self.tp_group = group or TPGroup.single()
         layers = [self.make_layer(i) for i in range(config.num_layers)]
-        self.model = DecoderModel(config, layers, self.tp_group)
+        self.model = self.make_model(layers)
         self.lm_head = LMHead(
             config.hidden_size, config.vocab_size, config.tie_word_embeddings, self.tp_group
         )
 
+    def make_model(self, layers: list[nn.Module]) -> DecoderModel:
+        """The `model.` submodule around the layers; override for other norms or embeddings."""
+        return DecoderModel(self.config, layers, self.tp_group)
+
     def make_attention(self, layer_id: int) -> RotaryAttention:
         """The attention block of layer `layer_id`; override for a different attention."""
-        return RotaryAttention(layer_id, self.attention_shape(), self.tp_group)
+        return RotaryAttention(layer_id, self.attention_shape(layer_id), self.tp_group)
 
-    def attention_shape(self) -> AttentionShape:
+    def attention_shape(self, layer_id: int) -> AttentionShape:
         c = self.config
         return AttentionShape(
             hidden_size=c.hidden_size,
@@ -102,12 +127,19 @@ class DecoderForCausalLM(CausalLM):
             head_dim=c.head_dim,
             qkv_bias=c.qkv_bias,
             o_bias=c.o_bias,
+            window=c.window_of(layer_id),
+            scaling=c.attention_scale,
         )
 
-    def make_layer(self, layer_id: int) -> DecoderLayer:
+    def make_mlp(self) -> GatedMLP:
         c = self.config
-        mlp = GatedMLP(c.hidden_size, c.intermediate_size, c.mlp_bias, self.tp_group)
-        return DecoderLayer(self.make_attention(layer_id), mlp, c.hidden_size, c.rms_norm_eps)
+        return GatedMLP(c.hidden_size, c.intermediate_size, c.mlp_bias, self.tp_group, c.hidden_act)
+
+    def make_layer(self, layer_id: int) -> nn.Module:
+        """Layer `layer_id`: a pre-norm DecoderLayer; override for another arrangement."""
+        c = self.config
+        attn, mlp = self.make_attention(layer_id), self.make_mlp()
+        return DecoderLayer(attn, mlp, c.hidden_size, c.rms_norm_eps)
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch

@@ -132,7 +132,7 @@ def _plain_layer(layer: Any) -> bool:
     # Exact types: a subclass may change what happens between the ops (Qwen3's q/k norm).
     if type(layer) is not DecoderLayer or type(layer.self_attn) is not RotaryAttention:
         return False
-    if type(layer.mlp) is not GatedMLP:
+    if type(layer.mlp) is not GatedMLP or layer.mlp.act != "silu" or layer.self_attn.window:
         return False
     attn, mlp = layer.self_attn, layer.mlp
     projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)

@@ -13,6 +13,7 @@ _MODELS = {
     "Qwen2ForCausalLM": "radixrt.models.qwen2:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "radixrt.models.qwen3:Qwen3ForCausalLM",
     "MistralForCausalLM": "radixrt.models.mistral:MistralForCausalLM",
+    "Gemma3ForCausalLM": "radixrt.models.gemma3:Gemma3ForCausalLM",
 }
 SUPPORTED_ARCHITECTURES = tuple(sorted(_MODELS))
 

@@ -13,13 +13,13 @@ from radixrt.attention.forward_batch import ForwardBatch
 from radixrt.attention.torch_backend import TorchAttentionBackend
 from radixrt.cache.kv_pool import KVPool
 from radixrt.layers import fused
-from radixrt.layers.attention import AttentionShape
+from radixrt.layers.attention import AttentionShape, QKNormAttention
 from radixrt.layers.config import RopeConfig, TransformerConfig
 from radixrt.layers.embedding import LMHead
 from radixrt.layers.mlp import GatedMLP
 from radixrt.layers.norm import RMSNorm
 from radixrt.layers.rotary import RotaryEmbedding, apply_rotary
-from radixrt.models.qwen3 import QKNormAttention, Qwen3ForCausalLM
+from radixrt.models.qwen3 import Qwen3ForCausalLM
 from radixrt.models.weight_loader import load_hf_weights
 
 SMALL = dict(
