@@ -6,7 +6,9 @@ is gathered into a contiguous copy.
 
 Stage 1, grid (B, Hkv, S): program (b, h, s) takes the s-th of S equal chunks of sequence b's
 keys for kv head h and all G = Hq / Hkv query heads that share it (K/V are read once per group),
-and writes a partial output normalized by its own softmax sum plus that sum's log-sum-exp.
+and writes a partial output normalized by its own softmax sum plus that sum's log-sum-exp. With
+a sliding window W > 0 the chunks cover only the last min(L, W) keys: the query, at position
+L - 1, sees no earlier one, so none is read.
 Stage 2, grid (B, Hq): merges the S partials of each head through their log-sum-exps. S comes
 from the batch (`choose_num_splits`): few long sequences get many splits so the GPU fills up.
 Accumulation is float32 whatever the input dtype; an empty chunk contributes nothing.
@@ -39,10 +41,11 @@ NUM_STAGES = 3
 
 @triton.jit
 def _decode_split_kernel(
-    Q, K, V, KV_indptr, KV_indices, Mid_O, Mid_LSE, scaling, num_splits,
+    Q, K, V, KV_indptr, KV_indices, Mid_O, Mid_LSE, scaling, num_splits, window,
     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr,
+    WINDOWED: tl.constexpr,
 ):  # fmt: skip
     # DOT: tl.dot operand dtype (see kernels.common.dot_dtype); IN: the activations' dtype.
     IN = Q.dtype.element_ty
@@ -56,8 +59,11 @@ def _decode_split_kernel(
     dim_ok = dims < HEAD_DIM
     kv_start = tl.load(KV_indptr + b)
     seq_len = tl.load(KV_indptr + b + 1) - kv_start
-    chunk = tl.cdiv(seq_len, num_splits)
-    lo = split * chunk
+    first = 0  # the first key the query (at position seq_len - 1) sees
+    if WINDOWED:
+        first = tl.maximum(seq_len - window, 0)
+    chunk = tl.cdiv(seq_len - first, num_splits)  # the splits share the visible keys only
+    lo = first + split * chunk
     hi = tl.minimum(lo + chunk, seq_len)
 
     q_ptrs = Q + b * stride_qb + heads[:, None] * stride_qh + dims[None, :]
@@ -134,7 +140,9 @@ def _decode_merge_kernel(
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int | None, num_sms: int) -> int:
     """Splits per sequence: enough programs for PROGRAMS_PER_SM on every SM, no split shorter
-    than MIN_SPLIT_TOKENS (when max_seq_len is known), at most MAX_SPLITS; a power of two."""
+    than MIN_SPLIT_TOKENS (when max_seq_len is known), at most MAX_SPLITS; a power of two.
+    For a sliding-window layer pass the keys it reads, min(max_seq_len, window) (the window
+    alone when the length is not known)."""
     want = triton.cdiv(num_sms * PROGRAMS_PER_SM, batch * num_kv_heads)
     if max_seq_len is not None:
         want = min(want, triton.cdiv(max_seq_len, MIN_SPLIT_TOKENS))
@@ -151,11 +159,14 @@ def decode_attention(
     num_splits: int,
     out: torch.Tensor | None = None,  # [B, Hq, D], written if given
     *,
+    window: int = 0,  # > 0: only the last `window` keys of each sequence
     block_n: int = BLOCK_N,
     num_warps: int = NUM_WARPS,
     num_stages: int = NUM_STAGES,
 ) -> torch.Tensor:  # [B, Hq, D] in q.dtype
-    """Attention of each sequence's one query token over all of its keys (see module doc).
+    """Attention of each sequence's one query token over all of its keys (see module doc), or
+    with window W > 0 over its last min(L, W) keys only; W is a kernel argument, not derived
+    from the lengths, so a CUDA graph captured for one length replays for any.
     block_n, num_warps, num_stages: the split kernel's tiling (scripts/bench_kernels.py
     --sweep times the alternatives).
 
@@ -165,6 +176,7 @@ def decode_attention(
     num_kv_heads = k_buffer.shape[1]
     group = num_heads // num_kv_heads
     assert num_heads % num_kv_heads == 0 and q.stride(2) == 1 and k_buffer.stride(2) == 1
+    assert window >= 0
     if out is None:
         out = torch.empty_like(q)
     mid_o = torch.empty(
@@ -173,12 +185,12 @@ def decode_attention(
     mid_lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
     block_d = max(16, triton.next_power_of_2(head_dim))
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_buffer, v_buffer, kv_indptr, kv_indices, mid_o, mid_lse, scaling, num_splits,
+        q, k_buffer, v_buffer, kv_indptr, kv_indices, mid_o, mid_lse, scaling, num_splits, window,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_D=block_d, BLOCK_N=block_n, DOT=dot_dtype(q.dtype), PRECISION=dot_precision(q.dtype),
-        num_warps=num_warps, num_stages=num_stages,
+        WINDOWED=window > 0, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     _decode_merge_kernel[(batch, num_heads)](
         mid_o, mid_lse, out, num_splits, out.stride(0), out.stride(1),

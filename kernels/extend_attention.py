@@ -4,13 +4,17 @@ Sequence b has n_b new tokens (rows qo_indptr[b]:qo_indptr[b+1] of q) at its las
 and L_b keys in the pool at slots kv_indices[kv_indptr[b]:kv_indptr[b+1]] (the cached prefix of
 P_b = L_b - n_b tokens, then the new tokens, whose K/V the caller has already stored). A new
 token at position p attends to every key at a position <= p: fully to the prefix, causally to
-the new tokens. The prefix is read from the pool, never recomputed: a radix-cache hit costs only
-its reads.
+the new tokens; with a sliding window W > 0, only to those at positions > p - W (transformers'
+sliding-window mask). The prefix is read from the pool, never recomputed: a radix-cache hit
+costs only its reads.
 
 Grid (ceil(max n_b / BLOCK_M), B, Hq): a program takes BLOCK_M new tokens of one sequence for
 one query head, runs an online softmax (float32) over the prefix without a mask, then over the
-new tokens up to its last row with the causal mask. A decode step is the case n_b = 1, so a
-batch that mixes prefill chunks and decode steps runs through this kernel in one launch.
+new tokens up to its last row with the causal mask. A window (the constexpr WINDOWED, so W = 0
+compiles to the kernel without it) adds the band's lower edge to both masks and starts the
+program's key loop at the first key its first row sees: a prefix that lies before the window
+is not read. A decode step is the case n_b = 1, so a batch that mixes prefill chunks and decode
+steps runs through this kernel in one launch.
 
 Plain-torch reference: `kernels.reference.paged_attention_ref`.
 """
@@ -53,11 +57,36 @@ def _attend(q, K, V, slot, kv_head, dims, key_mask, visible, m, denom, acc, scal
 
 
 @triton.jit
+def _attend_keys(q, q_pos, K, V, KV_indices, kv_start, kv_head, dims, dim_ok, lo, hi, window,
+                 m, denom, acc, scaling, stride_kt, stride_kh, stride_vt, stride_vh,
+                 CAUSAL: tl.constexpr, WINDOWED: tl.constexpr,
+                 IN: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr,
+                 BLOCK_N: tl.constexpr):  # fmt: skip
+    """Keys at positions lo..hi-1 into the running softmax of the queries at q_pos [BLOCK_M]:
+    causally if CAUSAL (the new tokens; the prefix precedes every query), and only the last
+    `window` positions up to each query if WINDOWED."""
+    for start in range(lo, hi, BLOCK_N):
+        pos = start + tl.arange(0, BLOCK_N)
+        ok = pos < hi
+        slot = tl.load(KV_indices + kv_start + pos, mask=ok, other=0).to(tl.int64)
+        visible = ok[None, :]  # [1, BLOCK_N], broadcast over the rows
+        if CAUSAL:
+            visible = visible & (pos[None, :] <= q_pos[:, None])
+        if WINDOWED:
+            visible = visible & (pos[None, :] > q_pos[:, None] - window)
+        m, denom, acc = _attend(
+            q, K, V, slot, kv_head, dims, ok[:, None] & dim_ok[None, :], visible, m, denom, acc,
+            scaling, stride_kt, stride_kh, stride_vt, stride_vh, IN, DOT, PRECISION,
+        )  # fmt: skip
+    return m, denom, acc
+
+
+@triton.jit
 def _extend_kernel(
-    Q, K, V, Out, QO_indptr, KV_indptr, KV_indices, scaling,
+    Q, K, V, Out, QO_indptr, KV_indptr, KV_indices, scaling, window,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_D: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr, WINDOWED: tl.constexpr,
 ):  # fmt: skip
     IN = Q.dtype.element_ty
     m_block = tl.program_id(0)
@@ -86,59 +115,26 @@ def _extend_kernel(
     # Programs past the end of a shorter sequence have no rows: they read nothing.
     active = m_block * BLOCK_M < n_new
     prefix_end = tl.where(active, prefix, 0)
-    for start in range(0, prefix_end, BLOCK_N):  # the cached prefix: every query sees it all
-        pos = start + tl.arange(0, BLOCK_N)
-        ok = pos < prefix_end
-        slot = tl.load(KV_indices + kv_start + pos, mask=ok, other=0).to(tl.int64)
-        m, denom, acc = _attend(
-            q,
-            K,
-            V,
-            slot,
-            kv_head,
-            dims,
-            ok[:, None] & dim_ok[None, :],
-            ok[None, :],
-            m,
-            denom,
-            acc,
-            scaling,
-            stride_kt,
-            stride_kh,
-            stride_vt,
-            stride_vh,
-            IN,
-            DOT,
-            PRECISION,
-        )
     # The new tokens, causally, up to this block's last query.
     hi = tl.where(active, tl.minimum(seq_len, prefix + (m_block + 1) * BLOCK_M), 0)
-    for start in range(prefix_end, hi, BLOCK_N):
-        pos = start + tl.arange(0, BLOCK_N)
-        ok = pos < hi
-        slot = tl.load(KV_indices + kv_start + pos, mask=ok, other=0).to(tl.int64)
-        visible = ok[None, :] & (pos[None, :] <= q_pos[:, None])
-        m, denom, acc = _attend(
-            q,
-            K,
-            V,
-            slot,
-            kv_head,
-            dims,
-            ok[:, None] & dim_ok[None, :],
-            visible,
-            m,
-            denom,
-            acc,
-            scaling,
-            stride_kt,
-            stride_kh,
-            stride_vt,
-            stride_vh,
-            IN,
-            DOT,
-            PRECISION,
-        )
+    prefix_lo = 0
+    new_lo = prefix_end
+    if WINDOWED:
+        # The block's first query sees nothing before key_lo, its later ones even less: the keys
+        # before it (most of a long prefix) are not read at all.
+        key_lo = tl.maximum(prefix + m_block * BLOCK_M - window + 1, 0)
+        prefix_lo = tl.minimum(key_lo, prefix_end)
+        new_lo = tl.maximum(key_lo, prefix_end)
+    m, denom, acc = _attend_keys(
+        q, q_pos, K, V, KV_indices, kv_start, kv_head, dims, dim_ok, prefix_lo, prefix_end,
+        window, m, denom, acc, scaling, stride_kt, stride_kh, stride_vt, stride_vh,
+        False, WINDOWED, IN, DOT, PRECISION, BLOCK_N,
+    )  # fmt: skip
+    m, denom, acc = _attend_keys(
+        q, q_pos, K, V, KV_indices, kv_start, kv_head, dims, dim_ok, new_lo, hi,
+        window, m, denom, acc, scaling, stride_kt, stride_kh, stride_vt, stride_vh,
+        True, WINDOWED, IN, DOT, PRECISION, BLOCK_N,
+    )  # fmt: skip
 
     out = acc / tl.where(denom == 0.0, 1.0, denom)[:, None]
     tl.store(
@@ -170,9 +166,13 @@ def extend_attention(
     scaling: float,
     out: torch.Tensor | None = None,  # [T, Hq, D], written if given
     config: dict[str, int] | None = None,  # BLOCK_M, BLOCK_N, num_warps, num_stages
+    window: int = 0,  # > 0: each token sees only the last `window` positions up to its own
 ) -> torch.Tensor:  # [T, Hq, D] in q.dtype
-    """Causal attention of every new token over its sequence's prefix and new tokens. `config`
-    replaces the tiling chosen for the device (scripts/bench_kernels.py --sweep times them)."""
+    """Causal attention of every new token over its sequence's prefix and new tokens; with
+    window W > 0 a token at position p sees the keys at p - W + 1 .. p only, and keys before
+    every query's window are not read. `config` replaces the tiling chosen for the device
+    (scripts/bench_kernels.py --sweep times them)."""
+    assert window >= 0
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_buffer.shape[1]
     assert num_heads % num_kv_heads == 0 and q.stride(2) == 1 and k_buffer.stride(2) == 1
@@ -184,11 +184,11 @@ def extend_attention(
     cfg = config or _launch_config(head_dim, q.device)
     grid = (triton.cdiv(max_new_tokens, cfg["BLOCK_M"]), batch, num_heads)
     _extend_kernel[grid](
-        q, k_buffer, v_buffer, out, qo_indptr, kv_indptr, kv_indices, scaling,
+        q, k_buffer, v_buffer, out, qo_indptr, kv_indptr, kv_indices, scaling, window,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1), out.stride(0), out.stride(1),
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        DOT=dot_dtype(q.dtype), PRECISION=dot_precision(q.dtype), **cfg,
+        DOT=dot_dtype(q.dtype), PRECISION=dot_precision(q.dtype), WINDOWED=window > 0, **cfg,
     )  # fmt: skip
     return out

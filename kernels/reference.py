@@ -19,9 +19,11 @@ def paged_attention_ref(
     kv_indptr: torch.Tensor,  # [B+1] offsets of each sequence's slots in kv_indices
     kv_indices: torch.Tensor,  # [sum(L)] pool slots of every token of each sequence, in order
     scaling: float,
+    window: int = 0,
 ) -> torch.Tensor:  # [T, Hq, D] in q.dtype
     """Causal attention of each sequence's n new tokens (its last n positions) over all of its
-    L keys (prefix L - n, then the new tokens). Decode is the case n = 1."""
+    L keys (prefix L - n, then the new tokens). Decode is the case n = 1. With window W > 0 a
+    token at position p sees only the keys at positions p - W + 1 .. p."""
     out = torch.empty_like(q)
     group = q.shape[1] // k_buffer.shape[1]
     for b in range(qo_indptr.numel() - 1):
@@ -32,7 +34,10 @@ def paged_attention_ref(
         n, total = q1 - q0, slots.numel()
         scores = torch.einsum("nhd,lhd->hnl", q[q0:q1].float(), k) * scaling
         q_pos = torch.arange(total - n, total, device=q.device)
-        visible = torch.arange(total, device=q.device)[None, :] <= q_pos[:, None]  # [n, L]
+        key_pos = torch.arange(total, device=q.device)[None, :]
+        visible = key_pos <= q_pos[:, None]  # [n, L]
+        if window > 0:
+            visible &= key_pos > q_pos[:, None] - window
         probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
         out[q0:q1] = torch.einsum("hnl,lhd->nhd", probs, v).to(q.dtype)
     return out
@@ -45,9 +50,12 @@ def decode_attention_ref(
     kv_indptr: torch.Tensor,  # [B+1]
     kv_indices: torch.Tensor,
     scaling: float,
+    window: int = 0,
 ) -> torch.Tensor:  # [B, Hq, D]
     qo_indptr = torch.arange(q.shape[0] + 1, dtype=torch.int64, device=q.device)
-    return paged_attention_ref(q, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, scaling)
+    return paged_attention_ref(
+        q, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, scaling, window
+    )
 
 
 def rmsnorm_ref(

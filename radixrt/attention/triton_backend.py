@@ -34,7 +34,9 @@ class TritonAttentionMetadata:
     kv_indptr: torch.Tensor  # [B+1]
     kv_indices: torch.Tensor  # [sum(seq_lens)]
     max_new_tokens: int  # the longest sequence's new tokens (sets the extend grid)
-    num_splits: int  # KV splits per sequence for the decode kernel
+    num_splits: int  # KV splits per sequence for the decode kernel (full-attention layers)
+    max_seq_len: int | None  # the longest sequence; None under CUDA graphs (any length)
+    num_sms: int  # of the device, for the windowed layers' split counts
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -76,15 +78,24 @@ class TritonAttentionBackend(AttentionBackend):
         layer_id: int,
         fb: ForwardBatch,
         scaling: float,
+        window: int = 0,
     ) -> torch.Tensor:  # [T, Hq, D]
-        """Store k/v at fb.out_cache_loc (negative slots: padding, skipped), then attend."""
+        """Store k/v at fb.out_cache_loc (negative slots: padding, skipped), then attend (over
+        the last `window` positions only, if window > 0)."""
         k_buffer, v_buffer = fb.kv_pool.get_kv(layer_id)
         store_kv(k_buffer, v_buffer, fb.out_cache_loc, k, v)
         meta = fb.attn_metadata
         assert isinstance(meta, TritonAttentionMetadata), "init_forward_metadata did not run"
         if meta.decode:
             return decode_attention(
-                q, k_buffer, v_buffer, meta.kv_indptr, meta.kv_indices, scaling, meta.num_splits
+                q,
+                k_buffer,
+                v_buffer,
+                meta.kv_indptr,
+                meta.kv_indices,
+                scaling,
+                self._windowed_splits(meta, fb, window) if window > 0 else meta.num_splits,
+                window=window,
             )
         return extend_attention(
             q,
@@ -95,17 +106,16 @@ class TritonAttentionBackend(AttentionBackend):
             meta.kv_indices,
             meta.max_new_tokens,
             scaling,
+            window=window,
         )
 
     def _metadata(self, fb: ForwardBatch, max_seq_len: int | None) -> TritonAttentionMetadata:
         decode = fb.is_decode_only
+        num_sms = self._sm_count(fb.kv_indices.device)
         num_splits = 1
         if decode:
             num_splits = choose_num_splits(
-                fb.batch_size,
-                fb.kv_pool.num_kv_heads,
-                max_seq_len,
-                self._sm_count(fb.kv_indices.device),
+                fb.batch_size, fb.kv_pool.num_kv_heads, max_seq_len, num_sms
             )
         return TritonAttentionMetadata(
             decode,
@@ -114,7 +124,17 @@ class TritonAttentionBackend(AttentionBackend):
             fb.kv_indices,
             max(fb.extend_lens_cpu, default=0),
             num_splits,
+            max_seq_len,
+            num_sms,
         )
+
+    @staticmethod
+    def _windowed_splits(meta: TritonAttentionMetadata, fb: ForwardBatch, window: int) -> int:
+        """A sliding-window layer reads at most `window` keys a sequence: fewer splits. Depends
+        on the batch size and the window alone under CUDA graphs (max_seq_len None), so the
+        captured launch fits every replay."""
+        keys = window if meta.max_seq_len is None else min(meta.max_seq_len, window)
+        return choose_num_splits(fb.batch_size, fb.kv_pool.num_kv_heads, keys, meta.num_sms)
 
     def _sm_count(self, device: torch.device) -> int:
         if device.type != "cuda":

@@ -29,7 +29,21 @@ TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 RAGGED = [(0, 1), (17, 1), (39, 1), (32, 1)]
 
 
-def check(batch, dtype: torch.dtype, num_splits: int) -> None:
+def reference(batch, window: int = 0) -> torch.Tensor:
+    return decode_attention_ref(
+        batch.q,
+        batch.k_buffer,
+        batch.v_buffer,
+        batch.kv_indptr,
+        batch.kv_indices,
+        batch.q.shape[-1] ** -0.5,
+        window,
+    )
+
+
+def check(batch, dtype: torch.dtype, num_splits: int, window: int = 0, want=None) -> None:
+    """The kernel against the reference (or against `want`, computed before the caller changed
+    the pool)."""
     scale = batch.q.shape[-1] ** -0.5
     out = decode_attention(
         batch.q,
@@ -39,10 +53,10 @@ def check(batch, dtype: torch.dtype, num_splits: int) -> None:
         batch.kv_indices,
         scale,
         num_splits,
+        window=window,
     )
-    want = decode_attention_ref(
-        batch.q, batch.k_buffer, batch.v_buffer, batch.kv_indptr, batch.kv_indices, scale
-    )
+    if want is None:
+        want = reference(batch, window)
     assert out.dtype == dtype and not out.isnan().any()
     torch.testing.assert_close(out.float(), want.float(), atol=TOL[dtype], rtol=TOL[dtype])
 
@@ -91,3 +105,24 @@ def test_split_count_follows_the_batch():
     for batch in (1, 3, 17, 64):
         n = choose_num_splits(batch, 2, 5000, 132)
         assert n & (n - 1) == 0 and 1 <= n <= MAX_SPLITS
+
+
+# Sliding windows over RAGGED (lengths 1, 18, 40, 33), GQA 3, 3 uneven splits of the window:
+# 1 (the token itself); 18 (shorter than two sequences, equal to one, longer than one); 64
+# (longer than all). One split: the window's keys in one program.
+@pytest.mark.parametrize("window,num_splits", [(1, 3), (18, 3), (64, 3), (18, 1)])
+def test_sliding_window(paged_kv, window, num_splits):
+    check(paged_kv(RAGGED, 6, 2, 64, 16), torch.float32, num_splits, window)
+
+
+def test_window_does_not_read_keys_before_it(paged_kv):
+    """NaN in the K/V of every key before the window: a kernel (or a split) that reads one, even
+    masked, returns NaN. A long sequence, one shorter than the window, one just past it; GQA 4."""
+    batch = paged_kv([(150, 1), (5, 1), (16, 1)], 8, 2, 64, 16)
+    want = reference(batch, 16)
+    for b in range(3):
+        kv0, kv1 = int(batch.kv_indptr[b]), int(batch.kv_indptr[b + 1])
+        unseen = batch.kv_indices[kv0 : max(kv1 - 16, kv0)]
+        batch.k_buffer[unseen] = float("nan")
+        batch.v_buffer[unseen] = float("nan")
+    check(batch, torch.float32, 4, 16, want)
