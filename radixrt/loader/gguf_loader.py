@@ -53,6 +53,16 @@ _BLOCK_TENSORS = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Gemma's four norms a layer: llama.cpp's ffn_norm is the one before the MLP there.
+_GEMMA_BLOCK_TENSORS = _BLOCK_TENSORS | {
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+# llama.cpp's Gemma 3 defaults where the file says nothing (src/llama-model.cpp): every sixth
+# layer global, the others windowed with a rotary base of 10,000.
+_GEMMA3_SWA_PATTERN = 6
+_GEMMA3_SWA_BASE = 10000.0
 
 
 class GGUFCheckpoint:
@@ -94,6 +104,8 @@ class GGUFCheckpoint:
                 kwargs[hf_key] = value
         kwargs.update(self._head_dim())
         kwargs.update(self._rope_scaling())
+        if self.gguf_arch == "gemma3":
+            kwargs.update(self._gemma3())
         kwargs["tie_word_embeddings"] = "output.weight" not in self._tensor_names
         return AutoConfig.for_model(model_type, **kwargs)
 
@@ -107,6 +119,43 @@ class GGUFCheckpoint:
         if self.gguf_arch == "llama" and rope_dim is not None:
             return {"head_dim": rope_dim}
         return {}
+
+    def _gemma3(self) -> dict[str, Any]:
+        arch = self.gguf_arch
+        pattern = self._field(f"{arch}.attention.sliding_window_pattern", _GEMMA3_SWA_PATTERN)
+        layers, heads = (
+            self._field(f"{arch}.block_count"),
+            self._field(f"{arch}.attention.head_count"),
+        )
+        # llama.cpp scales the scores by head_dim ** -0.5, but for the 62-layer 27B by
+        # (hidden / heads) ** -0.5: the query_pre_attn_scalar of each released config.
+        scalar = self._field(f"{arch}.attention.key_length")
+        if layers == 62:
+            scalar = self._field(f"{arch}.embedding_length") // heads
+        return {
+            # transformers' Gemma 3 generation_config stops at <end_of_turn> as well as <eos>
+            # (llama.cpp: an end-of-generation token by its text).
+            "eos_token_id": [
+                self._field("tokenizer.ggml.eos_token_id"),
+                *self._token_ids("<end_of_turn>"),
+            ],
+            "sliding_window": self._field(f"{arch}.attention.sliding_window"),
+            "sliding_window_pattern": int(pattern),
+            "rope_local_base_freq": self._field(f"{arch}.rope.freq_base_swa", _GEMMA3_SWA_BASE),
+            "query_pre_attn_scalar": scalar,
+            "layer_types": [
+                "full_attention" if (i + 1) % int(pattern) == 0 else "sliding_attention"
+                for i in range(layers)
+            ],
+        }
+
+    def _token_ids(self, text: str) -> list[int]:
+        """The ids of the vocabulary's tokens spelled `text` (none or one)."""
+        field = self._reader.fields.get("tokenizer.ggml.tokens")
+        if field is None:
+            return []
+        wanted = text.encode()
+        return [i for i, part in enumerate(field.data) if bytes(field.parts[part]) == wanted]
 
     def _rope_scaling(self) -> dict[str, Any]:
         if "rope_freqs.weight" in self._tensor_names:
@@ -131,7 +180,7 @@ class GGUFCheckpoint:
         heads = hf_config.num_attention_heads
         kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
         for tensor in self._reader.tensors:
-            name = hf_tensor_name(tensor.name)
+            name = hf_tensor_name(tensor.name, self.gguf_arch)
             if name in skip:
                 continue
             array = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
@@ -142,6 +191,11 @@ class GGUFCheckpoint:
                 weight = unpermute_qk(weight, heads)
             elif self.gguf_arch == "llama" and ".k_proj." in name:
                 weight = unpermute_qk(weight, kv_heads)
+            elif self.gguf_arch == "gemma3" and name.endswith("norm.weight"):
+                # llama.cpp's converter stores Gemma's norm multipliers, 1 + w: take w back.
+                # GemmaRMSNorm's 1 + (v - 1) is v again, exactly for v >= 0.5 (Sterbenz), to
+                # an ulp below that.
+                weight = weight - 1.0
             yield name, weight
 
     def packed_blocks(self) -> dict[str, tuple[str, torch.Tensor]]:
@@ -156,7 +210,7 @@ class GGUFCheckpoint:
             block = BY_ID.get(int(tensor.tensor_type))
             if block is None or len(tensor.shape) != 2:
                 continue
-            name = hf_tensor_name(tensor.name)
+            name = hf_tensor_name(tensor.name, self.gguf_arch)
             rows = int(tensor.shape[1])  # GGUF lists the dimensions innermost first
             blocks = torch.from_numpy(np.array(tensor.data, dtype=np.uint8).reshape(rows, -1))
             if self.gguf_arch == "llama" and ".q_proj." in name:
@@ -167,14 +221,16 @@ class GGUFCheckpoint:
         return out
 
 
-def hf_tensor_name(gguf_name: str) -> str:
-    """GGUF to HF name: blk.3.attn_q.weight -> model.layers.3.self_attn.q_proj.weight."""
+def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str:
+    """GGUF to HF name: blk.3.attn_q.weight -> model.layers.3.self_attn.q_proj.weight (the
+    block names of `arch`, the file's general.architecture)."""
     stem, _, suffix = gguf_name.rpartition(".")
     if stem in _GLOBAL_TENSORS:
         return f"{_GLOBAL_TENSORS[stem]}.{suffix}"
     parts = stem.split(".")
-    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _BLOCK_TENSORS:
-        return f"model.layers.{parts[1]}.{_BLOCK_TENSORS[parts[2]]}.{suffix}"
+    blocks = _GEMMA_BLOCK_TENSORS if arch == "gemma3" else _BLOCK_TENSORS
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in blocks:
+        return f"model.layers.{parts[1]}.{blocks[parts[2]]}.{suffix}"
     raise ValueError(f"unknown GGUF tensor {gguf_name!r}")
 
 

