@@ -32,11 +32,13 @@ def start_backend(
     from radixrt.frontend.chat_template_loader import load_chat_template
     from radixrt.ipc.processes import abandon, start_process
     from radixrt.loader.default_model import default_model_path
+    from radixrt.loader.supported import refuse_unsupported
     from radixrt.loader.tokenizer import hand_over_tokenizer, load_tokenizer
 
     path = args.model_path or default_model_path()
     if not os.path.exists(path):
         raise FileNotFoundError(f"model_path {path!r} does not exist")
+    refuse_unsupported(path)  # before a tokenizer loads or a process starts
     # The child process loads the model while this one loads the tokenizer.
     wait_ready: Callable[[], SchedulerHandle] | None = None
     tokenizer_dir: str | None = None

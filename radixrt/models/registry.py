@@ -18,13 +18,18 @@ _MODELS = {
 SUPPORTED_ARCHITECTURES = tuple(sorted(_MODELS))
 
 
-def get_model_class(architecture: str) -> type[CausalLM]:
-    """The model class for an HF architecture name; ValueError naming it if unsupported."""
+def check_supported(architecture: str) -> None:
+    """ValueError naming an HF architecture this runtime has no model for, and those it has."""
     if architecture not in _MODELS:
         raise ValueError(
             f"unsupported model architecture {architecture!r}; "
             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
+
+
+def get_model_class(architecture: str) -> type[CausalLM]:
+    """The model class for an HF architecture name; ValueError naming it if unsupported."""
+    check_supported(architecture)
     module_name, cls_name = _MODELS[architecture].split(":")
     model_cls: type[CausalLM] = getattr(importlib.import_module(module_name), cls_name)
     return model_cls
