@@ -51,6 +51,8 @@ def can_compile(model: CausalLM) -> bool:
     inner = getattr(model, "model", None)
     if type(inner) is not DecoderModel or len(inner.layers) == 0:
         return False
+    if inner.embed_scale is not None or inner.sliding_rotary is not None:
+        return False  # the head below takes plain embeddings and one rotary
     return all(_splittable(layer) for layer in inner.layers)
 
 
@@ -152,7 +154,9 @@ class CompiledDecoderForward:
         (q, k, v), residual, cos, sin = self.head(self.decoder, layers[0], input_ids, positions)
         for i, layer in enumerate(layers):
             attn = layer.self_attn
-            out = batch.attn_backend.forward(q, k, v, attn.layer_id, batch, attn.scaling)
+            out = batch.attn_backend.forward(
+                q, k, v, attn.layer_id, batch, attn.scaling, attn.window
+            )
             out = _canonical_layout(out)
             if i + 1 == len(layers):
                 return self.tail(self.decoder, layer, out, residual)
