@@ -62,9 +62,28 @@ GEMMA3_TINY: dict[str, Any] = dict(
     tie_word_embeddings=True,
 )
 
+# Qwen3-MoE in small: 8 experts, 2 a token, their probabilities renormalized, the middle layer a
+# dense MLP (mlp_only_layers); head_dim apart from hidden / heads, as in Qwen3.
+QWEN3_MOE_TINY: dict[str, Any] = dict(
+    num_hidden_layers=3,
+    head_dim=32,
+    num_experts=8,
+    num_experts_per_tok=2,
+    norm_topk_prob=True,
+    moe_intermediate_size=32,
+    mlp_only_layers=[1],
+)
+
 
 def _config_class(arch: str) -> type:
-    from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import (
+        Gemma3TextConfig,
+        LlamaConfig,
+        MistralConfig,
+        Qwen2Config,
+        Qwen3Config,
+        Qwen3MoeConfig,
+    )
 
     classes = {
         "gemma3": Gemma3TextConfig,
@@ -72,6 +91,7 @@ def _config_class(arch: str) -> type:
         "qwen2": Qwen2Config,
         "mistral": MistralConfig,
         "qwen3": Qwen3Config,
+        "qwen3_moe": Qwen3MoeConfig,
     }
     if arch not in classes:
         raise ValueError(f"tiny model arch must be one of {sorted(classes)}, got {arch!r}")
@@ -79,13 +99,15 @@ def _config_class(arch: str) -> type:
 
 
 def tiny_config(arch: str, **overrides: Any) -> Any:
-    """A transformers config for a tiny model of `arch` ("llama", "qwen2", "mistral", "qwen3";
-    Qwen3's head_dim defaults to 128 there, so give it one)."""
+    """A transformers config for a tiny model of `arch` ("llama", "qwen2", "mistral", "qwen3",
+    "gemma3", "qwen3_moe"; Qwen3's head_dim defaults to 128 there, so give it one)."""
     kwargs = dict(TINY_BASE)
     if arch == "mistral":
         kwargs["sliding_window"] = None  # our Mistral has no sliding window
     if arch == "gemma3":
         kwargs.update(GEMMA3_TINY)
+    if arch == "qwen3_moe":
+        kwargs.update(QWEN3_MOE_TINY)
     kwargs.update(overrides)
     return _config_class(arch)(**kwargs)
 

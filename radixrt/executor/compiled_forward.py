@@ -47,9 +47,10 @@ QKV = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 def can_compile(model: CausalLM) -> bool:
     """Whether the model is the shared decoder whose layers this module knows how to split:
     DecoderLayer blocks whose attention keeps RotaryAttention's forward (transform_qk may
-    differ, as Qwen3's does)."""
+    differ, as Qwen3's does), whose steps run the same ops whatever the tokens
+    (`static_graphs`)."""
     inner = getattr(model, "model", None)
-    if type(inner) is not DecoderModel or len(inner.layers) == 0:
+    if not model.static_graphs or type(inner) is not DecoderModel or len(inner.layers) == 0:
         return False
     if inner.embed_scale is not None or inner.sliding_rotary is not None:
         return False  # the head below takes plain embeddings and one rotary

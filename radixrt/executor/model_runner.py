@@ -59,6 +59,7 @@ class ModelRunner:
             self.device.type == "cuda"
             and not disable_cuda_graph
             and attn_backend.supports_cuda_graph
+            and model.static_graphs
         ):
             self.graph_runner = CudaGraphRunner(
                 model, kv_pool, attn_backend, table, cuda_graph_max_bs, self.device

@@ -66,6 +66,22 @@ class RopeConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MoEConfig:
+    """A sparse mixture-of-experts MLP (Qwen3-MoE's): a softmax router picks `top_k` of
+    `num_experts` gated MLPs of `intermediate_size` per token. Layers listed in `dense_layers`
+    keep the dense MLP of TransformerConfig.intermediate_size instead."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    norm_topk_prob: bool  # renormalize the top-k probabilities to sum to 1
+    dense_layers: tuple[int, ...] = ()
+
+    def sparse(self, layer_id: int) -> bool:
+        return layer_id not in self.dense_layers
+
+
+@dataclass(frozen=True, kw_only=True)
 class TransformerConfig:
     """What the layers of a Llama-family decoder need; built by the model class's
     `config_from_hf`, which also decides the architecture's bias flags."""
@@ -90,6 +106,7 @@ class TransformerConfig:
     layer_windows: tuple[int, ...] = ()
     sliding_rope: RopeConfig | None = None  # the windowed layers' rotary, where it differs
     attention_scale: float | None = None  # the scores' scale; None: head_dim ** -0.5
+    moe: MoEConfig | None = None  # the experts' shape; None: every MLP dense
     # Set by the loader (loader/load.py), which knows the checkpoint's folder and the dtype:
     eos_token_ids: list[int] = field(
         default_factory=list

@@ -10,6 +10,7 @@ from torch import nn
 
 from radixrt.layers.attention import RotaryAttention
 from radixrt.layers.mlp import GatedMLP
+from radixrt.layers.moe import SparseMoE
 from radixrt.layers.norm import RMSNorm
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ class DecoderLayer(nn.Module):
     """
 
     def __init__(
-        self, self_attn: RotaryAttention, mlp: GatedMLP, hidden_size: int, eps: float
+        self, self_attn: RotaryAttention, mlp: GatedMLP | SparseMoE, hidden_size: int, eps: float
     ) -> None:
         super().__init__()
         self.self_attn = self_attn

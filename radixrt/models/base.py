@@ -32,6 +32,9 @@ class CausalLM(nn.Module, ABC):
 
     config: TransformerConfig
     tp_group: TPGroup
+    # Whether forward may be captured in a CUDA graph or compiled whole (fullgraph): False
+    # where a step decides on the host what runs (a mixture of experts' routing).
+    static_graphs: bool = True
 
     @property
     def num_local_kv_heads(self) -> int:

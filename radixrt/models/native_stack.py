@@ -47,9 +47,8 @@ class NativeLayerStack:
         self.copy_scales: list[torch.Tensor] = []  # an int8 copy's; empty: none
         dtypes: set[torch.dtype] = set()  # of the norms and the dense projections
         for layer in layers:
-            attn, mlp = layer.self_attn, layer.mlp
             norm_in, norm_post = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
-            projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            projections = _projections(layer)
             w = [_weight(p) for p in projections]
             self.weights += [norm_in, w[0], w[1], norm_post, w[2], w[3]]
             self.kinds += [_kind(p) for p in projections]
@@ -121,6 +120,7 @@ class NativeLayerStack:
 
 def _projections(layer: DecoderLayer) -> tuple[PackableLinear, ...]:
     attn, mlp = layer.self_attn, layer.mlp
+    assert isinstance(mlp, GatedMLP)  # build() took only plain layers
     return (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
 
 

@@ -12,6 +12,7 @@ _MODELS = {
     "LlamaForCausalLM": "radixrt.models.llama:LlamaForCausalLM",
     "Qwen2ForCausalLM": "radixrt.models.qwen2:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "radixrt.models.qwen3:Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM": "radixrt.models.qwen3_moe:Qwen3MoeForCausalLM",
     "MistralForCausalLM": "radixrt.models.mistral:MistralForCausalLM",
     "Gemma3ForCausalLM": "radixrt.models.gemma3:Gemma3ForCausalLM",
 }
