@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
-from typing import NamedTuple
+from typing import Any, NamedTuple, overload
 
 import torch
 import torch.nn.functional as F
@@ -134,7 +134,13 @@ def expert_names(name: str, num_experts: int) -> list[str] | None:
     return [f"{prefix}.{e}.{p}.weight" for e in range(num_experts) for p in projections]
 
 
-def split_experts(name: str, tensor: CheckpointTensor) -> list[tuple[str, CheckpointTensor]] | None:
+@overload
+def split_experts(name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]] | None: ...
+@overload
+def split_experts(
+    name: str, tensor: CheckpointTensor
+) -> list[tuple[str, CheckpointTensor]] | None: ...
+def split_experts(name: str, tensor: CheckpointTensor) -> list[tuple[str, Any]] | None:
     """A tensor of all experts ([E, rows, cols]) as per-expert (name, [rows or rows / 2, cols])
     tensors, in expert_names' order: views of an in-memory tensor, or lazy parts of a lazy one
     (each reads its expert's rows whole, then the part a rank asks for). None for any other."""

@@ -7,6 +7,7 @@ loads (tests/unit/test_gguf_loader.py checks it), at a fraction of its load time
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,10 @@ import torch
 from transformers import PretrainedConfig
 
 from radixrt.layers.gguf_blocks import BY_ID
+from radixrt.layers.moe import expert_names, split_experts
 from radixrt.loader.gguf_metadata import ARCHS, fast_reader, supported_architecture
+
+logger = logging.getLogger("radixrt.loader")
 
 # "<arch>.<key>" metadata -> HF config field.
 _CONFIG_KEYS = {
@@ -29,6 +33,9 @@ _CONFIG_KEYS = {
     "attention.layer_norm_rms_epsilon": "rms_norm_eps",
     "rope.freq_base": "rope_theta",
     "vocab_size": "vocab_size",
+    "expert_count": "num_experts",
+    "expert_used_count": "num_experts_per_tok",
+    "expert_feed_forward_length": "moe_intermediate_size",
 }
 _TOKEN_KEYS = {
     "bos_token_id": "bos_token_id",
@@ -52,6 +59,12 @@ _BLOCK_TENSORS = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    # Qwen3-MoE: the router, and each projection of every expert stacked [E, out, in] (the
+    # names llama.cpp's converter stacks them under; split per expert by layers/moe.py)
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
 }
 # Gemma's four norms a layer: llama.cpp's ffn_norm is the one before the MLP there.
 _GEMMA_BLOCK_TENSORS = _BLOCK_TENSORS | {
@@ -106,6 +119,8 @@ class GGUFCheckpoint:
         kwargs.update(self._rope_scaling())
         if self.gguf_arch == "gemma3":
             kwargs.update(self._gemma3())
+        if self.gguf_arch == "qwen3moe":
+            kwargs.update(self._qwen3moe(kwargs))
         kwargs["tie_word_embeddings"] = "output.weight" not in self._tensor_names
         return AutoConfig.for_model(model_type, **kwargs)
 
@@ -149,6 +164,16 @@ class GGUFCheckpoint:
             ],
         }
 
+    def _qwen3moe(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        # llama.cpp's qwen3moe graph: every layer sparse, the top-k weights renormalized
+        # (build_moe_ffn's norm_w), experts of n_ff / n_expert_used where the file does not
+        # say expert_feed_forward_length.
+        out: dict[str, Any] = {"norm_topk_prob": True, "mlp_only_layers": []}
+        if "moe_intermediate_size" not in kwargs:
+            used = kwargs["num_experts_per_tok"]
+            out["moe_intermediate_size"] = kwargs["intermediate_size"] // used
+        return out
+
     def _token_ids(self, text: str) -> list[int]:
         """The ids of the vocabulary's tokens spelled `text` (none or one)."""
         field = self._reader.fields.get("tokenizer.ggml.tokens")
@@ -181,7 +206,8 @@ class GGUFCheckpoint:
         kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
         for tensor in self._reader.tensors:
             name = hf_tensor_name(tensor.name, self.gguf_arch)
-            if name in skip:
+            experts = _expert_names(name, tensor)  # a stack of every expert's projection
+            if name in skip or (experts and skip.issuperset(experts)):
                 continue
             array = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
             if not array.flags.writeable:  # a view of the read-only memory map
@@ -196,18 +222,25 @@ class GGUFCheckpoint:
                 # GemmaRMSNorm's 1 + (v - 1) is v again, exactly for v >= 0.5 (Sterbenz), to
                 # an ulp below that.
                 weight = weight - 1.0
+            if experts:
+                yield from ((n, w) for n, w in split_experts(name, weight) or () if n not in skip)
+                continue
             yield name, weight
 
     def packed_blocks(self) -> dict[str, tuple[str, torch.Tensor]]:
         """HF name -> (GGML type name, uint8 [out, row bytes]) for each 2-D tensor stored in a
         type the kernels multiply as stored (gguf_blocks.BLOCK_TYPES): the file's own bytes,
-        rows in HF order (llama q/k unpermuted). Other tensors are left out."""
+        rows in HF order (llama q/k unpermuted); a stack of experts [E, out, in] gives each
+        expert's rows under its own name. Other tensors are left out."""
         hf_config = self.hf_config()
         heads = hf_config.num_attention_heads
         kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
         out = {}
         for tensor in self._reader.tensors:
             block = BY_ID.get(int(tensor.tensor_type))
+            if len(tensor.shape) == 3:  # a stack of experts
+                out.update(_expert_blocks(hf_tensor_name(tensor.name, self.gguf_arch), tensor))
+                continue
             if block is None or len(tensor.shape) != 2:
                 continue
             name = hf_tensor_name(tensor.name, self.gguf_arch)
@@ -219,6 +252,24 @@ class GGUFCheckpoint:
                 blocks = unpermute_qk(blocks, kv_heads)
             out[name] = (block.name, blocks.contiguous())
         return out
+
+
+def _expert_names(name: str, tensor: Any) -> list[str] | None:
+    """The per-expert names of a 3-D stack of experts (GGUF dims: in, out, experts)."""
+    return expert_names(name, int(tensor.shape[2])) if len(tensor.shape) == 3 else None
+
+
+def _expert_blocks(name: str, tensor: Any) -> dict[str, tuple[str, torch.Tensor]]:
+    """Each expert's rows of a stack the kernels multiply as stored; none (and a log line:
+    those experts are dequantized to floats) for a type they don't."""
+    block = BY_ID.get(int(tensor.tensor_type))
+    if block is None:
+        if tensor.tensor_type.name not in ("F32", "F16", "BF16"):
+            logger.info("experts %s are %s, not packed: dequantized", name, tensor.tensor_type.name)
+        return {}
+    experts, rows = int(tensor.shape[2]), int(tensor.shape[1])
+    stack = torch.from_numpy(np.array(tensor.data, dtype=np.uint8).reshape(experts, rows, -1))
+    return {n: (block.name, b) for n, b in split_experts(name, stack) or ()}
 
 
 def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str:

@@ -55,7 +55,7 @@ def _run_engine(model_path: str, tp_size: int) -> tuple[list[list[int]], dict]:
     return [o["output_ids"] for o in first + again], stats
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3", "qwen3_moe"])
 def test_tp2_greedy_equals_tp1(tiny_model_dir, arch):
     path = tiny_model_dir(arch)
     want, stats1 = _run_engine(path, 1)
