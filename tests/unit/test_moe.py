@@ -86,7 +86,7 @@ def test_block_matches_transformers_and_naive(top_k, norm):
             torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-6)
 
 
-def test_routing_is_transformers(monkeypatch):
+def test_routing_is_transformers():
     block = hf_block(3, True, "eager")
     x = torch.randn(9, HIDDEN)
     with torch.no_grad():
@@ -168,3 +168,10 @@ def test_sparse_layers_follow_transformers(make_tiny_config):
         moe_config(make_tiny_config("qwen3_moe", num_experts_per_tok=9))
     with pytest.raises(ValueError, match="decoder_sparse_step"):
         moe_config(make_tiny_config("qwen3_moe", decoder_sparse_step=0))
+
+
+def test_routing_on_the_host_keeps_graphs_and_compile_off(tiny_model_dir):
+    from radixrt.executor.compiled_forward import can_compile
+
+    model, _ = load_model(tiny_model_dir("qwen3_moe"), torch.float32, "cpu")
+    assert not model.static_graphs and not can_compile(model)
