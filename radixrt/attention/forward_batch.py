@@ -22,7 +22,9 @@ class StepInput(Protocol):
     """What the model runner reads of a step's batch (the scheduler's ScheduleBatch): sequence
     i computes positions prefix_lens[i] .. + extend_lens[i] - 1 of request-to-token table row
     table_rows[i]; `input_ids` are those positions' tokens, flattened; `logit_rows` the
-    flattened rows whose logits the step needs."""
+    flattened rows whose logits the step needs; `rope_lens` each sequence's whole length
+    (prompt and output so far: at least prefix + extend; None: prefix + extend), which a
+    LongRoPE rotary chooses its frequencies by."""
 
     @property
     def table_rows(self) -> Sequence[int]: ...
@@ -34,6 +36,8 @@ class StepInput(Protocol):
     def input_ids(self) -> list[int]: ...
     @property
     def logit_rows(self) -> list[int]: ...
+    @property
+    def rope_lens(self) -> Sequence[int] | None: ...
 
 
 @dataclass
@@ -59,6 +63,9 @@ class ForwardBatch:
     prefix_lens_cpu: list[int]
     kv_pool: KVPool
     attn_backend: AttentionBackend
+    # [B] int64: each sequence's whole length, as LongRoPE picks its frequencies by (a prefill
+    # chunk's sequence is longer than seq_lens says); None: seq_lens.
+    rope_lens: torch.Tensor | None = None
     # Backend-private precomputed data (index tables, masks), set by init_forward_metadata;
     # only the backend that set it knows its type.
     attn_metadata: object = field(default=None)
@@ -82,3 +89,4 @@ class SimpleStep:
     extend_lens: list[int]
     input_ids: list[int]
     logit_rows: list[int]
+    rope_lens: list[int] | None = None

@@ -30,7 +30,6 @@ from torch import nn
 
 from radixrt.layers.attention import RotaryAttention
 from radixrt.layers.decoder import DecoderLayer
-from radixrt.layers.rotary import rotate_qk
 from radixrt.models.decoder import DecoderModel
 
 if TYPE_CHECKING:
@@ -54,6 +53,8 @@ def can_compile(model: CausalLM) -> bool:
         return False
     if inner.embed_scale is not None or inner.sliding_rotary is not None:
         return False  # the head below takes plain embeddings and one rotary
+    if inner.rotary.switch_length is not None:
+        return False  # longrope: cos/sin depend on the batch's sequence lengths
     return all(_splittable(layer) for layer in inner.layers)
 
 
@@ -80,7 +81,7 @@ def _attention_inputs(
     t = hidden.shape[0]
     qkv = attn.qkv_proj(hidden)
     qk = qkv[:, : attn.q_size + attn.kv_size].view(t, -1, attn.head_dim)
-    qk = rotate_qk(attn.transform_qk(qk), cos, sin)
+    qk = attn.rotate(attn.transform_qk(qk), cos, sin)
     v = qkv[:, attn.q_size + attn.kv_size :].view(t, attn.num_kv_heads, attn.head_dim)
     return qk[:, : attn.num_heads], qk[:, attn.num_heads :], v
 

@@ -100,6 +100,7 @@ class ModelRunner:
             prefix_lens_cpu=prefix,
             kv_pool=self.kv_pool,
             attn_backend=self.attn_backend,
+            rope_lens=_rope_lens(step, seq_lens, dev),
         )
 
     def forward(self, step: StepInput) -> torch.Tensor:
@@ -152,6 +153,14 @@ def _compiled_forward(
     compiled = CompiledDecoderForward(model)
     compiled.warm_up(max_tokens)
     return compiled
+
+
+def _rope_lens(step: StepInput, seq_lens: list[int], device: torch.device) -> torch.Tensor | None:
+    """The step's rope_lens on the device where they differ from seq_lens (a prefill chunk)."""
+    lens = step.rope_lens
+    if lens is None or list(lens) == seq_lens:
+        return None
+    return torch.tensor(lens, dtype=torch.int64, device=device)
 
 
 def _indptr(lengths: list[int], device: torch.device) -> torch.Tensor:

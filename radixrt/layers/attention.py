@@ -31,6 +31,7 @@ class AttentionShape:
     o_bias: bool
     window: int = 0  # sliding window (0: the whole context); see AttentionBackend.forward
     scaling: float | None = None  # the scores' scale; None: head_dim ** -0.5
+    rotary: bool = True  # False: q and k keep no position (SmolLM3's NoPE layers)
 
     def local_kv_heads(self, tp: int) -> int:
         return local_kv_heads(self.num_kv_heads, tp)
@@ -61,6 +62,7 @@ class RotaryAttention(nn.Module):
         self.kv_size = self.num_kv_heads * shape.head_dim
         self.scaling = shape.head_dim**-0.5 if shape.scaling is None else shape.scaling
         self.window = shape.window
+        self.rotary = shape.rotary
         sizes = [self.q_size, self.kv_size, self.kv_size]
         names = ["q_proj", "k_proj", "v_proj"]
         narrows = _qkv_narrows(shape, group) if group.size > 1 else None
@@ -75,7 +77,7 @@ class RotaryAttention(nn.Module):
         qkv = self.qkv_proj(hidden)  # [T, (Hq + 2 Hkv) * D]
         # q and k heads side by side get one rotary call: [T, Hq + Hkv, D] (in place on CUDA).
         qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim)
-        qk = rotate_qk(self.transform_qk(qk), cos, sin)
+        qk = self.rotate(self.transform_qk(qk), cos, sin)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
         out = batch.attn_backend.forward(q, k, v, self.layer_id, batch, self.scaling, self.window)
@@ -84,6 +86,11 @@ class RotaryAttention(nn.Module):
     def transform_qk(self, qk: torch.Tensor) -> torch.Tensor:
         """q and k heads before the rotary, [T, Hq + Hkv, D] -> same shape; as they are here."""
         return qk
+
+    def rotate(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The rotary on q and k heads [T, Hq + Hkv, D] (the first 2 * cos.shape[-1] dims of
+        each), or none on a layer without one."""
+        return rotate_qk(qk, cos, sin) if self.rotary else qk
 
 
 class QKNormAttention(RotaryAttention):

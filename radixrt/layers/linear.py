@@ -90,6 +90,21 @@ class MergedLinear(PackableLinear):
         start = sum(self.shard_sizes[:index])
         return param.narrow(0, start, self.shard_sizes[index])
 
+    def fused_narrows(self) -> list[tuple[str, Narrow]]:
+        """Where each projection's rows (this rank's part of them) lie in a checkpoint tensor
+        that stacks the whole projections in shard order (Phi-3's qkv_proj, gate_up_proj)."""
+        fulls = [
+            self.shard_narrows[n].full if n in self.shard_narrows else size
+            for n, size in zip(self.shard_names, self.shard_sizes, strict=True)
+        ]
+        out, offset = [], 0
+        for name, size, full in zip(self.shard_names, self.shard_sizes, fulls, strict=True):
+            part = self.shard_narrows.get(name)
+            start = offset + (part.start if part is not None else 0)
+            out.append((name, Narrow(0, start, size, sum(fulls))))
+            offset += full
+        return out
+
 
 class RowParallelLinear(PackableLinear):
     """y = x @ W.T (+ b), each rank holding the input columns of W its (sharded) input x

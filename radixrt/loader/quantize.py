@@ -69,7 +69,11 @@ def pack_file_weights(
     counts: dict[str, int] = {}
     done: set[str] = set()
     shared: dict[str, GGUFWeight] = {}  # a tied LM head reads the embedding's blocks
+    prefixes = {id(m): p for p, m in model.named_modules()}
     for module, names in _packable(model, embedding=method == "auto"):
+        stacked = f"{prefixes[id(module)]}.weight"  # Phi-3's files: attn_qkv, ffn_up stacked
+        if isinstance(module, MergedLinear) and stacked in usable:
+            names = [stacked]
         if not all(n in usable for n in names):
             continue
         key = "+".join(names)

@@ -66,13 +66,14 @@ class DecoderModel(nn.Module):
         if self.embed_scale is not None:
             scale = torch.tensor(self.embed_scale, dtype=torch.float32)  # transformers' rounding
             hidden = hidden * scale.to(hidden.dtype)
-        cos, sin = self.rotary.cos_sin(positions, hidden.dtype)  # [T, 1, D/2] each, all layers
+        # [T, 1, R/2] each (R: the rotated dims of a head), shared by the layers
+        cos, sin = self.rotary.for_batch(positions, hidden.dtype, batch)
         stack = self.native_stack() if hidden.device.type == "cpu" else None
         if stack is not None and stack.can_run(hidden, batch):
             return stack(hidden, cos, sin, batch)
         sliding = (cos, sin)
         if self.sliding_rotary is not None:
-            sliding = self.sliding_rotary.cos_sin(positions, hidden.dtype)
+            sliding = self.sliding_rotary.for_batch(positions, hidden.dtype, batch)
         residual = None
         for layer, windowed in zip(self.layers, self.windowed, strict=True):
             c, s = sliding if windowed else (cos, sin)
@@ -83,8 +84,8 @@ class DecoderModel(nn.Module):
 
     def native_stack(self) -> NativeLayerStack | None:
         """The layers' native op (models/native_stack.py), or None where it does not apply."""
-        if not self.use_native_stack:
-            return None
+        if not self.use_native_stack or self.rotary.rotary_dim != self.rotary.head_dim:
+            return None  # the op rotates whole heads
         if not self._native_stack_checked:
             self._native_stack = NativeLayerStack.build(list(self.layers), self.norm)
             self._native_stack_checked = True
@@ -129,6 +130,7 @@ class DecoderForCausalLM(CausalLM):
             o_bias=c.o_bias,
             window=c.window_of(layer_id),
             scaling=c.attention_scale,
+            rotary=layer_id not in c.nope_layers,
         )
 
     def make_mlp(self) -> GatedMLP:

@@ -134,6 +134,8 @@ def _plain_layer(layer: Any) -> bool:
         return False
     if type(layer.mlp) is not GatedMLP or layer.mlp.act != "silu" or layer.self_attn.window:
         return False
+    if not layer.self_attn.rotary:  # the op rotates every layer's q and k
+        return False
     attn, mlp = layer.self_attn, layer.mlp
     projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
     one_rank = attn.o_proj.group.size == 1 and mlp.down_proj.group.size == 1
