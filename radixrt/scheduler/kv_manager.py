@@ -6,6 +6,11 @@ request-to-token table. This is the only code that takes pages from the allocato
 back: what the cache drops (`Dropped`, from publish, evict and reset) is freed here, so no page
 has two owners. Admission asks `fits` first (reads only) and then commits with `admit`, which
 cannot fail: a refused request leaves nothing to undo.
+
+With LongRoPE (`rope_switch`, docs/longrope.md) a request longer than the switch length
+computes its K/V with the long frequencies: the cache, which holds short-frequency K/V only,
+neither serves nor takes it, and a request whose length crossed the switch since its K/V was
+computed is `rope_stale` (the planner has it computed again).
 """
 
 from __future__ import annotations
@@ -20,13 +25,32 @@ from radixrt.scheduler.req import Req
 
 class KVManager:
     def __init__(
-        self, allocator: PageAllocator, cache: PrefixCache, table: ReqToTokenTable
+        self,
+        allocator: PageAllocator,
+        cache: PrefixCache,
+        table: ReqToTokenTable,
+        rope_switch: int | None = None,
     ) -> None:
         assert cache.allocator is allocator
         self.allocator = allocator
         self.cache = cache
         self.table = table
         self.page_size = allocator.page_size
+        self.rope_switch = rope_switch
+
+    # -- LongRoPE ---------------------------------------------------------------------------
+    def long_rope(self, req: Req) -> bool:
+        """Whether the request at its length now takes LongRoPE's long frequencies."""
+        return self.rope_switch is not None and req.seq_len > self.rope_switch
+
+    def caches(self, req: Req) -> bool:
+        """Whether the prefix cache serves and takes this request's K/V (short-frequency)."""
+        return not self.long_rope(req)
+
+    def rope_stale(self, req: Req) -> bool:
+        """Whether a running request's K/V took the other frequencies than its length asks for
+        now (it grew past the switch length): it must be computed again."""
+        return req.table_row >= 0 and req.long_rope_kv != self.long_rope(req)
 
     # -- capacity ---------------------------------------------------------------------------
     def available_tokens(self) -> int:
@@ -61,6 +85,8 @@ class KVManager:
     # -- request lifecycle ------------------------------------------------------------------
     def match(self, req: Req) -> MatchResult:
         limit = req.max_prefix_reuse // self.page_size * self.page_size
+        if not self.caches(req):
+            limit = 0
         result = self.cache.match_prefix(req.fill_ids[:limit])
         req.prefix_match_len = result.indices.numel()
         return result
@@ -72,6 +98,7 @@ class KVManager:
         self.table.write(req.table_row, 0, match.indices)
         req.num_slots = req.tree_len = req.kv_len = match.indices.numel()
         req.last_node = match.last_node
+        req.long_rope_kv = self.long_rope(req)
         self.cache.inc_lock_ref(match.last_node)
         if req.num_retractions == 0:
             req.cached_tokens = req.kv_len
@@ -123,7 +150,7 @@ class KVManager:
     def _publish(self, req: Req) -> int:
         """Offer the computed whole pages to the cache; returns the positions it now lends."""
         aligned = req.kv_len // self.page_size * self.page_size
-        if aligned <= req.tree_len:
+        if aligned <= req.tree_len or req.long_rope_kv:
             return req.tree_len
         published = self.cache.publish(
             req.fill_ids[:aligned], self._slots(req, 0, aligned), req.tree_len, req.last_node

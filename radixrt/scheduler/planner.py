@@ -56,6 +56,10 @@ class Planner:
     def plan(self, running: list[Req], waiting: list[Req]) -> ScheduleBatch:
         """What this step computes, with its slots taken. Mutates `running` and `waiting`:
         admitted requests move to running, retracted ones to the front of waiting."""
+        for req in [r for r in running if self.kv.rope_stale(r)]:
+            # Grown past LongRoPE's switch length: transformers computes every position with
+            # the long frequencies from here on, so its K/V is computed again (docs/longrope.md).
+            self._requeue(req, running, waiting)
         decodes, retracted = self._grow_decodes(running, waiting)
         work = [(r, 1) for r in decodes]
         budget = self.max_prefill_tokens
@@ -99,13 +103,17 @@ class Planner:
         return decodes, retracted
 
     def _retract(self, req: Req, running: list[Req], waiting: list[Req]) -> None:
+        """Preempt: give up the request's K/V for others', computing it again later."""
+        self._requeue(req, running, waiting)
+        self.stats.num_preemptions += 1
+        self.new_token_ratio = 1.0
+
+    def _requeue(self, req: Req, running: list[Req], waiting: list[Req]) -> None:
         req.drop_unverified()  # the K/V to check it with is going away
         self.kv.release(req)
         running.remove(req)
         req.num_retractions += 1
         waiting.insert(0, req)
-        self.stats.num_preemptions += 1
-        self.new_token_ratio = 1.0
 
     def _reserved_tokens(self, reqs: list[Req]) -> int:
         ratio = self.new_token_ratio * self.conservativeness
@@ -123,7 +131,7 @@ class Planner:
             # Match again even if the policy just did: admitting an earlier request may have
             # evicted part of what that match returned.
             match = self.kv.match(req)
-            if _should_wait_for_sibling(req, inflight, self.kv.page_size):
+            if self.kv.caches(req) and _should_wait_for_sibling(req, inflight, self.kv.page_size):
                 continue
             n = min(req.seq_len - req.prefix_match_len, self.chunk, budget)
             own_reserve = self._reserved_tokens([req])

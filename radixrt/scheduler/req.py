@@ -48,6 +48,7 @@ class Req:
     tree_len: int = 0
     last_node: Any = None
     kv_len: int = 0  # positions whose K/V is computed (committed after each forward)
+    long_rope_kv: bool = False  # its K/V took LongRoPE's long frequencies (set on admission)
     cached_tokens: int = 0  # prompt tokens reused from the cache, reported to the user
     prefix_match_len: int = 0  # set by the policy each time the request is considered
     finish_reason: dict[str, Any] | None = None

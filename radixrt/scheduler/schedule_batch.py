@@ -34,7 +34,8 @@ class LogitRows:
 class ScheduleBatch:
     """Request i computes positions prefix_lens[i] .. prefix_lens[i] + extend_lens[i] - 1, whose
     slots are in row table_rows[i] of the request-to-token table; `input_ids` holds those
-    positions' tokens, flattened in request order."""
+    positions' tokens, flattened in request order; rope_lens[i] is the request's whole length
+    (prompt and output so far), which LongRoPE picks its frequencies by."""
 
     reqs: tuple[Req, ...]
     prefix_lens: tuple[int, ...]
@@ -42,6 +43,7 @@ class ScheduleBatch:
     table_rows: tuple[int, ...]
     input_ids: list[int]
     logits: LogitRows
+    rope_lens: tuple[int, ...] = ()
 
     @classmethod
     def build(cls, work: list[tuple[Req, int]]) -> ScheduleBatch:
@@ -56,6 +58,7 @@ class ScheduleBatch:
             table_rows=tuple(r.table_row for r, _ in work),
             input_ids=input_ids,
             logits=_logit_rows(work),
+            rope_lens=tuple(r.seq_len for r, _ in work),
         )
 
     @property

@@ -64,7 +64,8 @@ class Scheduler:
         self.lockstep = lockstep if lockstep is not None else SingleRank()
         self.page_size = args.page_size
         self.stats = SchedulerStats()
-        self.kv = KVManager(parts.allocator, parts.cache, parts.table)
+        rope_switch = parts.model_config.rope.switch_length  # LongRoPE's (docs/longrope.md)
+        self.kv = KVManager(parts.allocator, parts.cache, parts.table, rope_switch)
         policy = SchedulePolicy(args.schedule_policy, self.kv, seed=args.random_seed)
         self.planner = Planner(
             self.kv,

@@ -15,6 +15,7 @@ from radixrt.cache.allocator import PageAllocator
 from radixrt.cache.base import create_prefix_cache
 from radixrt.cache.req_to_token import ReqToTokenTable
 from radixrt.ipc.transport import queue_pair
+from radixrt.layers.config import RopeConfig
 from radixrt.protocol.messages import BatchOutput, FlushCacheReq, GenerateReq, decode_from_scheduler
 from radixrt.protocol.sampling_params import SamplingParams
 from radixrt.scheduler.components import Components
@@ -79,7 +80,7 @@ def make_scheduler(
     table = ReqToTokenTable(args.max_running_requests, 512, "cpu")
     runner = FakeRunner(table, allocator)
     parts = Components(
-        model_config=SimpleNamespace(eos_token_ids=[EOS], vocab_size=VOCAB),
+        model_config=SimpleNamespace(eos_token_ids=[EOS], vocab_size=VOCAB, rope=RopeConfig()),
         runner=runner,
         allocator=allocator,
         cache=create_prefix_cache(cache, allocator),
