@@ -8,6 +8,7 @@ whole run, shared by the DSL, server and fault tests (each start costs CI ~15 s)
 
 from __future__ import annotations
 
+import copy
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -75,17 +76,47 @@ QWEN3_MOE_TINY: dict[str, Any] = dict(
 )
 
 
+# SmolLM3 in small: layers 1 and 3 without rotary (no_rope_layers 0) and, as transformers does
+# by default with use_sliding_window, windowed (9, shorter than most test prompts); tied.
+SMOLLM3_TINY: dict[str, Any] = dict(
+    num_hidden_layers=4,
+    no_rope_layers=[1, 0, 1, 0],
+    use_sliding_window=True,
+    sliding_window=9,
+    tie_word_embeddings=True,
+)
+
+# Phi-3 / Phi-4-mini in small: head_dim 24 of which 0.75 (18 dims, 9 frequencies) rotate;
+# LongRoPE with short and long factors apart and an original length of 64 that the test prompts
+# cross while they generate (transformers switches to the long factors there); a window of 40.
+PHI3_TINY: dict[str, Any] = dict(
+    hidden_size=96,
+    partial_rotary_factor=0.75,
+    original_max_position_embeddings=64,
+    rope_scaling={
+        "rope_type": "longrope",
+        "short_factor": [1.0 + 0.1 * i for i in range(9)],
+        "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 9.0, 13.0, 18.0, 25.0],
+    },
+    sliding_window=40,
+)
+
+
 def _config_class(arch: str) -> type:
     from transformers import (
         Gemma3TextConfig,
         LlamaConfig,
         MistralConfig,
+        Phi3Config,
         Qwen2Config,
         Qwen3Config,
         Qwen3MoeConfig,
+        SmolLM3Config,
     )
 
     classes = {
+        "phi3": Phi3Config,
+        "smollm3": SmolLM3Config,
         "gemma3": Gemma3TextConfig,
         "llama": LlamaConfig,
         "qwen2": Qwen2Config,
@@ -106,10 +137,13 @@ def tiny_config(arch: str, **overrides: Any) -> Any:
         kwargs["sliding_window"] = None  # our Mistral has no sliding window
     if arch == "gemma3":
         kwargs.update(GEMMA3_TINY)
+    if arch in ("smollm3", "phi3"):
+        kwargs.update(SMOLLM3_TINY if arch == "smollm3" else PHI3_TINY)
     if arch == "qwen3_moe":
         kwargs.update(QWEN3_MOE_TINY)
     kwargs.update(overrides)
-    return _config_class(arch)(**kwargs)
+    # A copy: transformers fills in (and tests edit) the nested rope dicts in place.
+    return _config_class(arch)(**copy.deepcopy(kwargs))
 
 
 def _tiny_tokenizer() -> Any:

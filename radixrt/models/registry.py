@@ -15,6 +15,8 @@ _MODELS = {
     "Qwen3MoeForCausalLM": "radixrt.models.qwen3_moe:Qwen3MoeForCausalLM",
     "MistralForCausalLM": "radixrt.models.mistral:MistralForCausalLM",
     "Gemma3ForCausalLM": "radixrt.models.gemma3:Gemma3ForCausalLM",
+    "SmolLM3ForCausalLM": "radixrt.models.smollm3:SmolLM3ForCausalLM",
+    "Phi3ForCausalLM": "radixrt.models.phi3:Phi3ForCausalLM",
 }
 SUPPORTED_ARCHITECTURES = tuple(sorted(_MODELS))
 

@@ -71,9 +71,10 @@ def prompt_sets(vocab: int, encode=None) -> dict[str, list[list[int]]]:
 TINY_OVERRIDES = {"qwen3": dict(head_dim=32, tie_word_embeddings=True)}
 
 
-@pytest.fixture(
-    scope="module", params=["llama", "qwen2", "mistral", "qwen3", "gemma3", "qwen3_moe", "default"]
-)
+MODELS = ["llama", "qwen2", "mistral", "qwen3", "gemma3", "qwen3_moe", "smollm3", "phi3", "default"]
+
+
+@pytest.fixture(scope="module", params=MODELS)
 def model_case(request, tiny_model_dir) -> tuple[str, str, dict]:
     """(name, model path, the engine's tokenizer arguments)."""
     if request.param == "default":
