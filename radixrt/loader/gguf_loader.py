@@ -76,6 +76,18 @@ _GEMMA_BLOCK_TENSORS = _BLOCK_TENSORS | {
 # layer global, the others windowed with a rotary base of 10,000.
 _GEMMA3_SWA_PATTERN = 6
 _GEMMA3_SWA_BASE = 10000.0
+# The architectures whose converter permutes q/k rows as Llama's does (SmolLM3's subclasses it).
+_PERMUTED_QK = ("llama", "smollm3")
+# Phi-3's files keep the checkpoint's stacked projections: attn_qkv, and ffn_up (gate, then up).
+_PHI3_BLOCK_TENSORS = _BLOCK_TENSORS | {
+    "attn_qkv": "self_attn.qkv_proj",
+    "ffn_up": "mlp.gate_up_proj",
+}
+# Tensors that are config, not weights: Phi-3's LongRoPE factors (read into rope_scaling).
+_ROPE_FACTORS = {
+    "rope_factors_long.weight": "long_factor",
+    "rope_factors_short.weight": "short_factor",
+}
 
 
 class GGUFCheckpoint:
@@ -121,6 +133,8 @@ class GGUFCheckpoint:
             kwargs.update(self._gemma3())
         if self.gguf_arch == "qwen3moe":
             kwargs.update(self._qwen3moe(kwargs))
+        if self.gguf_arch == "phi3":
+            kwargs.update(self._phi3())
         kwargs["tie_word_embeddings"] = "output.weight" not in self._tensor_names
         return AutoConfig.for_model(model_type, **kwargs)
 
@@ -131,7 +145,7 @@ class GGUFCheckpoint:
         if key_length is not None:
             return {"head_dim": key_length}
         rope_dim = self._field(f"{self.gguf_arch}.rope.dimension_count")
-        if self.gguf_arch == "llama" and rope_dim is not None:
+        if self.gguf_arch in _PERMUTED_QK and rope_dim is not None:
             return {"head_dim": rope_dim}
         return {}
 
@@ -163,6 +177,38 @@ class GGUFCheckpoint:
                 for i in range(layers)
             ],
         }
+
+    def _phi3(self) -> dict[str, Any]:
+        """What Phi-3's converter writes besides the common keys: the pretraining context
+        (rope.scaling.original_context_length), the rotated dims of a head (partial rotary),
+        the window (0: none), LongRoPE's factors as two tensors and its attention factor. As the
+        releases' generation configs, <|end|> stops as well as the file's EOS."""
+        arch = self.gguf_arch
+        head_dim = self._field(f"{arch}.embedding_length") // self._field(
+            f"{arch}.attention.head_count"
+        )
+        rope_dim = self._field(f"{arch}.rope.dimension_count", head_dim)
+        out: dict[str, Any] = {
+            "partial_rotary_factor": rope_dim / head_dim,
+            "sliding_window": self._field(f"{arch}.attention.sliding_window") or None,
+        }
+        eos = [self._field("tokenizer.ggml.eos_token_id"), *self._token_ids("<|end|>")]
+        if eos[0] is not None:
+            out["eos_token_id"] = list(dict.fromkeys(eos))
+        original = self._field(f"{arch}.rope.scaling.original_context_length")
+        if original is not None:
+            out["original_max_position_embeddings"] = original
+        factors = {
+            key: [float(f) for f in t.data] for t in self._reader.tensors
+            if (key := _ROPE_FACTORS.get(t.name)) is not None
+        }  # fmt: skip
+        if factors:
+            scaling: dict[str, Any] = {"rope_type": "longrope", **factors}
+            attention = self._field(f"{arch}.rope.scaling.attn_factor")
+            if attention is not None:
+                scaling["attention_factor"] = float(attention)
+            out["rope_scaling"] = scaling
+        return out
 
     def _qwen3moe(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         # llama.cpp's qwen3moe graph: every layer sparse, the top-k weights renormalized
@@ -205,6 +251,8 @@ class GGUFCheckpoint:
         heads = hf_config.num_attention_heads
         kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
         for tensor in self._reader.tensors:
+            if tensor.name in _ROPE_FACTORS:
+                continue  # the config's (_phi3)
             name = hf_tensor_name(tensor.name, self.gguf_arch)
             experts = _expert_names(name, tensor)  # a stack of every expert's projection
             if name in skip or (experts and skip.issuperset(experts)):
@@ -213,9 +261,9 @@ class GGUFCheckpoint:
             if not array.flags.writeable:  # a view of the read-only memory map
                 array = array.copy()
             weight = torch.from_numpy(array)  # [out, in]
-            if self.gguf_arch == "llama" and ".q_proj." in name:
+            if self.gguf_arch in _PERMUTED_QK and ".q_proj." in name:
                 weight = unpermute_qk(weight, heads)
-            elif self.gguf_arch == "llama" and ".k_proj." in name:
+            elif self.gguf_arch in _PERMUTED_QK and ".k_proj." in name:
                 weight = unpermute_qk(weight, kv_heads)
             elif self.gguf_arch == "gemma3" and name.endswith("norm.weight"):
                 # llama.cpp's converter stores Gemma's norm multipliers, 1 + w: take w back.
@@ -237,6 +285,8 @@ class GGUFCheckpoint:
         kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
         out = {}
         for tensor in self._reader.tensors:
+            if tensor.name in _ROPE_FACTORS:
+                continue
             block = BY_ID.get(int(tensor.tensor_type))
             if len(tensor.shape) == 3:  # a stack of experts
                 out.update(_expert_blocks(hf_tensor_name(tensor.name, self.gguf_arch), tensor))
@@ -246,9 +296,9 @@ class GGUFCheckpoint:
             name = hf_tensor_name(tensor.name, self.gguf_arch)
             rows = int(tensor.shape[1])  # GGUF lists the dimensions innermost first
             blocks = torch.from_numpy(np.array(tensor.data, dtype=np.uint8).reshape(rows, -1))
-            if self.gguf_arch == "llama" and ".q_proj." in name:
+            if self.gguf_arch in _PERMUTED_QK and ".q_proj." in name:
                 blocks = unpermute_qk(blocks, heads)
-            elif self.gguf_arch == "llama" and ".k_proj." in name:
+            elif self.gguf_arch in _PERMUTED_QK and ".k_proj." in name:
                 blocks = unpermute_qk(blocks, kv_heads)
             out[name] = (block.name, blocks.contiguous())
         return out
@@ -279,7 +329,7 @@ def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str:
     if stem in _GLOBAL_TENSORS:
         return f"{_GLOBAL_TENSORS[stem]}.{suffix}"
     parts = stem.split(".")
-    blocks = _GEMMA_BLOCK_TENSORS if arch == "gemma3" else _BLOCK_TENSORS
+    blocks = {"gemma3": _GEMMA_BLOCK_TENSORS, "phi3": _PHI3_BLOCK_TENSORS}.get(arch, _BLOCK_TENSORS)
     if len(parts) == 3 and parts[0] == "blk" and parts[2] in blocks:
         return f"model.layers.{parts[1]}.{blocks[parts[2]]}.{suffix}"
     raise ValueError(f"unknown GGUF tensor {gguf_name!r}")

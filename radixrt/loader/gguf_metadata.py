@@ -25,6 +25,8 @@ ARCHS = {
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
     "qwen3moe": ("qwen3_moe", "Qwen3MoeForCausalLM"),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
+    "smollm3": ("smollm3", "SmolLM3ForCausalLM"),
+    "phi3": ("phi3", "Phi3ForCausalLM"),
 }
 
 
