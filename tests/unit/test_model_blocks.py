@@ -186,3 +186,23 @@ def test_transformer_config_of_qwen3():
     assert attn.q_norm.weight.shape == (16,) and attn.qkv_proj.bias is None
     with pytest.raises(AttributeError):
         config.head_dim = 8  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemma_norm_equals_transformers_bit_for_bit(dtype):
+    """(1 + w) in float32 and the product before the cast, fused or not, in both dtypes."""
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+
+    from radixrt.layers.norm import GemmaRMSNorm
+
+    torch.manual_seed(0)
+    theirs = Gemma3RMSNorm(640, 1e-6)
+    theirs.weight.data.normal_(0, 0.5)
+    ours = GemmaRMSNorm(640, 1e-6)
+    ours.weight.data.copy_(theirs.weight.data)
+    theirs, ours = theirs.to(dtype), ours.to(dtype)
+    ours.weights_loaded()
+    x, r = (torch.randn(37, 640) * 3).to(dtype), torch.randn(37, 640).to(dtype)
+    assert torch.equal(ours(x), theirs(x))
+    normed, stream = ours.add_and_norm(x, r)
+    assert torch.equal(stream, r + x) and torch.equal(normed, theirs(r + x))
