@@ -71,6 +71,22 @@ def test_rotary_in_place_on_a_qkv_view(gen, dtype):
 
 
 @on_kernel_device
+def test_rotary_in_place_on_the_first_dims_of_each_head(gen):
+    """Partial rotary (Phi-3): the first 18 of 24 dims of each head turn, as a strided view of
+    the qkv output (head stride 24); the other 6 dims are left as they are."""
+    t, h, d, r = 5, 3, 24, 18
+    qkv = torch.randn(t, h * d, generator=gen).to(KERNEL_DEVICE)
+    before = qkv.clone()
+    part = qkv.view(t, h, d)[..., :r]
+    freqs = torch.arange(t).float()[:, None] * 0.1 ** torch.arange(r // 2).float()
+    cos, sin = on_device(freqs.cos()[:, None, :], freqs.sin()[:, None, :])
+    want = ref.rotary_ref(part.clone(), cos, sin)
+    fused.rotary_inplace(part, cos, sin)
+    close(qkv.view(t, h, d)[..., :r], want)
+    assert torch.equal(qkv.view(t, h, d)[..., r:], before.view(t, h, d)[..., r:])
+
+
+@on_kernel_device
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_and_mul(gen, dtype):
     gate_up = (3 * torch.randn(4, 2 * 40, generator=gen)).to(dtype)
