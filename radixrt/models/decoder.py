@@ -17,6 +17,7 @@ from radixrt.layers.mlp import GatedMLP
 from radixrt.layers.norm import RMSNorm
 from radixrt.layers.rotary import RotaryEmbedding
 from radixrt.models.base import CausalLM, Weights
+from radixrt.models.native_sandwich import SandwichLayerStack
 from radixrt.models.native_stack import NativeLayerStack
 from radixrt.models.weight_loader import load_hf_weights
 
@@ -54,7 +55,7 @@ class DecoderModel(nn.Module):
         # The layers as one native call on the CPU where that computes the same (built at
         # the first CPU forward, when the weights are final); set False to keep the modules.
         self.use_native_stack = True
-        self._native_stack: NativeLayerStack | None = None
+        self._native_stack: NativeLayerStack | SandwichLayerStack | None = None
         self._native_stack_checked = False
 
     def forward(
@@ -68,12 +69,12 @@ class DecoderModel(nn.Module):
             hidden = hidden * scale.to(hidden.dtype)
         # [T, 1, R/2] each (R: the rotated dims of a head), shared by the layers
         cos, sin = self.rotary.for_batch(positions, hidden.dtype, batch)
-        stack = self.native_stack() if hidden.device.type == "cpu" else None
-        if stack is not None and stack.can_run(hidden, batch):
-            return stack(hidden, cos, sin, batch)
         sliding = (cos, sin)
         if self.sliding_rotary is not None:
             sliding = self.sliding_rotary.for_batch(positions, hidden.dtype, batch)
+        stack = self.native_stack() if hidden.device.type == "cpu" else None
+        if stack is not None and stack.can_run(hidden, batch):
+            return stack(hidden, (cos, sin), sliding, batch)
         residual = None
         for layer, windowed in zip(self.layers, self.windowed, strict=True):
             c, s = sliding if windowed else (cos, sin)
@@ -82,12 +83,15 @@ class DecoderModel(nn.Module):
             return self.norm(hidden)
         return self.norm.add_and_norm(hidden, residual)[0]
 
-    def native_stack(self) -> NativeLayerStack | None:
+    def native_stack(self) -> NativeLayerStack | SandwichLayerStack | None:
         """The layers' native op (models/native_stack.py), or None where it does not apply."""
         if not self.use_native_stack or self.rotary.rotary_dim != self.rotary.head_dim:
             return None  # the op rotates whole heads
         if not self._native_stack_checked:
-            self._native_stack = NativeLayerStack.build(list(self.layers), self.norm)
+            layers = list(self.layers)
+            self._native_stack = NativeLayerStack.build(
+                layers, self.norm
+            ) or SandwichLayerStack.build(layers, self.norm, self.windowed)
             self._native_stack_checked = True
         return self._native_stack
 

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from radixrt.layers.norm import RMSNorm
 
 DENSE = -1  # the op's kind for a dense weight (GGUF kinds are GGUFWeight.kind)
+Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin [T, 1, D/2]
 
 
 class NativeLayerStack:
@@ -49,11 +50,11 @@ class NativeLayerStack:
         for layer in layers:
             norm_in, norm_post = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
             projections = _projections(layer)
-            w = [_weight(p) for p in projections]
+            w = [weight_of(p) for p in projections]
             self.weights += [norm_in, w[0], w[1], norm_post, w[2], w[3]]
-            self.kinds += [_kind(p) for p in projections]
-            self.dense_copies += [_dense_copy(p, "dense") for p in projections]
-            self.copy_scales += [_dense_copy(p, "dense_scale") for p in projections]
+            self.kinds += [kind_of(p) for p in projections]
+            self.dense_copies += [dense_copy(p, "dense") for p in projections]
+            self.copy_scales += [dense_copy(p, "dense_scale") for p in projections]
             dense = [t for t, p in zip(w, projections, strict=True) if p.packed is None]
             dtypes |= {t.dtype for t in (norm_in, norm_post, *dense)}
         self.weights.append(final_norm.weight)
@@ -80,31 +81,12 @@ class NativeLayerStack:
 
     def can_run(self, hidden: torch.Tensor, batch: ForwardBatch) -> bool:
         """Whether this step takes the op: where the modules would call the same native ops."""
-        meta = batch.attn_metadata
-        if (
-            hidden.device.type != "cpu"
-            or torch.compiler.is_compiling()
-            or not isinstance(meta, TorchAttentionMetadata)
-            or meta.native is None
-            or type(batch.kv_pool) is not KVPool
-        ):
-            return False
-        k_cache, v_cache = batch.kv_pool.get_kv(0)
-        return (
-            (not self.quantized or hidden.dtype in (torch.float32, torch.bfloat16))
-            and self.weight_dtypes == {hidden.dtype}
-            and hidden.dtype in (torch.float32, torch.bfloat16, torch.float16)
-            and k_cache.dtype == v_cache.dtype == hidden.dtype
-            and k_cache.is_contiguous()
-            and v_cache.is_contiguous()
-            and k_cache.shape[-1] % 2 == 0
-            and batch.out_cache_loc.dtype == torch.int64
-            and batch.out_cache_loc.is_contiguous()
-        )
+        return native_step(hidden, batch, self.weight_dtypes, self.quantized)
 
     def __call__(
-        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch
+        self, hidden: torch.Tensor, rope: Rope, sliding: Rope, batch: ForwardBatch
     ) -> torch.Tensor:  # embeddings [T, hidden] -> the final norm's output [T, hidden]
+        cos, sin = rope  # every layer's (the plain layers have no window)
         meta = batch.attn_metadata
         assert isinstance(meta, TorchAttentionMetadata) and meta.native is not None
         plan = meta.native
@@ -116,6 +98,34 @@ class NativeLayerStack:
             [c.rows for c in plan.cascades], [c.prefix_slots for c in plan.cascades],
             self.num_heads, self.eps, self.scaling, DENSE_FROM_ROWS, COPY_FROM_ROWS, self.int8_rows,
         )  # fmt: skip
+
+
+def native_step(
+    hidden: torch.Tensor, batch: ForwardBatch, weight_dtypes: set[torch.dtype], quantized: bool
+) -> bool:
+    """Whether a step can take a native stack: on the CPU outside torch.compile, the torch
+    backend's native plan, the pool in the activations' dtype, the dense weights too."""
+    meta = batch.attn_metadata
+    if (
+        hidden.device.type != "cpu"
+        or torch.compiler.is_compiling()
+        or not isinstance(meta, TorchAttentionMetadata)
+        or meta.native is None
+        or type(batch.kv_pool) is not KVPool
+    ):
+        return False
+    k_cache, v_cache = batch.kv_pool.get_kv(0)
+    return (
+        (not quantized or hidden.dtype in (torch.float32, torch.bfloat16))
+        and weight_dtypes <= {hidden.dtype}
+        and hidden.dtype in (torch.float32, torch.bfloat16, torch.float16)
+        and k_cache.dtype == v_cache.dtype == hidden.dtype
+        and k_cache.is_contiguous()
+        and v_cache.is_contiguous()
+        and k_cache.shape[-1] % 2 == 0
+        and batch.out_cache_loc.dtype == torch.int64
+        and batch.out_cache_loc.is_contiguous()
+    )
 
 
 def _projections(layer: DecoderLayer) -> tuple[PackableLinear, ...]:
@@ -139,10 +149,10 @@ def _plain_layer(layer: Any) -> bool:
     attn, mlp = layer.self_attn, layer.mlp
     projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
     one_rank = attn.o_proj.group.size == 1 and mlp.down_proj.group.size == 1
-    return one_rank and all(_plain_projection(p) for p in projections)
+    return one_rank and all(plain_projection(p) for p in projections)
 
 
-def _plain_projection(p: PackableLinear) -> bool:
+def plain_projection(p: PackableLinear) -> bool:
     if p.bias is not None:
         return False
     if p.packed is None:
@@ -150,14 +160,14 @@ def _plain_projection(p: PackableLinear) -> bool:
     return bool(p.packed.native)
 
 
-def _weight(p: PackableLinear) -> torch.Tensor:
+def weight_of(p: PackableLinear) -> torch.Tensor:
     return p.weight if p.packed is None else p.packed.packed
 
 
-def _dense_copy(p: PackableLinear, attribute: str) -> torch.Tensor:
+def dense_copy(p: PackableLinear, attribute: str) -> torch.Tensor:
     copy = None if p.packed is None else getattr(p.packed, attribute)
     return torch.empty(0) if copy is None else copy
 
 
-def _kind(p: PackableLinear) -> int:
+def kind_of(p: PackableLinear) -> int:
     return DENSE if p.packed is None else p.packed.kind

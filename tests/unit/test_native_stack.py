@@ -67,13 +67,16 @@ class _Counted:
         self.calls += 1
         self.cascades.append(
             len(args[3].attn_metadata.native.cascades)
-        )  # (hidden, cos, sin, batch)
+        )  # (hidden, rope, sliding rope, batch)
         return self.stack(*args)
 
 
-@pytest.fixture(scope="module")
-def model_dir(tiny_model_dir) -> str:
-    # hidden 64, 4 query heads over 2 KV heads: GQA, and every width a multiple of 32.
+@pytest.fixture(scope="module", params=["llama", "gemma3"])
+def model_dir(request, tiny_model_dir) -> str:
+    # hidden 64, 4 query heads over 2 KV heads: GQA, and every width a multiple of 32. Gemma 3
+    # (native_sandwich.py): a window of 7 in layers 0 and 2, so most steps pass it.
+    if request.param == "gemma3":
+        return tiny_model_dir("gemma3")
     return tiny_model_dir("llama", num_hidden_layers=3)
 
 

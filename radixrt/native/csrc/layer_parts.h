@@ -1,0 +1,39 @@
+// What the native layer stacks (decoder_layers.cpp, sandwich_layers.cpp) share: a projection
+// by dense or packed weight, as the modules' PackableLinear computes it.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+#include "ops.h"
+
+namespace radixrt_layers {
+
+constexpr int64_t kDense = -1;  // a projection's kind: a dense [out, in] weight
+
+// A packed projection's copy for wide inputs (GGUFWeight.keep_dense): a bfloat16 mkldnn
+// tensor, or int8 codes with their per-channel scales (W8A8); empty tensors mean none.
+struct Copy {
+  const at::Tensor& weight;
+  const at::Tensor& scale;
+};
+
+// y = x W.T for a dense weight (F.linear's op) or a packed GGUF weight (gguf_linear.cpp);
+// from copy_rows rows on a bf16 x takes the blocks' copy where there is one, as
+// GGUFWeight.forward does.
+struct Rows {
+  int64_t dense, copy, int8;  // DENSE_FROM_ROWS, COPY_FROM_ROWS, INT8_ROWS (quantized.py)
+};
+
+inline at::Tensor project(const at::Tensor& x, const at::Tensor& w, int64_t kind, Rows rows,
+                          const Copy& copy) {
+  if (kind == kDense) return radixrt::dense_linear(x, w);
+  if (copy.weight.numel() > 0 && x.size(0) >= rows.copy && x.scalar_type() == at::kBFloat16) {
+    if (copy.weight.is_mkldnn()) return radixrt::dense_copy_linear(x, copy.weight);
+    return radixrt::w8a8_linear(x, copy.weight, copy.scale);
+  }
+  return radixrt::gguf_linear(x, w, radixrt::gguf_out_features(w), rows.dense, rows.int8);
+}
+
+}  // namespace radixrt_layers
