@@ -127,7 +127,7 @@ def _gemma_layer(layer: Any, eps: float) -> bool:
     if type(layer) is not SandwichNormLayer or type(layer.self_attn) is not QKNormAttention:
         return False
     attn, mlp = layer.self_attn, layer.mlp
-    if type(mlp) is not GatedMLP or mlp.act != "gelu_pytorch_tanh":
+    if type(mlp) is not GatedMLP or mlp.act != "gelu_pytorch_tanh" or not attn.rotary:
         return False
     norms = (
         layer.input_layernorm, layer.post_attention_layernorm, layer.pre_feedforward_layernorm,
