@@ -72,8 +72,8 @@ class GemmaRMSNorm(RMSNorm):
         multiplier = self._multiplier()
         if x.dim() == 2:
             ops = native_cpu(x)
-            if ops is not None:  # float32 in and out: the same products, fewer ops in bf16
-                return ops.rms_norm(x.float(), multiplier, self.eps).to(x.dtype)
+            if ops is not None and x.stride(1) == 1:
+                return ops.gemma_rms_norm(x, multiplier, self.eps)
             if use_triton(x) and x.dtype == torch.float32:
                 from radixrt.kernels.fused_layers import rmsnorm
 

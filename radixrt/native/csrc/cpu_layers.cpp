@@ -158,6 +158,33 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return y;
 }
 
+// GemmaRMSNorm: y = (x / sqrt(mean(x^2) + eps)) * multiplier, all in float32 (the float32
+// multiplier 1 + w), cast to x's dtype once at the end: transformers' Gemma order, and the
+// same values as rms_norm(x.float(), multiplier).to(x.dtype) without the two conversions.
+at::Tensor gemma_rms_norm(const at::Tensor& x, const at::Tensor& multiplier, double eps) {
+  check_rows(x, "gemma_rms_norm");
+  TORCH_CHECK(multiplier.scalar_type() == at::kFloat && multiplier.is_contiguous() &&
+                  multiplier.numel() == x.size(1),
+              "gemma_rms_norm: multiplier must be contiguous float32 [hidden]");
+  at::Tensor y = at::empty({x.size(0), x.size(1)}, x.options());
+  const at::Tensor ms = mean_squares(x);
+  const int64_t n = x.size(1), xs = x.stride(0);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "gemma_rms_norm", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    const float* mp = ms.data_ptr<float>();
+    const float* wp = multiplier.data_ptr<float>();
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    for_rows(x.size(0), n, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const float inv = 1.0f / std::sqrt(mp[r] + float(eps));
+        for (int64_t j = 0; j < n; ++j)
+          yp[r * n + j] = static_cast<scalar_t>(static_cast<float>(xp[r * xs + j]) * inv * wp[j]);
+      }
+    });
+  });
+  return y;
+}
+
 // (norm(x + residual), x + residual): the residual stream and the next block's input.
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
                                                 const at::Tensor& weight, double eps) {
@@ -254,6 +281,7 @@ void store_kv(at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& loc, con
 
 TORCH_LIBRARY_FRAGMENT(radixrt, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("gemma_rms_norm(Tensor x, Tensor multiplier, float eps) -> Tensor");
   m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
   m.def("rotary_(Tensor(a!) x, Tensor cos, Tensor sin) -> ()");
   m.def("silu_and_mul(Tensor gate_up) -> Tensor");
@@ -262,6 +290,7 @@ TORCH_LIBRARY_FRAGMENT(radixrt, m) {
 
 TORCH_LIBRARY_IMPL(radixrt, CPU, m) {
   m.impl("rms_norm", radixrt::rms_norm);
+  m.impl("gemma_rms_norm", radixrt::gemma_rms_norm);
   m.impl("add_rms_norm", radixrt::add_rms_norm);
   m.impl("rotary_", radixrt::rotary_);
   m.impl("silu_and_mul", radixrt::silu_and_mul);

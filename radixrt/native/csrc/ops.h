@@ -14,6 +14,7 @@ namespace radixrt {
 
 // cpu_layers.cpp
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+at::Tensor gemma_rms_norm(const at::Tensor& x, const at::Tensor& multiplier, double eps);
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
                                                 const at::Tensor& weight, double eps);
 void rotary_(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin);

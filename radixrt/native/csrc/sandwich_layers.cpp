@@ -29,10 +29,9 @@ using radixrt_layers::Rows;
 constexpr int64_t kWeightsPerLayer = 10;
 constexpr int64_t kKindsPerLayer = 4;  // qkv, o, gate_up, down
 
-// GemmaRMSNorm.forward: the float32 norm with the float32 multiplier, cast back.
+// GemmaRMSNorm.forward.
 at::Tensor norm(const at::Tensor& x, const at::Tensor& multiplier, double eps) {
-  if (x.scalar_type() == at::kFloat) return radixrt::rms_norm(x, multiplier, eps);
-  return radixrt::rms_norm(x.to(at::kFloat), multiplier, eps).to(x.scalar_type());
+  return radixrt::gemma_rms_norm(x, multiplier, eps);
 }
 
 // GemmaRMSNorm.add_and_norm: (norm(x + residual), x + residual).
