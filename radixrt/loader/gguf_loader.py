@@ -18,7 +18,7 @@ from transformers import PretrainedConfig
 
 from radixrt.layers.gguf_blocks import BY_ID
 from radixrt.layers.moe import expert_names, split_experts
-from radixrt.loader.gguf_metadata import ARCHS, fast_reader, supported_architecture
+from radixrt.loader.gguf_metadata import ARCHS, check_architecture, read_gguf
 
 logger = logging.getLogger("radixrt.loader")
 
@@ -97,14 +97,13 @@ class GGUFCheckpoint:
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"GGUF file not found: {self.path}")
-        self._reader = fast_reader(self.path)
-        self.gguf_arch = supported_architecture(self._reader)
-        self._tensor_names = {t.name for t in self._reader.tensors}
+        self._meta, self._tensors = read_gguf(self.path)
+        self.gguf_arch = check_architecture(str(self._meta.get("general.architecture")))
+        self._tensor_names = {t.name for t in self._tensors}
         self._config: PretrainedConfig | None = None
 
     def _field(self, key: str, default: Any = None) -> Any:
-        field = self._reader.fields.get(key)
-        return default if field is None else field.contents()
+        return self._meta.get(key, default)
 
     def hf_config(self) -> PretrainedConfig:
         """The Hugging Face config the file describes (architectures set, tied if no output)."""
@@ -122,7 +121,7 @@ class GGUFCheckpoint:
             if value is not None:
                 kwargs[hf_key] = value
         if "vocab_size" not in kwargs:
-            kwargs["vocab_size"] = len(self._reader.fields["tokenizer.ggml.tokens"].data)
+            kwargs["vocab_size"] = len(self._meta["tokenizer.ggml.tokens"])
         for key, hf_key in _TOKEN_KEYS.items():
             value = self._field(f"tokenizer.ggml.{key}")
             if value is not None:
@@ -199,7 +198,7 @@ class GGUFCheckpoint:
         if original is not None:
             out["original_max_position_embeddings"] = original
         factors = {
-            key: [float(f) for f in t.data] for t in self._reader.tensors
+            key: [float(f) for f in t.data] for t in self._tensors
             if (key := _ROPE_FACTORS.get(t.name)) is not None
         }  # fmt: skip
         if factors:
@@ -222,11 +221,8 @@ class GGUFCheckpoint:
 
     def _token_ids(self, text: str) -> list[int]:
         """The ids of the vocabulary's tokens spelled `text` (none or one)."""
-        field = self._reader.fields.get("tokenizer.ggml.tokens")
-        if field is None:
-            return []
-        wanted = text.encode()
-        return [i for i, part in enumerate(field.data) if bytes(field.parts[part]) == wanted]
+        tokens = self._meta.get("tokenizer.ggml.tokens", [])
+        return [i for i, token in enumerate(tokens) if token == text]
 
     def _rope_scaling(self) -> dict[str, Any]:
         if "rope_freqs.weight" in self._tensor_names:
@@ -250,7 +246,7 @@ class GGUFCheckpoint:
         hf_config = self.hf_config()
         heads = hf_config.num_attention_heads
         kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
-        for tensor in self._reader.tensors:
+        for tensor in self._tensors:
             if tensor.name in _ROPE_FACTORS:
                 continue  # the config's (_phi3)
             name = hf_tensor_name(tensor.name, self.gguf_arch)
@@ -284,7 +280,7 @@ class GGUFCheckpoint:
         heads = hf_config.num_attention_heads
         kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
         out = {}
-        for tensor in self._reader.tensors:
+        for tensor in self._tensors:
             if tensor.name in _ROPE_FACTORS:
                 continue
             block = BY_ID.get(int(tensor.tensor_type))

@@ -1,7 +1,6 @@
-"""A GGUF file's metadata, read without torch (the HTTP process's /model_info reads it, and
-builds the tokenizer from it: read_tokenizer_metadata).
-
-The weights and the HF config are gguf_loader.py's, which imports torch.
+"""A GGUF file read without torch: its header (the HTTP process's /model_info reads it, and
+builds the tokenizer from it: read_tokenizer_metadata) and its tensors as memory-mapped views
+(read_gguf, which gguf_loader.py turns into the HF config and weights).
 """
 
 from __future__ import annotations
@@ -9,7 +8,7 @@ from __future__ import annotations
 import mmap
 import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -28,35 +27,6 @@ ARCHS = {
     "smollm3": ("smollm3", "SmolLM3ForCausalLM"),
     "phi3": ("phi3", "Phi3ForCausalLM"),
 }
-
-
-def fast_reader(path: Path) -> Any:
-    """A gguf.GGUFReader of `path` (memory-mapped), parsed faster than gguf's own."""
-    import gguf
-
-    class PlainArrayReader(gguf.GGUFReader):
-        """GGUFReader over a plain ndarray view of its memory map.
-
-        The reader slices its buffer ~800k times while parsing the vocabulary; on an np.memmap
-        each slice pays memmap's Python __array_finalize__, which made opening SmolLM2's file
-        take 2.0 s instead of 0.7 s. The view shares the same read-only mapping.
-        """
-
-        @property  # type: ignore[override]  # a plain ndarray where the base has an np.memmap
-        def data(self) -> np.ndarray:
-            return self._plain_data
-
-        @data.setter
-        def data(self, value: np.ndarray) -> None:
-            self._plain_data = value.view(np.ndarray)
-
-    return PlainArrayReader(str(path))
-
-
-def supported_architecture(reader: Any) -> str:
-    """The file's general.architecture; ValueError unless it is one of ARCHS."""
-    field = reader.fields.get("general.architecture")
-    return check_architecture(str(None if field is None else field.contents()))
 
 
 def check_architecture(arch: str) -> str:
@@ -90,17 +60,73 @@ def read_architecture(path: str | Path) -> str:
 def read_header(path: str | Path, prefix: str) -> dict[str, Any]:
     """The header's entries whose keys start with `prefix`."""
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        magic, version, _, n_kv = struct.unpack_from("<4sIQQ", buf, 0)
-        if magic != b"GGUF" or version not in (2, 3):
-            raise ValueError(f"{path} is not a little-endian GGUF file of version 2 or 3")
-        pos, found = 24, {}
-        for _ in range(n_kv):
-            key, pos = _string(buf, pos)
-            (kind,) = struct.unpack_from("<I", buf, pos)
-            value, pos = _value(buf, pos + 4, kind)
-            if key.startswith(prefix):
-                found[key] = value
-        return found
+        return _entries(buf, str(path), prefix)[0]
+
+
+def _entries(buf: Any, path: str, prefix: str) -> tuple[dict[str, Any], int, int]:
+    """(the entries whose keys start with prefix, the tensor count, where the tensor infos
+    start)."""
+    magic, version, n_tensors, n_kv = struct.unpack_from("<4sIQQ", buf, 0)
+    if magic != b"GGUF" or version not in (2, 3):
+        raise ValueError(f"{path} is not a little-endian GGUF file of version 2 or 3")
+    pos, found = 24, {}
+    for _ in range(n_kv):
+        key, pos = _string(buf, pos)
+        (kind,) = struct.unpack_from("<I", buf, pos)
+        value, pos = _value(buf, pos + 4, kind)
+        if key.startswith(prefix):
+            found[key] = value
+    return found, n_tensors, pos
+
+
+class GGUFTensor(NamedTuple):
+    """One tensor as gguf's GGUFReader describes it: `shape` innermost first, `data` a
+    read-only view of the file in gguf's layout (elements for float types, else rows of
+    bytes), which gguf.quants.dequantize takes."""
+
+    name: str
+    tensor_type: Any  # gguf.GGMLQuantizationType
+    shape: np.ndarray
+    data: np.ndarray
+
+
+def read_gguf(path: str | Path) -> tuple[dict[str, Any], list[GGUFTensor]]:
+    """Every header entry and every tensor of a GGUF file, memory-mapped. The header is parsed
+    here, not by gguf's GGUFReader, which splits every vocabulary string into numpy parts:
+    3.3 s for Gemma 3's 262k tokens, against 0.2 s."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        meta, n_tensors, pos = _entries(buf, str(path), "")
+        infos = []
+        for _ in range(n_tensors):
+            name, pos = _string(buf, pos)
+            (n_dims,) = struct.unpack_from("<I", buf, pos)
+            dims = np.array(struct.unpack_from(f"<{n_dims}Q", buf, pos + 4), dtype=np.uint64)
+            kind, offset = struct.unpack_from("<IQ", buf, pos + 4 + 8 * n_dims)
+            infos.append((name, dims, GGMLQuantizationType(kind), offset))
+            pos += 4 + 8 * n_dims + 12
+    data = np.memmap(path, mode="r").view(np.ndarray)  # shares the read-only mapping
+    alignment = int(meta.get("general.alignment", 32))
+    start = (pos + alignment - 1) // alignment * alignment
+    tensors = []
+    for name, dims, kind, offset in infos:
+        shape = tuple(int(d) for d in reversed(dims))  # outermost first, as numpy has it
+        block, size = GGML_QUANT_SIZES[kind]
+        elements = int(np.prod(shape))
+        raw = data[start + offset : start + offset + elements // block * size]
+        if kind.name in _ELEMENT_TYPES:
+            array = raw.view(_ELEMENT_TYPES[kind.name]).reshape(shape)
+        else:  # rows of blocks, as bytes
+            array = raw.reshape(*shape[:-1], shape[-1] // block * size)
+        tensors.append(GGUFTensor(name, kind, dims, array))
+    return meta, tensors
+
+
+_ELEMENT_TYPES = {
+    "F32": np.float32, "F16": np.float16, "F64": np.float64,
+    "I8": np.int8, "I16": np.int16, "I32": np.int32, "I64": np.int64,
+}  # fmt: skip
 
 
 def _string(buf: mmap.mmap, pos: int) -> tuple[str, int]:

@@ -215,15 +215,28 @@ def test_default_model_equals_transformers(default_gguf):
             )
 
 
-def test_metadata_equals_gguf_reader(default_gguf):
-    from radixrt.loader.gguf_metadata import fast_reader
+def test_metadata_and_tensors_equal_gguf_reader(default_gguf):
+    """read_gguf (and read_tokenizer_metadata) against gguf's own GGUFReader: every entry,
+    every tensor's name, type, shape and data view."""
+    import gguf
+    import numpy as np
 
-    fields = fast_reader(default_gguf).fields
-    ours = read_tokenizer_metadata(default_gguf)
-    assert {k for k in fields if k.startswith("tokenizer.")} == set(ours)
-    for key, value in ours.items():
+    from radixrt.loader.gguf_metadata import read_gguf
+
+    reader = gguf.GGUFReader(str(default_gguf))
+    meta, tensors = read_gguf(default_gguf)
+    fields = {k: f for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    assert set(fields) == set(meta)
+    for key, value in meta.items():
         theirs = fields[key].contents()
         assert (value.tolist() if hasattr(value, "tolist") else value) == theirs, key
+    tokenizer = read_tokenizer_metadata(default_gguf)
+    assert tokenizer.keys() == {k for k in meta if k.startswith("tokenizer.")}
+    assert [t.name for t in tensors] == [t.name for t in reader.tensors]
+    for ours, theirs in zip(tensors, reader.tensors, strict=True):
+        assert ours.tensor_type == theirs.tensor_type and list(ours.shape) == list(theirs.shape)
+        assert ours.data.dtype == theirs.data.dtype and ours.data.shape == theirs.data.shape
+        assert np.array_equal(ours.data, theirs.data), ours.name
 
 
 def test_default_model_tokenizer(default_gguf, tmp_path):
