@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from gguf_writing import finish, shape_keys
 from safetensors.torch import load_file
 
 from radixrt.loader.gguf_loader import GGUFCheckpoint, hf_tensor_name
@@ -32,35 +33,21 @@ def write_gemma3_gguf(model_dir: str, out: Path) -> Path:
 
     hf = AutoConfig.from_pretrained(model_dir)
     writer = gguf.GGUFWriter(str(out), "gemma3")
-    writer.add_block_count(hf.num_hidden_layers)
-    writer.add_context_length(hf.max_position_embeddings)
-    writer.add_embedding_length(hf.hidden_size)
-    writer.add_feed_forward_length(hf.intermediate_size)
-    writer.add_head_count(hf.num_attention_heads)
-    writer.add_head_count_kv(hf.num_key_value_heads)
-    writer.add_key_length(hf.head_dim)
-    writer.add_value_length(hf.head_dim)
+    shape_keys(writer, hf)
     writer.add_rope_freq_base(hf.rope_parameters["full_attention"]["rope_theta"])
     writer.add_float32(
         gguf.Keys.Rope.FREQ_BASE_SWA.format(arch="gemma3"),
         hf.rope_parameters["sliding_attention"]["rope_theta"],
     )
-    writer.add_layer_norm_rms_eps(hf.rms_norm_eps)
     writer.add_sliding_window(hf.sliding_window)
     writer.add_uint32(gguf.Keys.Attention.SLIDING_WINDOW_PATTERN.format(arch="gemma3"), 2)
-    writer.add_vocab_size(hf.vocab_size)
-    writer.add_eos_token_id(hf.eos_token_id)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA3, hf.num_hidden_layers)
     for name, tensor in load_file(Path(model_dir) / "model.safetensors").items():
         array = tensor.numpy()
         if name.endswith("norm.weight"):  # convert_hf_to_gguf.py's Gemma 3 norm shift
             array = (array + np.float32(1.0)).astype(np.float32)
         writer.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out
+    return finish(writer, out)
 
 
 @pytest.fixture(scope="module")

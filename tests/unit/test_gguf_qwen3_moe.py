@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from gguf_writing import finish, shape_keys
 from safetensors.torch import load_file
 
 from radixrt.layers.linear import PackableLinear
@@ -30,19 +31,9 @@ def write_qwen3moe_gguf(model_dir: str, out: Path, expert_type: str = "F32") -> 
 
     hf = AutoConfig.from_pretrained(model_dir)
     writer = gguf.GGUFWriter(str(out), "qwen3moe")
-    writer.add_block_count(hf.num_hidden_layers)
-    writer.add_context_length(hf.max_position_embeddings)
-    writer.add_embedding_length(hf.hidden_size)
-    writer.add_feed_forward_length(hf.intermediate_size)
-    writer.add_head_count(hf.num_attention_heads)
-    writer.add_head_count_kv(hf.num_key_value_heads)
-    writer.add_key_length(hf.head_dim)
-    writer.add_value_length(hf.head_dim)
+    shape_keys(writer, hf)
     writer.add_rope_dimension_count(hf.head_dim)
     writer.add_rope_freq_base(hf.rope_parameters["rope_theta"])
-    writer.add_layer_norm_rms_eps(hf.rms_norm_eps)
-    writer.add_vocab_size(hf.vocab_size)
-    writer.add_eos_token_id(hf.eos_token_id)
     writer.add_expert_count(hf.num_experts)
     writer.add_expert_used_count(hf.num_experts_per_tok)
     writer.add_expert_feed_forward_length(hf.moe_intermediate_size)
@@ -54,11 +45,7 @@ def write_qwen3moe_gguf(model_dir: str, out: Path, expert_type: str = "F32") -> 
             writer.add_tensor(gguf_name, gguf.quants.quantize(array, kind), raw_dtype=kind)
         else:
             writer.add_tensor(gguf_name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out
+    return finish(writer, out)
 
 
 def _stacked(tensors: dict[str, torch.Tensor], hf) -> list[tuple[str, np.ndarray]]:

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from gguf_writing import finish, shape_keys
 from safetensors.torch import load_file
 
 from radixrt.layers.linear import MergedLinear
@@ -33,34 +34,14 @@ def _llama_permute(weight: np.ndarray, heads: int) -> np.ndarray:
     )
 
 
-def _common(writer, hf) -> None:
-    writer.add_block_count(hf.num_hidden_layers)
-    writer.add_context_length(hf.max_position_embeddings)
-    writer.add_embedding_length(hf.hidden_size)
-    writer.add_feed_forward_length(hf.intermediate_size)
-    writer.add_head_count(hf.num_attention_heads)
-    writer.add_head_count_kv(hf.num_key_value_heads)
-    writer.add_rope_freq_base(hf.rope_parameters["rope_theta"])
-    writer.add_layer_norm_rms_eps(hf.rms_norm_eps)
-    writer.add_eos_token_id(hf.eos_token_id)
-
-
-def _finish(writer, out: Path) -> Path:
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out
-
-
 def write_smollm3_gguf(model_dir: str, out: Path) -> Path:
     import gguf
     from transformers import AutoConfig
 
     hf = AutoConfig.from_pretrained(model_dir)
     writer = gguf.GGUFWriter(str(out), "smollm3")
-    _common(writer, hf)
-    writer.add_vocab_size(hf.vocab_size)
+    shape_keys(writer, hf, head_dim=False)
+    writer.add_rope_freq_base(hf.rope_parameters["rope_theta"])
     writer.add_rope_dimension_count(hf.hidden_size // hf.num_attention_heads)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.SMOLLM3, hf.num_hidden_layers)
     for name, tensor in load_file(Path(model_dir) / "model.safetensors").items():
@@ -70,7 +51,7 @@ def write_smollm3_gguf(model_dir: str, out: Path) -> Path:
         elif name.endswith("k_proj.weight"):
             array = _llama_permute(array, hf.num_key_value_heads)
         writer.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), array)
-    return _finish(writer, out)
+    return finish(writer, out)
 
 
 def write_phi3_gguf(model_dir: str, out: Path, quantize: bool = False) -> Path:
@@ -82,7 +63,8 @@ def write_phi3_gguf(model_dir: str, out: Path, quantize: bool = False) -> Path:
     hf = AutoConfig.from_pretrained(model_dir)
     rope = hf.rope_parameters
     writer = gguf.GGUFWriter(str(out), "phi3")
-    _common(writer, hf)
+    shape_keys(writer, hf, head_dim=False)
+    writer.add_rope_freq_base(hf.rope_parameters["rope_theta"])
     original = rope["original_max_position_embeddings"]
     writer.add_rope_scaling_orig_ctx_len(original)
     rot = rope["partial_rotary_factor"]
@@ -103,7 +85,7 @@ def write_phi3_gguf(model_dir: str, out: Path, quantize: bool = False) -> Path:
             writer.add_tensor(gguf_name, to_q8(array, q8), raw_dtype=q8)
         else:
             writer.add_tensor(gguf_name, array)
-    return _finish(writer, out)
+    return finish(writer, out)
 
 
 @pytest.fixture(scope="module")
