@@ -277,3 +277,46 @@ def test_logprobs_match_log_softmax_and_top_k_sorted() -> None:
     assert torch.allclose(res.all_logprobs, ref)
     token_logprobs, top_values, top_indices, _ = compute_logprobs(logits, tokens, top_k=0)
     assert top_values.shape == (5, 0) and token_logprobs.dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(top_k=64),
+        dict(top_k=1024),
+        dict(top_p=0.9),
+        dict(top_p=0.5, top_k=200),
+        dict(min_p=0.05),
+        dict(top_p=0.95, min_p=0.01),
+        dict(top_p=0.999999),  # more mass than the candidates hold: the whole row is sorted
+        dict(top_k=2000),  # more than the candidates and not all: sorted
+        dict(),  # no filter: sorted
+    ],
+)
+def test_candidates_keep_what_filter_probs_keeps(params):
+    """A large vocabulary's rows drawn among their top candidates keep exactly the tokens and
+    probabilities that the whole-row filters keep; where they cannot tell, they step aside."""
+    from radixrt.executor.sampler import CANDIDATES, filter_probs, filtered_candidates
+
+    torch.manual_seed(0)
+    vocab = 50_000
+    logits = torch.randn(3, vocab) * 6  # peaked: top-p 0.9 ends within the top 1024
+    rows = [SamplingParams(temperature=0.8, **params), SamplingParams(temperature=0.0)]
+    rows.append(SamplingParams(temperature=1.3, **params))
+    batch = SamplingBatch.build(rows, [None] * 3, [[]] * 3, [[]] * 3, vocab, "cpu")
+    probs = torch.softmax(logits / batch.temperatures, dim=-1)
+    whole = filter_probs(probs, batch)
+    candidates = filtered_candidates(probs, batch)
+    if candidates is None:
+        assert not params
+        return
+    values, ids, covered = candidates
+    scattered = torch.zeros_like(probs).scatter_(1, ids, values)
+    for i in (0, 2):  # the sampled rows (row 1 is greedy)
+        kept = int((whole[i] > 0).sum())
+        if not covered[i]:  # it keeps more, or cannot tell: the row is sorted whole
+            assert kept > CANDIDATES or params.get("top_k") == 2000
+            continue
+        assert kept <= CANDIDATES
+        assert torch.equal(scattered[i] > 0, whole[i] > 0)
+        torch.testing.assert_close(scattered[i], whole[i], rtol=0, atol=1e-7)
