@@ -27,7 +27,7 @@ using radixrt_layers::project;
 using radixrt_layers::Rows;
 
 constexpr int64_t kWeightsPerLayer = 6;  // norm_in, qkv, o, norm_post, gate_up, down
-constexpr int64_t kKindsPerLayer = 4;    // qkv, o, gate_up, down
+constexpr int64_t kKindsPerLayer = radixrt_layers::kProjections;
 
 // What every layer's attention shares: the batch's slots and index tables, and the shapes.
 struct Step {
@@ -105,11 +105,8 @@ at::Tensor decoder_layers(const at::Tensor& hidden, const at::Tensor& cos, const
   for (int64_t i = 0; i < layers; ++i) {
     const at::Tensor* w = weights.data() + i * kWeightsPerLayer;
     const int64_t* kind = kinds.data() + i * kKindsPerLayer;
-    const int64_t p = i * kKindsPerLayer;
-    const Copy copy[kKindsPerLayer] = {{dense_copies[p], copy_scales[p]},
-                                       {dense_copies[p + 1], copy_scales[p + 1]},
-                                       {dense_copies[p + 2], copy_scales[p + 2]},
-                                       {dense_copies[p + 3], copy_scales[p + 3]}};
+    const auto copies = radixrt_layers::copies_of(dense_copies, copy_scales, i);
+    const Copy* copy = copies.data();
     if (i == 0) {
       residual = h;
       x = radixrt::rms_norm(h, w[0], eps);

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <array>
 #include <cstdint>
 
 #include "ops.h"
@@ -34,6 +35,18 @@ inline at::Tensor project(const at::Tensor& x, const at::Tensor& w, int64_t kind
     return radixrt::w8a8_linear(x, copy.weight, copy.scale);
   }
   return radixrt::gguf_linear(x, w, radixrt::gguf_out_features(w), rows.dense, rows.int8);
+}
+
+constexpr int64_t kProjections = 4;  // per layer: qkv, o, gate_up, down
+
+// Layer `layer`'s projections' copies, out of the stacks' per-projection lists.
+inline std::array<Copy, kProjections> copies_of(at::TensorList dense, at::TensorList scales,
+                                                int64_t layer) {
+  const int64_t p = layer * kProjections;
+  return {{{dense[p], scales[p]},
+           {dense[p + 1], scales[p + 1]},
+           {dense[p + 2], scales[p + 2]},
+           {dense[p + 3], scales[p + 3]}}};
 }
 
 }  // namespace radixrt_layers

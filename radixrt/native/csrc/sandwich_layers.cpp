@@ -27,7 +27,7 @@ using radixrt_layers::Rows;
 
 // norm_in, qkv, q_norm, k_norm, o, norm_post_attn, norm_pre_ffw, gate_up, norm_post_ffw, down
 constexpr int64_t kWeightsPerLayer = 10;
-constexpr int64_t kKindsPerLayer = 4;  // qkv, o, gate_up, down
+constexpr int64_t kKindsPerLayer = radixrt_layers::kProjections;
 
 // GemmaRMSNorm.forward.
 at::Tensor norm(const at::Tensor& x, const at::Tensor& multiplier, double eps) {
@@ -136,11 +136,8 @@ at::Tensor sandwich_layers(
   for (int64_t i = 0; i < static_cast<int64_t>(k_caches.size()); ++i) {
     const at::Tensor* w = weights.data() + i * kWeightsPerLayer;
     const int64_t* kind = kinds.data() + i * kKindsPerLayer;
-    const int64_t p = i * kKindsPerLayer;
-    const Copy copy[kKindsPerLayer] = {{dense_copies[p], copy_scales[p]},
-                                       {dense_copies[p + 1], copy_scales[p + 1]},
-                                       {dense_copies[p + 2], copy_scales[p + 2]},
-                                       {dense_copies[p + 3], copy_scales[p + 3]}};
+    const auto copies = radixrt_layers::copies_of(dense_copies, copy_scales, i);
+    const Copy* copy = copies.data();
     if (i == 0) {
       residual = h;
       x = norm(h, w[0], eps);
