@@ -214,20 +214,15 @@ def _top_k_top_p(
 def _exponential_noise(probs: torch.Tensor, batch: SamplingBatch, rows: list[int]) -> torch.Tensor:
     """Exp(1) noise shaped as probs [R, N], whose row j is the batch's row rows[j]: from that
     row's generator when it has one, else from torch's default one (all such rows in one
-    call). As -log(1 - U), U uniform in [0, 1): torch's exponential_ takes 5 ms for 262,144
-    draws on the CPU, this 0.9."""
+    call)."""
     noise = torch.empty_like(probs)
     n, device = probs.shape[-1], probs.device
     unseeded = [j for j, row in enumerate(rows) if batch.generators[row] is None]
     if unseeded:
-        noise[unseeded] = _exponential(torch.rand(len(unseeded), n, device=device))
+        noise[unseeded] = torch.empty(len(unseeded), n, device=device).exponential_()
     for j, row in enumerate(rows):
         generator = batch.generators[row]
         if generator is not None:
-            noise[j] = _exponential(torch.rand(n, device=device, generator=generator))
+            noise[j].exponential_(generator=generator)
     # An exact 0 draw would make p / 0 = inf (or nan for p = 0); clamp it away.
     return noise.clamp_min_(torch.finfo(noise.dtype).tiny)
-
-
-def _exponential(uniform: torch.Tensor) -> torch.Tensor:
-    return uniform.neg_().log1p_().neg_()
