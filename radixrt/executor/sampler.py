@@ -11,10 +11,10 @@ else shares its batch. Rows without one draw from torch's default generator, in 
 
 A large vocabulary (Gemma 3's 262,144) makes a sort of every row the cost of a step: 21 ms at
 batch 1, twice the model's decode. So where the filters keep few tokens (top-k up to
-CANDIDATES, or top-p / min-p whose kept mass ends within the top CANDIDATES), the batch
-draws among each row's top CANDIDATES only (`torch.topk`, 0.9 ms): the kept tokens, hence the
-distribution, are the same, and so are a seeded row's tokens (its noise is drawn for every
-token either way); else the whole rows are sorted.
+CANDIDATES, or top-p / min-p whose kept mass ends within the top CANDIDATES), a row draws
+among its top CANDIDATES only (`torch.topk`, 0.9 ms): the kept tokens, hence the
+distribution, are the same; else its whole row is sorted. Each row decides by its own
+parameters and logits, so a seeded row's tokens still do not depend on its batch.
 """
 
 from __future__ import annotations
