@@ -318,3 +318,27 @@ def gemma3_file() -> Path:
         return fetch()
     except RuntimeError as e:
         pytest.skip(str(e))
+
+
+@pytest.fixture(scope="session")
+def hf_loader():
+    """Loads a transformers model in float32 from a folder or a GGUF file, cached per path
+    for the whole run (the default model's, from its GGUF file, takes ~12 s)."""
+    from transformers import AutoModelForCausalLM
+
+    cache: dict[str, object] = {}
+
+    def load(path: str):
+        if path not in cache:
+            if path.endswith(".gguf"):
+                import os
+
+                model = AutoModelForCausalLM.from_pretrained(
+                    os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
+                )
+            else:
+                model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+            cache[path] = model.eval()
+        return cache[path]
+
+    return load

@@ -25,11 +25,8 @@ def gguf_path() -> str:
 
 
 @pytest.fixture(scope="module")
-def hf_model(gguf_path):
-    from transformers import AutoModelForCausalLM
-
-    folder, name = os.path.split(gguf_path)
-    return AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+def hf_model(gguf_path, hf_loader):
+    return hf_loader(gguf_path)  # transformers' own GGUF loading
 
 
 def test_default_model_path(gguf_path):
