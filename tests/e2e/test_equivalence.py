@@ -21,8 +21,8 @@ SETTINGS = {
     "preempt": dict(max_total_tokens=96, page_size=1, schedule_conservativeness=0.0),
     "preempt-page16": dict(max_total_tokens=96, page_size=16, schedule_conservativeness=0.0),
 }
-# Scheduling variants, checked on two tiny models, a plain one and one with sliding-window
-# layers (the other models run the settings above).
+# Scheduling variants, checked on the tiny models: the policies on two, a plain one and one
+# with sliding-window layers; no radix cache on all of them.
 SCHEDULING_MODELS = ("llama", "gemma3")
 TINY_ONLY = {
     "no-radix-cache": dict(disable_radix_cache=True, chunked_prefill_size=9),
@@ -92,10 +92,10 @@ def model_case(request, tiny_model_dir) -> tuple[str, str, dict]:
 @pytest.mark.parametrize("setting", list(SETTINGS) + list(TINY_ONLY))
 def test_greedy_matches_transformers(model_case, setting, hf_loader):
     name, path, tokenizer_args = model_case
-    if setting in TINY_ONLY and name not in SCHEDULING_MODELS:
+    if setting in TINY_ONLY and name not in SCHEDULING_MODELS and setting != "no-radix-cache":
         pytest.skip(
-            "scheduling variants run on a plain and a sliding-window tiny model only (the "
-            "policies do not depend on the architecture), to keep the suite short"
+            "scheduling policies run on a plain and a sliding-window tiny model only (they "
+            "do not depend on the architecture), to keep the suite short"
         )
     hf = hf_loader(path)
     args = {"max_total_tokens": 8192, **(SETTINGS.get(setting) or TINY_ONLY[setting])}

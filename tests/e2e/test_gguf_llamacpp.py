@@ -91,21 +91,27 @@ def test_int8_activations_match_llamacpp_too(model, qtype, prompts, references):
 
 
 def check_against_llamacpp(model, qtype, prompts, references, int8_rows: int) -> None:
+    outs = greedy(gv.variant(qtype, model), prompts, int8_rows)
+    compared = 0
+    for i, (out, ref) in enumerate(zip(outs, references[model, qtype], strict=True)):
+        label = f"{model}/{qtype}[{i}]"
+        compared += same_until_near_tie(out, ref, MIN_MARGIN[model], label)
+    assert compared >= MIN_COMPARED, f"{model}/{qtype}: only {compared} tokens compared"
+
+
+def greedy(path, prompts: list[list[int]], int8_rows: int) -> list[list[int]]:
+    """radixrt's greedy tokens for the prompts (float32 activations, or int8 ones for steps
+    of up to int8_rows rows)."""
     engine = radixrt.Engine(
-        model_path=str(gv.variant(qtype, model)), dtype="float32", device="cpu",
-        in_process=True, skip_tokenizer_init=True, max_total_tokens=1024, log_level="warning",
+        model_path=str(path), dtype="float32", device="cpu", in_process=True,
+        skip_tokenizer_init=True, max_total_tokens=1024, log_level="warning",
         cpu_gguf_int8_rows=int8_rows,
     )  # fmt: skip
     try:
         params = {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
-        outs = engine.generate(input_ids=prompts, sampling_params=params)
+        return [o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=params)]
     finally:
         engine.shutdown()
-    compared = 0
-    for i, (out, ref) in enumerate(zip(outs, references[model, qtype], strict=True)):
-        label = f"{model}/{qtype}[{i}]"
-        compared += same_until_near_tie(out["output_ids"], ref, MIN_MARGIN[model], label)
-    assert compared >= MIN_COMPARED, f"{model}/{qtype}: only {compared} tokens compared"
 
 
 def same_until_near_tie(ours: list[int], ref: dict, min_margin: float, label: str) -> int:
@@ -141,18 +147,9 @@ def gemma3_references(gemma3_file) -> tuple[list[list[int]], list[dict]]:
 @pytest.mark.parametrize("int8_rows", [0, 8], ids=["float", "int8"])
 def test_gemma3_file_matches_llamacpp(gemma3_file, gemma3_references, int8_rows):
     prompts, references = gemma3_references
-    engine = radixrt.Engine(
-        model_path=str(gemma3_file), dtype="float32", device="cpu", in_process=True,
-        skip_tokenizer_init=True, max_total_tokens=1024, log_level="warning",
-        cpu_gguf_int8_rows=int8_rows,
-    )  # fmt: skip
-    try:
-        params = {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
-        outs = engine.generate(input_ids=prompts, sampling_params=params)
-    finally:
-        engine.shutdown()
+    outs = greedy(gemma3_file, prompts, int8_rows)
     compared = sum(
-        same_until_near_tie(out["output_ids"], ref, GEMMA3_MIN_MARGIN, f"gemma3[{i}]")
+        same_until_near_tie(out, ref, GEMMA3_MIN_MARGIN, f"gemma3[{i}]")
         for i, (out, ref) in enumerate(zip(outs, references, strict=True))
     )
     assert compared >= len(GEMMA3_TEXTS) * NEW_TOKENS // 2, f"only {compared} tokens compared"
