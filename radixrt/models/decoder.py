@@ -91,7 +91,7 @@ class DecoderModel(nn.Module):
             layers = list(self.layers)
             self._native_stack = NativeLayerStack.build(
                 layers, self.norm
-            ) or SandwichLayerStack.build(layers, self.norm, self.windowed)
+            ) or SandwichLayerStack.build(layers, self.norm)
             self._native_stack_checked = True
         return self._native_stack
 

@@ -43,8 +43,7 @@ class SandwichLayerStack:
     pre-MLP norms, gate_up, the post-MLP norm and down (norms as their float32 multipliers),
     then the final norm; `kinds`, dense copies and their scales per projection."""
 
-    def __init__(self, layers: list[SandwichNormLayer], final_norm: GemmaRMSNorm,
-                 windowed: list[bool]) -> None:  # fmt: skip
+    def __init__(self, layers: list[SandwichNormLayer], final_norm: GemmaRMSNorm) -> None:
         self.weights: list[torch.Tensor] = []
         self.kinds: list[int] = []
         self.dense_copies: list[torch.Tensor] = []
@@ -70,16 +69,13 @@ class SandwichLayerStack:
         packed = [p.packed for layer in layers for p in _projections(layer) if p.packed]
         self.int8_rows = packed[0].int8_rows if packed else INT8_ROWS
         self.windows = [layer.self_attn.window for layer in layers]
-        assert [w > 0 for w in self.windows] == windowed
         self.num_heads = layers[0].self_attn.num_heads
         self.scaling = layers[0].self_attn.scaling
         self.eps = final_norm.eps
         self.ops: Any = load_native()
 
     @classmethod
-    def build(
-        cls, layers: list[Any], final_norm: RMSNorm, windowed: list[bool]
-    ) -> SandwichLayerStack | None:
+    def build(cls, layers: list[Any], final_norm: RMSNorm) -> SandwichLayerStack | None:
         """The stack of these layers, or None unless the op computes what their modules do."""
         if not isinstance(final_norm, GemmaRMSNorm) or load_native() is None:
             return None
@@ -88,7 +84,7 @@ class SandwichLayerStack:
             and all(_gemma_layer(layer, final_norm.eps) for layer in layers)
             and len({layer.self_attn.scaling for layer in layers}) == 1
         )
-        return cls(layers, final_norm, windowed) if supported else None
+        return cls(layers, final_norm) if supported else None
 
     def can_run(self, hidden: torch.Tensor, batch: ForwardBatch) -> bool:
         return native_step(hidden, batch, self.dense_dtypes, self.quantized)
