@@ -45,7 +45,7 @@ test: setup-test
 test-fast: setup-test
 	$(BIN)/pytest -q tests/unit tests/property -m "not default_model and not slow"
 
-# Ruff, then mypy (pyproject.toml: strict on cache/, scheduler/ and executor/).
+# Ruff, then mypy (pyproject.toml: strict on cache/, scheduler/, executor/ and speculative/).
 lint: setup-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

@@ -114,6 +114,22 @@ class ServerArgs:
         "let JSON-schema output put any whitespace between "
         "tokens (xgrammar's default); off: json.dumps spacing",
     )
+    speculative_algorithm: str | None = _f(
+        None,
+        "NGRAM: draft tokens from the request's own text and the radix cache, verified in one "
+        "step (docs/speculative.md); default: off",
+        ("NGRAM",),
+        group="Speculative decoding",
+    )
+    speculative_num_draft_tokens: int = _f(
+        12, "positions a request verifies per step: up to this many - 1 drafts and the next token"
+    )
+    speculative_ngram_min_match_window_size: int = _f(
+        1, "shortest tail of a request that must have occurred before to draft from it"
+    )
+    speculative_ngram_max_match_window_size: int = _f(
+        12, "longest tail matched when looking for where to draft from"
+    )
     attention_backend: str | None = _f(
         None,
         "torch or triton; default: triton on CUDA, torch on CPU",
@@ -253,6 +269,7 @@ class ServerArgs:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
         if self.max_queued_requests is not None and self.max_queued_requests < 0:
             raise ValueError(f"max_queued_requests must be >= 0, got {self.max_queued_requests}")
+        self._validate_speculative()
         for name in ("tp_size", "dp_size", "nnodes", "torch_compile_max_bs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -292,6 +309,20 @@ class ServerArgs:
             from radixrt.observability.kv_events import parse_kv_events_config
 
             parse_kv_events_config(self.kv_events_config)
+
+    def _validate_speculative(self) -> None:
+        if self.speculative_num_draft_tokens < 2:
+            raise ValueError(
+                "speculative_num_draft_tokens must be >= 2 (one draft and the token after it), "
+                f"got {self.speculative_num_draft_tokens}"
+            )
+        low = self.speculative_ngram_min_match_window_size
+        high = self.speculative_ngram_max_match_window_size
+        if not 1 <= low <= high:
+            raise ValueError(
+                "speculative_ngram_min_match_window_size must be >= 1 and <= "
+                f"speculative_ngram_max_match_window_size, got {low} and {high}"
+            )
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> ServerArgs:

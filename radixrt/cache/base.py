@@ -190,6 +190,12 @@ class PrefixCache(ABC):
         rest, the caller's copies of what the cache held already come back as `dropped` (the
         caller frees them) and slots[length:] stay the caller's."""
 
+    def continuation(self, node: CacheNode, tokens: list[int], limit: int) -> list[int]:
+        """Up to `limit` cached tokens that follow `tokens` read from the end of `node` (a node
+        the caller holds locked), along the most recently used branches; [] where the cache
+        holds no such path. Reads only. A cache that shares nothing has none."""
+        return []
+
     @abstractmethod
     def inc_lock_ref(self, node: CacheNode) -> int:
         """Lock `node`'s prefix (counted: one unlock per lock); returns tokens newly locked."""

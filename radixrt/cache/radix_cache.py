@@ -141,6 +141,36 @@ class RadixCache(PrefixCache):
         self.dec_lock_ref(node)
         return Published(len(key), match.indices, match.last_node, dropped)
 
+    def continuation(self, node: CacheNode, tokens: list[int], limit: int) -> list[int]:
+        """See PrefixCache.continuation. Follows `tokens` down from `node` without splitting
+        or touching access times; a path ending inside an edge continues along it."""
+        assert isinstance(node, TreeNode), f"{node!r} is not a radix tree node"
+        pos, out = 0, []
+        while pos < len(tokens):
+            child = self._child_starting(node, tokens[pos : pos + self.page_size])
+            if child is None:
+                return []
+            n = min(len(child.key), len(tokens) - pos)
+            if child.key[:n] != tokens[pos : pos + n]:
+                return []
+            node, pos = child, pos + n
+            if n < len(child.key):
+                out = child.key[n : n + limit]
+                break
+        while len(out) < limit and node.children:
+            node = max(node.children.values(), key=lambda c: c.last_access_time)
+            out.extend(node.key[: limit - len(out)])
+        return out
+
+    def _child_starting(self, node: TreeNode, head: list[int]) -> TreeNode | None:
+        """The child whose key starts with `head` (a page, or less at the end of a key)."""
+        if len(head) == self.page_size:
+            return node.children.get(self._child_key(head, 0))
+        for child in node.children.values():
+            if child.key[: len(head)] == head:
+                return child
+        return None
+
     def _add_leaf(self, parent: TreeNode, key: list[int], value: torch.Tensor, now: int) -> None:
         assert _whole_pages(value, self.page_size), "inserted slots must fill whole pages"
         # clone: the caller's page table row is reused after the request ends

@@ -19,6 +19,14 @@ from prometheus_client.core import (
 _COUNTERS = {
     "num_preemptions": ("num_preemptions", "Requests retracted to free KV"),
     "jump_forward_tokens": ("jump_forward_tokens", "Jump-forward tokens the model confirmed"),
+    "spec_draft_tokens": (
+        "spec_decode_num_draft_tokens",
+        "Speculative draft tokens the model verified",
+    ),
+    "spec_accepted_tokens": (
+        "spec_decode_num_accepted_tokens",
+        "Speculative draft tokens the model accepted",
+    ),
     "prefix_cache_queries": (
         "prefix_cache_queries",
         "Prompt tokens looked up in the prefix cache (at each request's admission)",
@@ -32,6 +40,7 @@ _HISTOGRAMS = {
     "kv_block_idle_before_evict_seconds": "KV page idle time (unused) before its eviction",
     "kv_block_reuse_gap_seconds": "Time from a request releasing a KV page to the next reuse",
     "grammar_compile_time_seconds": "Time a constrained request waited for its grammar",
+    "spec_accept_length": "Tokens per speculative verification (kept drafts and the next one)",
 }
 
 

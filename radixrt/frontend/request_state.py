@@ -137,6 +137,8 @@ class ReqState:
             "finish_reason": out.finish_reason if out else None,
             "e2e_latency": time.perf_counter() - self.created,
         }
+        if out is not None and out.spec is not None:
+            meta.update(_spec_meta(out.completion_tokens, *out.spec))
         if self.return_logprob:
             keys = _TOKEN_KEYS + _TOP_KEYS + (_IDS_KEYS if self.ids_logprob else ())
             meta.update({k: list(self.logprobs[k]) for k in keys})
@@ -158,6 +160,19 @@ class ReqState:
         """SGLang's logprob entries are (logprob, token_id, token_text or None)."""
         text = self.token_text(pair[1]) if self.token_text is not None else None
         return (pair[0], pair[1], text)
+
+
+def _spec_meta(completion: int, steps: int, drafted: int, accepted: int) -> dict[str, Any]:
+    """SGLang's speculative fields: tokens per decode step (accept length), drafts kept."""
+    meta: dict[str, Any] = {
+        "spec_verify_ct": steps,
+        "spec_accept_length": completion / steps,
+        "spec_num_proposed_drafts": drafted,
+        "spec_num_correct_drafts": accepted,
+    }
+    if drafted:
+        meta["spec_accept_rate"] = accepted / drafted
+    return meta
 
 
 def new_queues(loop: asyncio.AbstractEventLoop | None) -> tuple[queue.Queue, asyncio.Queue | None]:

@@ -97,6 +97,8 @@ class ReqOutput(msgspec.Struct):
     # Wall-clock times (time.time()) the scheduler stamped: admission to a batch, first token.
     admitted_at: float | None = None
     first_token_at: float | None = None
+    # With speculative decoding: (decode steps, drafted tokens verified, drafts accepted) so far.
+    spec: tuple[int, int, int] | None = None
 
 
 class BatchOutput(msgspec.Struct, tag="batch_output"):

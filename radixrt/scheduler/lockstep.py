@@ -58,7 +58,8 @@ class Outcome(msgspec.Struct, array_like=True):
     finish_reason: dict[str, Any] | None
     failed: bool
     num_slots: int  # less than before when a rejected proposal's K/V was dropped
-    unverified: int  # the jump-forward proposal now at the end of output_ids
+    unverified: int  # the drafts now at the end of output_ids
+    draft_kind: str
 
 
 class NullTransport:
@@ -73,7 +74,7 @@ class NullTransport:
 
 class ReplicaMatcher:
     """A rank > 0's stand-in for a request's grammar matcher: rank 0 masks and accepts, so
-    this one only tracks the proposal's length (which the planner and batches read)."""
+    this one does nothing (the drafts' count, which the planner reads, is on the request)."""
 
     def rollback(self, n: int) -> None:
         pass
@@ -172,7 +173,7 @@ class Leader(TensorParallel):
     def sample(
         self, batch: ScheduleBatch, logits: torch.Tensor, outputs: OutputProcessor, kv: KVManager
     ) -> None:
-        lengths = [len(r.output_ids) for r in batch.reqs]
+        lengths = [len(r.output_ids) - r.unverified for r in batch.reqs]  # drafts may go
         outputs.process(batch.logits, logits)
         self.share_outcome(batch, lengths)
 
@@ -254,12 +255,11 @@ class Follower(TensorParallel):
             req.failed = out.failed
             if req.num_slots > out.num_slots:
                 kv.truncate(req, out.num_slots)
-            if req.grammar is not None:
-                req.grammar.unverified = out.unverified
+            req.unverified, req.draft_kind = out.unverified, out.draft_kind
 
 
 def _outcome_of(req: Req, length_before: int) -> Outcome:
-    # Sampling only drops ids from the end (a rejected or failed proposal) and appends.
+    # Sampling only drops ids from the end (drafts, a failed token) and appends.
     keep = min(length_before, len(req.output_ids))
     return Outcome(
         keep,
@@ -267,7 +267,8 @@ def _outcome_of(req: Req, length_before: int) -> Outcome:
         req.finish_reason,
         req.failed,
         req.num_slots,
-        req.num_unverified,
+        req.unverified,
+        req.draft_kind,
     )
 
 

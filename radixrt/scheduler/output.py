@@ -15,11 +15,13 @@ import torch
 
 from radixrt.errors import RequestFailed
 from radixrt.executor.logprobs import compute_logprobs
-from radixrt.executor.sampler import NO_TOKEN, SamplingBatch, sample
+from radixrt.executor.sampler import NO_TOKEN
 from radixrt.protocol.messages import DetokParams, ReqOutput
 from radixrt.protocol.sampling_params import SamplingParams
+from radixrt.scheduler.draft_rows import kept_drafts, row_spans, sample_rows
 from radixrt.scheduler.req import Req
 from radixrt.scheduler.schedule_batch import LogitRows
+from radixrt.scheduler.speculation import Speculator
 from radixrt.scheduler.stats import SchedulerStats
 from radixrt.scheduler.stops import matched_stop_regex, matched_stop_string
 from radixrt.scheduler.structured import StructuredGeneration
@@ -49,9 +51,14 @@ class OutputProcessor:
         stats: SchedulerStats,
         tokenizer: Any = None,
         device: str = "cpu",
+        truncate_kv: Callable[[Req, int], None] | None = None,
+        speculator: Speculator | None = None,
     ) -> None:
-        """`stats`: counts the requests that fail here."""
+        """`stats`: counts the requests that fail here; `truncate_kv` (KVManager.truncate)
+        drops the K/V of rejected drafts; `speculator` drafts tokens (None: speculation off)."""
         self.structured = structured
+        self.truncate_kv = truncate_kv if truncate_kv is not None else _no_kv
+        self.speculator = speculator
         self.stats = stats
         self.eos_token_ids = set(eos_token_ids)
         self.vocab_size = vocab_size
@@ -73,27 +80,27 @@ class OutputProcessor:
         for req in plan.prefill_only:
             if not req.finished:
                 req.finish_reason = {"type": "length", "length": 0}
-        for req, idx in plan.verify:
-            if not req.finished:
-                self._guarded(
-                    req, "checking its jump-forward proposal", self._verify, req, logits[idx]
-                )
         live = [i for i, r in enumerate(plan.sample_reqs) if not r.finished]
         if not live:
             return
         reqs = [plan.sample_reqs[i] for i in live]
-        sample_logits = rows_of(logits, [plan.sample_rows[i] for i in live])
-        self.structured.mask(reqs, sample_logits, self._guarded)
-        next_ids = self._sample(reqs, sample_logits)
-        self._record_output_logprobs(reqs, sample_logits, next_ids)
-        for i, (req, tok) in enumerate(zip(reqs, next_ids, strict=True)):
-            if req.finished:  # its mask or its logprobs failed
+        drafts = [plan.sample_drafts[i] for i in live]
+        rows = [plan.sample_rows[i] + j for i in live for j in range(plan.sample_drafts[i] + 1)]
+        sample_logits = rows_of(logits, rows)
+        self.structured.mask(reqs, drafts, sample_logits, self._guarded)
+        picks = self._sample(reqs, drafts, sample_logits)
+        for req, k, (start, n) in zip(reqs, drafts, row_spans(drafts), strict=True):
+            if req.finished:  # its mask failed
                 continue
-            if tok == NO_TOKEN:
-                allows = bool(torch.isfinite(sample_logits[i]).any())
-                self.fail(req, req.no_token_message(allows))
-                continue
-            self._guarded(req, "taking its next token", self._take_token, req, tok)
+            self._guarded(
+                req,
+                "taking its next tokens",
+                self._settle_rows,
+                req,
+                k,
+                picks[start : start + n],
+                sample_logits[start : start + n],
+            )
 
     def fail(self, req: Req, message: str, exc: BaseException | None = None) -> None:
         """End `req` alone (finish reason abort, `message`); the scheduler releases it."""
@@ -121,52 +128,74 @@ class OutputProcessor:
             self.fail(req, message, e)
             return False
 
-    def _verify(self, req: Req, logits: torch.Tensor) -> None:
-        self._advance_grammar(req, self.structured.verify(req, logits))
-
-    def _sample(self, reqs: list[Req], logits: torch.Tensor) -> list[int]:
-        """One sample for the batch; if that raises, each row alone, so that only the rows
-        that fail by themselves fail their request."""
+    def _sample(self, reqs: list[Req], drafts: list[int], logits: torch.Tensor) -> list[int]:
+        """Every row's pick in one batched draw; if that raises, each request's rows alone,
+        so that only the requests that fail by themselves fail."""
+        eos = sorted(self.eos_token_ids)
         try:
-            return sample(logits, self._sampling_batch(reqs, logits.device)).tolist()
+            return sample_rows(reqs, drafts, logits, self.vocab_size, eos)
         except Exception:  # noqa: BLE001 - find the request it came from
             logger.warning("sampling the batch failed; sampling its rows one by one", exc_info=True)
-        ids = []
-        for i, req in enumerate(reqs):
+        picks: list[int] = []
+        for req, k, (start, n) in zip(reqs, drafts, row_spans(drafts), strict=True):
             try:
-                ids.append(
-                    int(sample(logits[i : i + 1], self._sampling_batch([req], logits.device)))
+                picks.extend(
+                    sample_rows([req], [k], logits[start : start + n], self.vocab_size, eos)
                 )
             except Exception as e:  # noqa: BLE001
                 self.fail(req, f"internal error while sampling: {type(e).__name__}: {e}", e)
-                ids.append(NO_TOKEN)
-        return ids
+                picks.extend([NO_TOKEN] * n)
+        return picks
 
-    def _sampling_batch(self, reqs: list[Req], device: torch.device) -> SamplingBatch:
-        return SamplingBatch.build(
-            [r.sampling_params for r in reqs],
-            [r.generator for r in reqs],
-            [r.output_ids for r in reqs],
-            [r.origin_input_ids for r in reqs],
-            self.vocab_size,
-            device,
-            eos_token_ids=sorted(self.eos_token_ids),
-        )
+    def _settle_rows(self, req: Req, k: int, picks: list[int], logits: torch.Tensor) -> None:
+        """Keep the drafts the rows confirm and the token after them, one at a time (a stop
+        or the length limit inside the run ends it there); K/V past them is dropped; then
+        new drafts are proposed."""
+        out = req.output_ids
+        drafts = out[len(out) - k :] if k else []
+        kept = kept_drafts(picks, drafts)
+        tokens = drafts[:kept] + [picks[kept]]
+        self._count_verified(req, k, kept)
+        if k:
+            req.drop_unverified()  # the matcher steps back too: the kept ones are taken below
+        taken = 0
+        for tok in tokens:
+            if tok == NO_TOKEN:
+                allows = bool(torch.isfinite(logits[taken]).any())
+                raise RequestFailed(req.no_token_message(allows))
+            self._take_token(req, tok)
+            taken += 1
+            if req.finished:
+                break
+        if req.kv_len > req.seq_len - 1:
+            self.truncate_kv(req, req.seq_len - 1)
+        if req.return_logprob:
+            self._record_output_logprobs(req, logits[:taken], tokens[:taken])
+        if not req.finished:
+            self._propose(req)
+
+    def _count_verified(self, req: Req, drafted: int, kept: int) -> None:
+        """Count a decode step's drafts: jump-forward's, or speculation's (which counts every
+        decode step of a request, as SGLang's spec_verify_ct)."""
+        if drafted and req.draft_kind == "jump":
+            self.stats.jump_forward_tokens += kept
+            drafted = kept = 0
+        if self.speculator is not None and len(req.output_ids) > drafted:
+            self.speculator.verified(req, drafted, kept)
+
+    def _propose(self, req: Req) -> None:
+        """Draft the request's next tokens: what its grammar forces (jump-forward), else what
+        speculation guesses."""
+        self.structured.propose(req)
+        if not req.unverified and self.speculator is not None:
+            self.speculator.propose(req, self.structured)
 
     def _take_token(self, req: Req, tok: int) -> None:
         req.output_ids.append(tok)
         if req.grammar is not None:
-            self._advance_grammar(req, tok)
-        else:
-            self._check_finished(req, tok)
-
-    def _advance_grammar(self, req: Req, tok: int) -> None:
-        """The matcher takes the new token (already in output_ids); unless that ends the
-        request, the text the grammar now fixes is proposed at once (jump-forward)."""
-        self.structured.accept(req, tok)
+            self.structured.accept(req, tok)
         if not req.finished:
             self._check_finished(req, tok)
-        self.structured.propose(req)
 
     def _record_prompt_logprobs(self, req: Req, first_t: int, logits: torch.Tensor) -> None:
         for lo in range(0, logits.shape[0], PROMPT_LOGPROB_ROWS):
@@ -183,48 +212,15 @@ class OutputProcessor:
         if req.token_ids_logprob:
             req.input_token_ids_logprobs.extend(_ids_pairs(every, req.token_ids_logprob))
 
-    def _record_output_logprobs(
-        self, reqs: list[Req], logits: torch.Tensor, next_ids: list[int]
-    ) -> None:
-        rows = [
-            i
-            for i, r in enumerate(reqs)
-            if r.return_logprob and not r.finished and next_ids[i] != NO_TOKEN
-        ]
-        if not rows:
+    def _record_output_logprobs(self, req: Req, logits: torch.Tensor, tokens: list[int]) -> None:
+        """The logprobs of the tokens just taken, from their rows (masked by the grammar, before
+        penalties: as a step without drafts records them)."""
+        if not tokens:
             return
-        k = max(reqs[i].top_logprobs_num for i in rows)
-        try:
-            lp, top_v, top_i, every = compute_logprobs(
-                logits[rows], torch.tensor(next_ids)[rows], k
-            )
-        except Exception as e:  # noqa: BLE001 - each request that asked fails alone
-            for i in rows:
-                self.fail(reqs[i], f"internal error while computing its logprobs: {e}", e)
-            return
-        for j, i in enumerate(rows):
-            self._guarded(
-                reqs[i],
-                "recording its logprobs",
-                self._record_output_row,
-                reqs[i],
-                next_ids[i],
-                lp[j],
-                top_v[j : j + 1],
-                top_i[j : j + 1],
-                every[j : j + 1],
-            )
-
-    def _record_output_row(
-        self,
-        req: Req,
-        tok: int,
-        lp: torch.Tensor,
-        top_v: torch.Tensor,
-        top_i: torch.Tensor,
-        every: torch.Tensor,
-    ) -> None:
-        req.output_token_logprobs.append((float(lp), tok))
+        lp, top_v, top_i, every = compute_logprobs(
+            logits, torch.tensor(tokens), req.top_logprobs_num
+        )
+        req.output_token_logprobs.extend(zip(lp.tolist(), tokens, strict=True))
         req.output_top_logprobs.extend(_top_pairs(top_v, top_i, req.top_logprobs_num))
         if req.token_ids_logprob:
             req.output_token_ids_logprobs.extend(_ids_pairs(every, req.token_ids_logprob))
@@ -247,6 +243,10 @@ class OutputProcessor:
             req.finish_reason = {"type": "length", "length": req.max_new_tokens}
         elif req.seq_len >= self.context_length:
             req.finish_reason = {"type": "length", "length": len(req.output_ids)}
+
+
+def _no_kv(req: Req, length: int) -> None:
+    raise AssertionError("drafts were verified without a KV manager to drop rejected ones")
 
 
 def _ids_pairs(logprobs: torch.Tensor, ids: list[int]) -> list[list[tuple[float, int]]]:
@@ -289,6 +289,9 @@ def make_output(req: Req) -> ReqOutput:
         detok=None if req.detok_sent else _detok_params(req.sampling_params),
         admitted_at=req.admitted_at,
         first_token_at=req.first_token_at,
+        spec=(req.spec_verify_ct, req.spec_drafted, req.spec_accepted)
+        if req.spec_verify_ct
+        else None,
     )
     req.detok_sent = True
     if want:

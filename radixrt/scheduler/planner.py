@@ -61,14 +61,10 @@ class Planner:
             # the long frequencies from here on, so its K/V is computed again (docs/longrope.md).
             self._requeue(req, running, waiting)
         decodes, retracted = self._grow_decodes(running, waiting)
-        work = [(r, 1) for r in decodes]
+        work = [(r, 1 + r.unverified) for r in decodes]
         budget = self.max_prefill_tokens
         for req in [r for r in running if not _is_decode(r)]:
             n = min(req.seq_len - req.kv_len, self.chunk, budget)
-            if req.num_unverified:
-                # A jump-forward proposal is checked in one step (it needs a logit row at every
-                # proposed position), whatever the chunk size and the budget: it is short.
-                n = req.seq_len - req.kv_len
             if n <= 0 or not self.kv.alloc(req, n):
                 continue
             work.append((req, n))
@@ -86,20 +82,26 @@ class Planner:
         return ScheduleBatch.build(work)
 
     def _grow_decodes(self, running: list[Req], waiting: list[Req]) -> tuple[list[Req], bool]:
-        """Give each decoding request one more slot, preempting while the pool cannot.
-        Returns the decoding requests left and whether any was retracted."""
+        """Give each decoding request slots for its next token and its drafts; while the pool
+        cannot, drop the drafts first, then preempt. Returns the decoding requests left and
+        whether any was retracted."""
         retracted = False
         decodes = [r for r in running if _is_decode(r)]
         while decodes and not self.kv.ensure_free(
-            sum(self.kv.tokens_needed(r, 1) for r in decodes)
+            sum(self.kv.tokens_needed(r, 1 + r.unverified) for r in decodes)
         ):
+            drafted = [r for r in decodes if r.unverified]
+            if drafted:
+                for req in drafted:
+                    req.drop_unverified()
+                continue
             victim = min(decodes, key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)))
             self._retract(victim, running, waiting)
             decodes.remove(victim)
             retracted = True
         for req in decodes:
-            allocated = self.kv.alloc(req, 1)
-            assert allocated, "the pool was checked to hold every decode's next slot"
+            allocated = self.kv.alloc(req, 1 + req.unverified)
+            assert allocated, "the pool was checked to hold every decode's next slots"
         return decodes, retracted
 
     def _retract(self, req: Req, running: list[Req], waiting: list[Req]) -> None:
@@ -123,7 +125,7 @@ class Planner:
         self, running: list[Req], waiting: list[Req], budget: int, work: list[tuple[Req, int]]
     ) -> None:
         """Move waiting requests, in the policy's order, to running while budget and KV last."""
-        inflight = [r.fill_ids for r in running if r.kv_len < r.seq_len - 1]
+        inflight = [r.fill_ids for r in running if r.kv_len < r.seq_len - 1 - r.unverified]
         reserved = self._reserved_tokens(running)
         for req in self.policy.order(waiting):
             if budget <= 0 or len(running) >= self.max_running:
@@ -152,7 +154,8 @@ class Planner:
 
 
 def _is_decode(req: Req) -> bool:
-    return bool(req.output_ids) and req.kv_len == req.seq_len - 1
+    """Whether the request computes its next token (after its drafts, if it has any)."""
+    return bool(req.output_ids) and req.kv_len == req.seq_len - 1 - req.unverified
 
 
 def _should_wait_for_sibling(req: Req, inflight: list[list[int]], page_size: int) -> bool:

@@ -12,20 +12,11 @@ from radixrt.protocol.sampling_params import SamplingParams
 
 @dataclass
 class GrammarState:
-    """A constrained request's grammar: its kind (regex, json_schema, ebnf), its xgrammar
-    matcher, and the jump-forward tokens at the end of its output_ids that the model has not
-    checked yet (not emitted; dropped if the request is retracted)."""
+    """A constrained request's grammar: its kind (regex, json_schema, ebnf) and its xgrammar
+    matcher. The matcher has taken every id of output_ids, drafts included."""
 
     kind: str
     matcher: Any
-    unverified: int = 0
-
-    def drop_proposal(self, output_ids: list[int]) -> None:
-        """Forget an unchecked proposal: out of output_ids, and the matcher steps back."""
-        if self.unverified:
-            del output_ids[-self.unverified :]
-            self.matcher.rollback(self.unverified)
-            self.unverified = 0
 
 
 @dataclass
@@ -69,6 +60,15 @@ class Req:
     first_token_at: float | None = None
     detok_sent: bool = False  # whether an output carried this request's DetokParams yet
     grammar: GrammarState | None = None  # set once a constraint's grammar has compiled
+    # Drafted tokens at the end of output_ids that the model has not checked yet (a
+    # jump-forward proposal or a speculative draft): not emitted, checked by the next step,
+    # dropped if the request is retracted first. `draft_kind` says where they came from.
+    unverified: int = 0
+    draft_kind: str = ""
+    spec: Any = None  # the speculator's per-request state (scheduler/speculation.py)
+    spec_verify_ct: int = 0  # steps that verified drafts (SGLang's spec_verify_ct)
+    spec_drafted: int = 0  # drafted tokens verified, and of them accepted
+    spec_accepted: int = 0
     # token_ids_logprob: ids whose logprob is reported at every position, and those not yet
     # emitted (per position, (logprob, id) for each id; None for the first prompt token).
     token_ids_logprob: list[int] | None = None
@@ -99,11 +99,11 @@ class Req:
         return self.origin_input_ids[start:end] + self.output_ids[: max(end - n_in, 0)]
 
     def fail(self, message: str) -> None:
-        """End the request with finish reason abort and `message`. An unchecked proposal is
+        """End the request with finish reason abort and `message`. Unchecked drafts are
         dropped from the output (not from the matcher: it goes with the request)."""
-        if self.grammar is not None and self.grammar.unverified:
-            del self.output_ids[-self.grammar.unverified :]
-            self.grammar.unverified = 0
+        if self.unverified:
+            del self.output_ids[-self.unverified :]
+            self.unverified = 0
         self.failed = True
         self.finish_reason = {"type": "abort", "message": message}
 
@@ -130,19 +130,22 @@ class Req:
         )
 
     def drop_unverified(self) -> None:
-        """Forget an unchecked jump-forward proposal (the matcher steps back too)."""
-        if self.grammar is not None:
-            self.grammar.drop_proposal(self.output_ids)
+        """Forget the unchecked drafts: out of output_ids, and the matcher steps back."""
+        if self.unverified:
+            del self.output_ids[-self.unverified :]
+            if self.grammar is not None:
+                self.grammar.matcher.rollback(self.unverified)
+            self.unverified = 0
 
     @property
     def num_unverified(self) -> int:
-        """Jump-forward tokens at the end of output_ids the model has not checked yet."""
-        return self.grammar.unverified if self.grammar is not None else 0
+        """Drafted tokens at the end of output_ids the model has not checked yet."""
+        return self.unverified
 
     @property
     def num_emittable(self) -> int:
-        """Output ids the client may see: all but an unchecked proposal."""
-        return len(self.output_ids) - self.num_unverified
+        """Output ids the client may see: all but unchecked drafts."""
+        return len(self.output_ids) - self.unverified
 
     @property
     def seq_len(self) -> int:

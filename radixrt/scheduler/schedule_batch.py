@@ -2,8 +2,9 @@
 
 The planner builds it (`ScheduleBatch.build`) after taking the slots; the model runner reads
 its rows and lengths; `commit` advances the requests' computed length in one place, right after
-the forward; the output processor reads `logits` to know which row samples, which records a
-prompt logprob and which checks a jump-forward proposal.
+the forward; the output processor reads `logits` to know which rows sample (a request with
+k drafted tokens samples k + 1 rows, one per draft and one after them) and which record a
+prompt logprob.
 """
 
 from __future__ import annotations
@@ -20,14 +21,15 @@ class LogitRows:
 
     rows: list[int] = field(default_factory=list)
     sample_reqs: list[Req] = field(default_factory=list)  # in the order of their rows
-    sample_rows: list[int] = field(default_factory=list)  # positions within `rows`
+    # Per sampling request: the position within `rows` of its first row, and its drafts k
+    # (its rows are k + 1 consecutive positions: each predicts a draft, the last what follows).
+    sample_rows: list[int] = field(default_factory=list)
+    sample_drafts: list[int] = field(default_factory=list)
     # (req, first prompt token index t, positions within `rows` of rows t-1 ...)
     prompt_lp: list[tuple[Req, int, list[int]]] = field(default_factory=list)
     # Requests with max_new_tokens == 0 whose prompt is prefilled now: they end without a
     # sample (SGLang's prefill-only requests: cache a prefix, or score it with logprobs).
     prefill_only: list[Req] = field(default_factory=list)
-    # Requests whose jump-forward proposal the model checks now: (req, positions in `rows`).
-    verify: list[tuple[Req, list[int]]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,7 @@ class ScheduleBatch:
     """Request i computes positions prefix_lens[i] .. prefix_lens[i] + extend_lens[i] - 1, whose
     slots are in row table_rows[i] of the request-to-token table; `input_ids` holds those
     positions' tokens, flattened in request order; rope_lens[i] is the request's whole length
-    (prompt and output so far), which LongRoPE picks its frequencies by."""
+    (prompt and output so far, drafts included), which LongRoPE picks its frequencies by."""
 
     reqs: tuple[Req, ...]
     prefix_lens: tuple[int, ...]
@@ -44,6 +46,7 @@ class ScheduleBatch:
     input_ids: list[int]
     logits: LogitRows
     rope_lens: tuple[int, ...] = ()
+    draft_lens: tuple[int, ...] = ()  # the unverified drafts each request computes now
 
     @classmethod
     def build(cls, work: list[tuple[Req, int]]) -> ScheduleBatch:
@@ -59,6 +62,7 @@ class ScheduleBatch:
             input_ids=input_ids,
             logits=_logit_rows(work),
             rope_lens=tuple(r.seq_len for r, _ in work),
+            draft_lens=tuple(r.unverified for r, _ in work),
         )
 
     @property
@@ -67,7 +71,9 @@ class ScheduleBatch:
 
     @property
     def num_decodes(self) -> int:
-        return sum(1 for n in self.extend_lens if n == 1)
+        """Requests decoding this step (one new token, or drafts and the token they follow)."""
+        pairs = zip(self.extend_lens, self.draft_lens, strict=True)
+        return sum(1 for n, k in pairs if n == 1 + k)
 
     def __len__(self) -> int:
         return len(self.reqs)
@@ -89,16 +95,14 @@ def _logit_rows(work: list[tuple[Req, int]]) -> LogitRows:
             idx = list(range(len(plan.rows), len(plan.rows) + last_t - first_t + 1))
             plan.rows.extend(offset + (t - 1 - start) for t in range(first_t, last_t + 1))
             plan.prompt_lp.append((req, first_t, idx))
-        if end == req.seq_len and req.num_unverified:
-            k = req.num_unverified  # the planner computes a proposal in one step
-            assert n > k, (n, k)
-            plan.verify.append((req, list(range(len(plan.rows), len(plan.rows) + k + 1))))
-            plan.rows.extend(offset + n - 1 - k + j for j in range(k + 1))
-        elif end == req.seq_len and req.sampling_params.max_new_tokens == 0:
+        if end == req.seq_len and req.sampling_params.max_new_tokens == 0:
             plan.prefill_only.append(req)
         elif end == req.seq_len:
+            k = req.unverified  # the planner computes drafts in one step with what precedes
+            assert n > k, (n, k)
             plan.sample_rows.append(len(plan.rows))
-            plan.rows.append(offset + n - 1)
+            plan.sample_drafts.append(k)
+            plan.rows.extend(offset + n - 1 - k + j for j in range(k + 1))
             plan.sample_reqs.append(req)
         offset += n
     return plan

@@ -41,6 +41,7 @@ from radixrt.scheduler.planner import Planner, resolve_max_prefill_tokens
 from radixrt.scheduler.policy import SchedulePolicy
 from radixrt.scheduler.req import Req
 from radixrt.scheduler.schedule_batch import ScheduleBatch
+from radixrt.scheduler.speculation import Speculator
 from radixrt.scheduler.stats import Gauges, SchedulerStats
 from radixrt.scheduler.structured import Compiled, StructuredGeneration
 from radixrt.server_args import ServerArgs
@@ -84,9 +85,9 @@ class Scheduler:
             args.grammar_compile_timeout,
             jump_forward=not args.disable_jump_forward,
             json_any_whitespace=args.json_any_whitespace,
-            truncate_kv=self.kv.truncate,
             stats=self.stats,
         )
+        self.speculator = _speculator(args, parts, self.stats)
         self.outputs = OutputProcessor(
             cfg.eos_token_ids,
             cfg.vocab_size,
@@ -95,6 +96,8 @@ class Scheduler:
             self.stats,
             parts.tokenizer,
             parts.device,
+            truncate_kv=self.kv.truncate,
+            speculator=self.speculator,
         )
         self.running: list[Req] = []
         self.waiting: list[Req] = []
@@ -141,7 +144,9 @@ class Scheduler:
                 self.stats.admitted(len(req.origin_input_ids), req.cached_tokens)
         if batch.reqs:
             self.stats.iteration_tokens.observe(sum(batch.extend_lens))
+            started = time.perf_counter()
             logits = self.parts.runner.forward(batch)
+            self._record_step_cost(batch, time.perf_counter() - started)
             batch.commit()
             self.lockstep.sample(batch, logits, self.outputs, self.kv)
             now = time.time()
@@ -150,11 +155,20 @@ class Scheduler:
                     req.first_token_at = now
         self._settle(batch)
         self.stats.steps += 1
-        self.stats.decode_tokens += batch.num_decodes
+        self.stats.decode_tokens += batch.num_decodes + sum(batch.draft_lens)
         if self.args.enable_kv_checks:
             self.check_kv()
         self.lockstep.after_step(self)
         self._maybe_log_stats()
+
+    def _record_step_cost(self, batch: ScheduleBatch, seconds: float) -> None:
+        """Tell the speculator what a step of decodes and drafts cost (prefills say nothing
+        of it); it sizes drafts for the batch that runs now."""
+        if self.speculator is None:
+            return
+        self.speculator.batch_size = len(self.running)
+        if batch.num_decodes == len(batch.reqs):
+            self.speculator.record_step(sum(batch.extend_lens), seconds)
 
     def _maybe_log_stats(self, every_s: float = 5.0) -> None:
         """One line every few seconds of activity, as SGLang and vLLM operators expect."""
@@ -181,14 +195,14 @@ class Scheduler:
     def _settle(self, batch: ScheduleBatch) -> None:
         """Release finished requests, publish prefilled chunks to the cache, emit outputs."""
         outs: list[ReqOutput] = []
-        for req, n in zip(batch.reqs, batch.extend_lens, strict=True):
+        for req, prefix, n in zip(batch.reqs, batch.prefix_lens, batch.extend_lens, strict=True):
             if req.finished:
                 # A failed request's K/V may not match its tokens: none of it is cached.
                 self.kv.release(req, publish=not req.failed)
                 self.running.remove(req)
                 self.stats.finished(len(req.output_ids), req.cached_tokens)
-            elif n > 1:
-                self.kv.cache_unfinished(req)
+            elif n > 1 and prefix < len(req.origin_input_ids):
+                self.kv.cache_unfinished(req)  # a prompt chunk: a waiting sibling may want it
             if req.finished or (req.stream and req.num_emittable > req.num_sent_ids):
                 outs.append(self._output_of(req))
         if outs:
@@ -339,3 +353,17 @@ class Scheduler:
             self.kv.flush_cache()
             reply = ControlReply("flush_cache", True)
         self.transport.send(encode(reply))
+
+
+def _speculator(args: ServerArgs, parts: Components, stats: SchedulerStats) -> Speculator | None:
+    if args.speculative_algorithm is None:
+        return None
+    return Speculator(
+        parts.cache,
+        args.speculative_num_draft_tokens,
+        args.speculative_ngram_min_match_window_size,
+        args.speculative_ngram_max_match_window_size,
+        parts.context_length,
+        stats,
+        rope_switch=parts.model_config.rope.switch_length,
+    )

@@ -18,6 +18,8 @@ from radixrt.observability.histogram import FixedHistogram
 # vLLM's iteration_tokens_total buckets (powers of two up to a large prefill step).
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 # Grammar compile: a cache hit is instant, a large JSON schema takes seconds.
+# Tokens a speculative verification yields (kept drafts and the token after them).
+ACCEPT_LENGTH_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
 COMPILE_SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -47,11 +49,19 @@ class SchedulerStats:
     num_preemptions: int = 0  # requests retracted to free KV
     jump_forward_tokens: int = 0  # proposed tokens the model confirmed
     failed_requests: int = 0  # requests ended by a failure of their own
+    # Speculative decoding: drafted tokens the model checked, and those it kept (vLLM's
+    # spec_decode_num_draft_tokens / num_accepted_tokens).
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
     # Prefix-cache lookups in tokens at each request's admission (queried: its prompt).
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     iteration_tokens: FixedHistogram = field(
         default_factory=lambda: FixedHistogram(ITERATION_TOKEN_BUCKETS)
+    )
+    # Tokens each speculative verification yielded (SGLang's spec_accept_length).
+    spec_accept_length: FixedHistogram = field(
+        default_factory=lambda: FixedHistogram(ACCEPT_LENGTH_BUCKETS)
     )
     # How long each constrained request waited for its grammar (a cache hit: ~0).
     grammar_compile_time: FixedHistogram = field(
@@ -69,6 +79,11 @@ class SchedulerStats:
     def finished(self, generated_tokens: int, cached_tokens: int) -> None:
         self.generated_tokens += generated_tokens
         self.cached_tokens += cached_tokens
+
+    def spec_verified(self, drafted: int, kept: int) -> None:
+        self.spec_draft_tokens += drafted
+        self.spec_accepted_tokens += kept
+        self.spec_accept_length.observe(kept + 1)
 
     @property
     def cache_hit_rate(self) -> float:
@@ -90,6 +105,8 @@ class SchedulerStats:
             "num_preemptions": self.num_preemptions,
             "jump_forward_tokens": self.jump_forward_tokens,
             "failed_requests": self.failed_requests,
+            "spec_draft_tokens": self.spec_draft_tokens,
+            "spec_accepted_tokens": self.spec_accepted_tokens,
             "grammar_queue": now.grammar_queue,
             "cache_hit_rate": self.cache_hit_rate,
             "running": now.running,
@@ -105,6 +122,7 @@ class SchedulerStats:
             "histograms": {
                 "iteration_tokens_total": self.iteration_tokens.snapshot(),
                 "grammar_compile_time_seconds": self.grammar_compile_time.snapshot(),
+                "spec_accept_length": self.spec_accept_length.snapshot(),
                 **timings.snapshot(),
             },
         }

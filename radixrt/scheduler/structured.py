@@ -3,10 +3,12 @@
 - admit: `submit` starts compiling a constrained request's grammar (off the step loop) and
   holds the request; `take_compiled` hands back those whose grammar is ready (a matcher
   attached) and those that cannot run (it did not compile in time, or admits no token).
-- mask: `mask` forbids, in each constrained row of a step's logits, what its grammar forbids.
-- accept / rollback: `accept` advances the matcher by the sampled token (ending the request
-  when the grammar is complete), `propose` appends a jump-forward proposal, `verify` settles a
-  proposal against the model's logits, and `GrammarState.drop_proposal` rolls one back.
+- mask: `mask` forbids, in each constrained row of a step's logits, what its grammar forbids
+  (for a request with drafts, row j in the state after drafts 0..j-1).
+- accept / draft: `accept` advances the matcher by a kept token (ending the request when the
+  grammar is complete); `propose` appends a jump-forward proposal and `take_draft` the part of
+  a speculative draft the grammar allows, both unchecked (the matcher takes them; the next
+  step's rows settle them, scheduler/draft_rows.py; `Req.drop_unverified` rolls them back).
 
 Everything per request lives in its `GrammarState` (`req.grammar`); an unconstrained request
 has None there and is never seen here.
@@ -14,6 +16,7 @@ has None there and is never seen here.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -25,7 +28,6 @@ import torch
 from radixrt.errors import RequestFailed
 from radixrt.grammar.constraint import constraint_of
 from radixrt.grammar.jump_forward import propose
-from radixrt.scheduler.jump_verify import verify_proposal
 from radixrt.scheduler.req import GrammarState, Req
 from radixrt.scheduler.stats import SchedulerStats
 
@@ -51,18 +53,15 @@ class StructuredGeneration:
         compile_timeout_s: float,
         jump_forward: bool = True,
         json_any_whitespace: bool = False,
-        truncate_kv: Callable[[Req, int], None] | None = None,
         stats: SchedulerStats | None = None,
     ) -> None:
-        """`truncate_kv` (KVManager.truncate) drops the K/V of a rejected proposal; `stats`
-        (the scheduler's; its own if None) counts compile times and confirmed proposals."""
+        """`stats` (the scheduler's; its own if None) counts compile times."""
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_ids = sorted(eos_token_ids)
         self.compile_timeout_s = compile_timeout_s
         self.jump_forward = jump_forward
         self.json_any_whitespace = json_any_whitespace
-        self.truncate_kv = truncate_kv
         self.stats = stats if stats is not None else SchedulerStats()
         self.compiling: list[tuple[Req, Future[Any]]] = []
         self._submitted_at: dict[int, float] = {}  # id(req) -> monotonic time of submit
@@ -140,26 +139,24 @@ class StructuredGeneration:
         return GrammarState(kind, self.backend.matcher(future.result()))
 
     # -- mask -------------------------------------------------------------------------------
-    def mask(self, reqs: list[Req], logits: torch.Tensor, guard: Callable[..., bool]) -> None:
-        """Mask, in place, each constrained row of `logits` ([len(reqs), vocab]) by its
-        grammar, with one bitmask for the batch. `guard(req, doing, fn, *args)` runs a
-        matcher's fill and fails its request alone if it raises."""
+    def mask(
+        self, reqs: list[Req], drafts: list[int], logits: torch.Tensor, guard: Callable[..., bool]
+    ) -> None:
+        """Mask, in place, each constrained request's rows of `logits` ([sum(k + 1), vocab]:
+        k + 1 rows for a request with k drafts, in order) by its grammar, with one bitmask for
+        the step. Row j of a request is masked in the state after its drafts 0..j-1; its
+        matcher ends where it began. `guard(req, doing, fn, *args)` runs a request's fill and
+        fails that request alone if it raises."""
+        starts = list(itertools.accumulate((k + 1 for k in drafts), initial=0))
         constrained = [i for i, r in enumerate(reqs) if r.grammar is not None]
         if not constrained:
             return
-        bitmask = self.backend.new_bitmask(len(reqs))
-        filled = []
+        bitmask = self.backend.new_bitmask(logits.shape[0])
+        filled: list[int] = []
         for i in constrained:
-            state = reqs[i].grammar
-            assert state is not None
-            if guard(
-                reqs[i],
-                "filling its grammar's mask",
-                state.matcher.fill_next_token_bitmask,
-                bitmask,
-                i,
-            ):
-                filled.append(i)
+            req, k, start = reqs[i], drafts[i], starts[i]
+            if guard(req, "filling its grammar's mask", _fill_along, req, k, bitmask, start):
+                filled.extend(range(start, start + k + 1))
         self.backend.apply_bitmask(logits, bitmask, filled)
 
     # -- accept / rollback ------------------------------------------------------------------
@@ -178,26 +175,42 @@ class StructuredGeneration:
 
     def propose(self, req: Req) -> None:
         """Append the tokens the grammar now forces (jump-forward), unchecked: the next step
-        computes them and `verify` settles them. Not with logprobs (they would be the
-        proposal's, not the model's)."""
+        computes them and its rows settle them."""
         state = req.grammar
-        if state is None or req.finished or not self.jump_forward or req.return_logprob:
+        if state is None or req.finished or not self.jump_forward:
             return
         # Room for the proposal and the token sampled after it.
         proposal = propose(state.matcher, self.tokenizer, req.remaining_new_tokens - 1)
         req.output_ids.extend(proposal)
-        state.unverified = len(proposal)
+        req.unverified, req.draft_kind = len(proposal), "jump"
 
-    def verify(self, req: Req, logits: torch.Tensor) -> int:
-        """Settle the request's proposal with `logits` [k+1, vocab] (its last rows); returns
-        the token that follows what was kept (already in output_ids and accepted)."""
-        assert self.truncate_kv is not None
-        tok, kept = verify_proposal(
-            req, logits, self.backend, self.vocab_size, self.eos_token_ids, self.truncate_kv
-        )
-        self.stats.jump_forward_tokens += kept
-        return tok
+    def allowed_prefix(self, req: Req, draft: list[int]) -> list[int]:
+        """The leading part of `draft` the request's grammar accepts, which its matcher has
+        now taken (up to where the grammar would end)."""
+        state = req.grammar
+        assert state is not None
+        taken: list[int] = []
+        for tok in draft:
+            if state.matcher.is_terminated() or not state.matcher.accept_token(tok):
+                break
+            taken.append(tok)
+        return taken
 
     def close(self) -> None:
         if self._backend is not None:
             self._backend.close()
+
+
+def _fill_along(req: Req, k: int, bitmask: torch.Tensor, start: int) -> None:
+    """Rows start..start+k of `bitmask`: row j in the matcher's state after the request's
+    drafts 0..j-1 (the last k ids of its output). The matcher ends where it began (after
+    them)."""
+    state = req.grammar
+    assert state is not None
+    matcher, drafts = state.matcher, req.output_ids[len(req.output_ids) - k :]
+    matcher.rollback(k)
+    for j in range(k + 1):
+        matcher.fill_next_token_bitmask(bitmask, start + j)
+        if j < k:
+            accepted = matcher.accept_token(drafts[j])
+            assert accepted, "a draft the matcher took once must be taken again"

@@ -143,12 +143,15 @@ def test_every_labelled_series_exists_at_start_up(startup_text):
         "kv_block_idle_before_evict_seconds",
         "kv_block_reuse_gap_seconds",
         "grammar_compile_time_seconds",
+        "spec_accept_length",
     ):
         assert f"radixrt:{histogram}_count" in names, histogram
     for other in (
         "radixrt:prefix_cache_queries_total",
         "radixrt:prefix_cache_hits_total",
         "radixrt:jump_forward_tokens_total",
+        "radixrt:spec_decode_num_draft_tokens_total",
+        "radixrt:spec_decode_num_accepted_tokens_total",
         "radixrt:evicted_tokens_total",
         "radixrt:num_used_tokens",
         "radixrt:num_evictable_tokens",

@@ -135,7 +135,7 @@ def test_the_scheduler_masks_exactly_the_forbidden_tokens_of_constrained_rows(to
         fn(*args)
         return True
 
-    structured.mask(reqs, logits, guard)
+    structured.mask(reqs, [0, 0, 0], logits, guard)
     assert torch.equal(logits[1], original[1])  # an unconstrained row is untouched
     for row, ok in (
         (0, lambda s: len(s) == 1 and s.isdigit()),

@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("attention",),
     ("layers",),
     ("models",),
-    ("loader", "executor"),
+    ("loader", "executor", "speculative"),
     ("scheduler", "detokenizer"),
     ("frontend",),
     ("lang",),

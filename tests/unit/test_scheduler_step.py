@@ -271,12 +271,14 @@ def test_token_slice_spans_prompt_and_output():
 # in this order; "requests" once one was accepted.
 STATS_KEYS = [
     "prompt_tokens", "cached_tokens", "generated_tokens", "steps", "num_preemptions",
-    "jump_forward_tokens", "failed_requests", "grammar_queue", "cache_hit_rate", "running",
+    "jump_forward_tokens", "failed_requests", "spec_draft_tokens", "spec_accepted_tokens",
+    "grammar_queue", "cache_hit_rate", "running",
     "queued", "pool_tokens", "free_tokens", "evictable_tokens", "protected_tokens",
     "evicted_tokens", "prefix_cache_queries", "prefix_cache_hits", "histograms",
 ]  # fmt: skip
 HISTOGRAMS = [
-    "iteration_tokens_total", "grammar_compile_time_seconds", "kv_block_lifetime_seconds",
+    "iteration_tokens_total", "grammar_compile_time_seconds", "spec_accept_length",
+    "kv_block_lifetime_seconds",
     "kv_block_idle_before_evict_seconds", "kv_block_reuse_gap_seconds",
 ]  # fmt: skip
 

@@ -41,6 +41,7 @@ def fake_stats(histograms: dict) -> dict:
         "kv_block_idle_before_evict_seconds",
         "kv_block_reuse_gap_seconds",
         "grammar_compile_time_seconds",
+        "spec_accept_length",
     )
     return {
         "running": 1,
@@ -52,6 +53,8 @@ def fake_stats(histograms: dict) -> dict:
         "cache_hit_rate": 0.5,
         "num_preemptions": 3,
         "jump_forward_tokens": 0,
+        "spec_draft_tokens": 9,
+        "spec_accepted_tokens": 6,
         "prefix_cache_queries": 40,
         "prefix_cache_hits": 10,
         "evicted_tokens": 0,
