@@ -1,5 +1,10 @@
 """Greedy output equals Hugging Face transformers' (float32, one prompt at a time), whatever the
-batching, caching, chunking, paging or preemption did, with dense weights (--quantization none)."""
+batching, caching, chunking, paging, preemption or speculation did, with dense weights
+(--quantization none).
+
+Speculative decoding (NGRAM, drafting as deep as it may at every step) is on in half of the
+runs, alternating over models and settings: every setting runs with and without it, and so
+does every model."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import pytest
 from hf_reference import assert_same_greedy, hf_greedy
 
 import radixrt
+import radixrt.scheduler.speculation as speculation
 
 MAX_NEW = 12
 SETTINGS = {
@@ -89,8 +95,13 @@ def model_case(request, tiny_model_dir) -> tuple[str, str, dict]:
     return request.param, path, {"skip_tokenizer_init": True}
 
 
+def speculates(model: str, setting: str) -> bool:
+    settings = list(SETTINGS) + list(TINY_ONLY)
+    return (MODELS.index(model) + settings.index(setting)) % 2 == 1
+
+
 @pytest.mark.parametrize("setting", list(SETTINGS) + list(TINY_ONLY))
-def test_greedy_matches_transformers(model_case, setting, hf_loader):
+def test_greedy_matches_transformers(model_case, setting, hf_loader, monkeypatch):
     name, path, tokenizer_args = model_case
     if setting in TINY_ONLY and name not in SCHEDULING_MODELS and setting != "no-radix-cache":
         pytest.skip(
@@ -101,6 +112,9 @@ def test_greedy_matches_transformers(model_case, setting, hf_loader):
     args = {"max_total_tokens": 8192, **(SETTINGS.get(setting) or TINY_ONLY[setting])}
     if setting.startswith("preempt") and name == "default":
         args["max_total_tokens"] = 64  # its text prompts are shorter than the tiny models'
+    if speculates(name, setting):
+        monkeypatch.setattr(speculation, "draft_length", lambda rate, threshold, limit: limit)
+        args.update(speculative_algorithm="NGRAM", speculative_num_draft_tokens=5)
     # The scheduler runs on a thread here (quicker to start); test_engine_api covers the
     # default child-process mode.
     engine = radixrt.Engine(
@@ -130,11 +144,14 @@ def test_greedy_matches_transformers(model_case, setting, hf_loader):
         ps = engine.server_args.page_size
         if engine.server_args.disable_radix_cache:
             assert out["meta_info"]["cached_tokens"] == 0
-        elif engine.server_args.schedule_conservativeness == 0.0:
+        elif engine.server_args.schedule_conservativeness == 0.0 and not speculates(name, setting):
+            # (Speculation may finish the decodes in fewer steps, before the pool runs short:
+            # preemption with drafts is checked by tests/reliability/test_churn.py.)
             assert engine.get_stats()["num_preemptions"] > 0, "the pool never ran short"
         else:
             assert out["meta_info"]["cached_tokens"] == (len(twice) - 1) // ps * ps
-        engine.get_stats(check_kv=True)
+        stats = engine.get_stats(check_kv=True)
+        assert (stats["spec_draft_tokens"] > 0) == speculates(name, setting)
     finally:
         engine.shutdown()
 

@@ -1,4 +1,5 @@
-"""1,000 mixed requests against one server whose KV pool is small enough to force preemption:
+"""1,000 mixed requests against one server whose KV pool is small enough to force preemption
+(and 300 more against one that speculates, NGRAM):
 streams read to the end or dropped, non-streamed requests dropped by their client, aborts, n > 1,
 constraints, logprobs, bad parameters and shared prefixes, all at once. The server never
 answers 5xx, every good request gets a well-formed answer, and afterwards no request holds a
@@ -33,10 +34,13 @@ BAD_BODIES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def churn_server(launch_server, tiny_model_dir):
+SPECULATIVE = ("--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "5")
+
+
+@pytest.fixture(scope="module", params=["plain", "speculative"])
+def churn_server(request, launch_server, tiny_model_dir):
     # A tiny random-weight model: steps take milliseconds, so 1,000 requests fit in CI time.
-    return launch_server(
+    server = launch_server(
         *tiny_server_flags(tiny_model_dir("llama"), 640),
         "--page-size",
         "4",
@@ -45,7 +49,11 @@ def churn_server(launch_server, tiny_model_dir):
         "--enable-kv-checks",
         "--log-level",
         "warning",
+        *(SPECULATIVE if request.param == "speculative" else ()),
     )
+    server.requests = REQUESTS if request.param == "plain" else 300
+    server.speculative = request.param == "speculative"
+    return server
 
 
 def _prompt(rng: random.Random) -> str:
@@ -197,7 +205,7 @@ KINDS = [
 ]
 
 
-async def _run_churn(url: str, seed: int = 0) -> Churn:
+async def _run_churn(url: str, requests: int, seed: int = 0) -> Churn:
     rng = random.Random(seed)
     limits = httpx.Limits(max_connections=CONCURRENCY * 2)
     async with httpx.AsyncClient(timeout=120, limits=limits) as client:
@@ -219,15 +227,17 @@ async def _run_churn(url: str, seed: int = 0) -> Churn:
                 except Exception as exc:  # noqa: BLE001 - every surprise is a failure
                     churn.note(kind, False, repr(exc))
 
-        await asyncio.gather(*(one(i) for i in range(REQUESTS)))
+        await asyncio.gather(*(one(i) for i in range(requests)))
     return churn
 
 
 def test_a_thousand_mixed_requests_leave_nothing_held(churn_server):
-    churn = asyncio.run(_run_churn(churn_server.url))
-    assert sum(churn.outcomes.values()) == REQUESTS
+    churn = asyncio.run(_run_churn(churn_server.url, churn_server.requests))
+    assert sum(churn.outcomes.values()) == churn_server.requests
     assert not churn.failures, f"{len(churn.failures)} failures, e.g. {churn.failures[:5]}"
     assert_pool_conserved(churn_server)
     stats = server_stats(churn_server)
     assert stats["num_preemptions"] > 0, "the pool was meant to be small enough to preempt"
+    if churn_server.speculative:
+        assert stats["spec_accepted_tokens"] > 0 < stats["spec_draft_tokens"]
     assert "Traceback" not in churn_server.log_text()

@@ -1,0 +1,102 @@
+"""Where drafts come from and how deep they go: prompt lookup, the radix cache's continuation,
+the acceptance estimate, the step-cost fit and the draft length it allows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from radixrt.cache.allocator import PageAllocator
+from radixrt.cache.radix_cache import RadixCache
+from radixrt.speculative.adaptive import Acceptance, StepCost, draft_length
+from radixrt.speculative.ngram import TokenHistory, prompt_lookup
+
+
+def lookup(tokens: list[int], low: int = 1, high: int = 12, limit: int = 5) -> list[int]:
+    return prompt_lookup(np.array(tokens, dtype=np.int64), low, high, limit)
+
+
+def test_the_longest_tail_wins_then_the_latest_occurrence():
+    #          0  1  2  3  4  5  6  7  8  9 10 11 12
+    tokens = [1, 2, 3, 9, 7, 2, 3, 8, 6, 5, 1, 2, 3]
+    assert lookup(tokens) == [9, 7, 2, 3, 8]  # "1 2 3" at 0 beats "2 3" at 5, nearer
+    assert lookup([4, 2, 3, 8, 5, 2, 3, 6, 7, 2, 3]) == [6, 7, 2, 3]  # latest "2 3"
+    assert lookup(tokens, limit=2) == [9, 7]
+    assert lookup(tokens, low=4) == []  # "1 2 3" is the longest tail that occurred
+    assert lookup([5, 6, 7]) == []
+    assert lookup([7, 7, 7, 7], high=2) == [7]  # the continuation runs up to the end
+    assert lookup(tokens, limit=0) == []
+
+
+def test_lookup_windows_bound_the_match():
+    tokens = [4, 1, 2, 3, 9, 5, 2, 3, 8, 1, 2, 3]
+    assert lookup(tokens, high=2) == [8, 1, 2, 3]  # "2 3": its latest occurrence
+    assert lookup(tokens, high=3) == [9, 5, 2, 3, 8]  # "1 2 3"
+
+
+def test_history_grows_and_is_cut():
+    history = TokenHistory([1, 2])
+    history.extend(list(range(100)))
+    assert len(history) == 102 and history.tokens[-1] == 99
+    history.truncate(3)
+    assert history.tokens.tolist() == [1, 2, 0]
+    with pytest.raises(AssertionError):
+        history.truncate(4)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_the_radix_cache_continues_a_cached_path(page_size):
+    cache = RadixCache(PageAllocator(256, page_size))
+    a = list(range(10, 26))
+    b = a[:8] + list(range(50, 58))
+    cache.insert(a, torch.arange(16))
+    cache.insert(b, torch.arange(100, 116))
+    cache.match_prefix(b)  # b is now the most recently used branch
+    root = cache.root
+    assert cache.continuation(root, a[:5], 3) == a[5:8]  # inside an edge
+    assert cache.continuation(root, a[:5], 4) == a[5:8] + b[8:9]  # on down the latest branch
+    assert cache.continuation(root, a[:8], 3) == b[8:11]  # at the fork: the latest branch
+    assert cache.continuation(root, a[:10], 20) == a[10:]  # to the end of the path
+    assert cache.continuation(root, a[:4] + [99], 4) == []  # not a cached path
+    assert cache.continuation(root, a, 4) == []  # nothing after it
+    node = cache.match_prefix(a[:8]).last_node
+    assert cache.continuation(node, a[8:10], 2) == a[10:12]  # from a node held
+    assert cache.evictable_size() == 24  # reading changed nothing
+
+
+def test_acceptance_counts_trials_up_to_the_first_rejection():
+    acc = Acceptance()
+    assert acc.rate == pytest.approx(0.5)
+    for _ in range(30):
+        acc.record(4, 4)
+    assert acc.rate > 0.95
+    for _ in range(30):
+        acc.record(4, 0)
+    low = acc.rate
+    assert low < 0.2
+    acc.record(0, 0)  # no draft, no trial
+    assert acc.rate == low
+
+
+def test_the_cost_fit_finds_the_line_and_sizes_drafts_by_batch():
+    cost = StepCost()
+    assert cost.threshold(1) == pytest.approx(0.07)  # the prior before any step
+    for n in [1, 5, 9, 2, 12, 7] * 20:
+        cost.record(n, 0.010 + 0.001 * n)
+    a, b = cost.fit()
+    assert a == pytest.approx(0.010, rel=0.05) and b == pytest.approx(0.001, rel=0.05)
+    assert cost.threshold(1) < cost.threshold(16) < cost.threshold(128) < 1
+    assert draft_length(0.9, cost.threshold(1), 11) == 11  # 0.9^11 = 0.31 > 0.09
+    assert draft_length(0.9, cost.threshold(16), 11) == 4  # 0.9^i > 0.61
+    assert draft_length(0.5, cost.threshold(128), 11) == 0
+    assert draft_length(1.0, 0.5, 7) == 7 and draft_length(0.0, 0.0, 7) == 0
+
+
+def test_steps_of_one_size_keep_the_priors_slope():
+    cost = StepCost()
+    for _ in range(500):
+        cost.record(16, 0.030)
+    a, b = cost.fit()
+    assert b > 0 and a > 0  # the slope does not collapse to 0 (which would draft anything)
+    assert cost.threshold(16) > 0.3
