@@ -234,12 +234,15 @@ def test_without_the_radix_cache_the_page_says_so(tmp_path):
     no-sharing cache (--disable-radix-cache; a second real server would double this module's
     time)."""
     cache = create_prefix_cache("none", PageAllocator(512, 1))
-    snapshot = cache_snapshot(cache, [], [], {"steps": 4}, depth=6, max_nodes=200)
+    stats = {"steps": 4, "spec_draft_tokens": 40, "spec_accepted_tokens": 30}
+    snapshot = cache_snapshot(cache, [], [], stats, depth=6, max_nodes=200)
     assert snapshot["radix_cache"] is False and snapshot["tree"] is None
     with StaticServer(json.dumps(snapshot).encode()) as url:
         dom = render(url + "/dashboard", tmp_path / "no-cache")
     assert "The radix cache is disabled" in dom and 'class="seg seg-free"' in dom
     assert "Free: 512 pages, 512 tokens (100.0%)" in dom
+    # Speculative decoding's acceptance, from the stats the snapshot carries.
+    assert "Speculative drafts accepted (since start)" in dom and ">75.0 %<" in dom
 
 
 class StaticServer:

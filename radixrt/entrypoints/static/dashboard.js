@@ -10,6 +10,8 @@ const METRICS = [
   { key: "running", title: "Running requests", unit: "", digits: 0, second: "queued" },
   { key: "hitRate", title: "Prefix cache hit rate (since start)", unit: "%", digits: 1 },
   { key: "kvUsage", title: "KV pool in use", unit: "%", digits: 1 },
+  // Speculative decoding: drafted tokens the model accepted; "–" while none were drafted.
+  { key: "specAccept", title: "Speculative drafts accepted (since start)", unit: "%", digits: 1 },
 ];
 
 const history = [];
@@ -92,6 +94,9 @@ function record(data) {
     queued: reqs.num_queued,
     hitRate: 100 * (stats.cache_hit_rate || 0),
     kvUsage: pct(data.kv_pool.in_use_pages, data.kv_pool.pages),
+    specAccept: stats.spec_draft_tokens
+      ? 100 * (stats.spec_accepted_tokens || 0) / stats.spec_draft_tokens
+      : null,
   });
   if (history.length > HISTORY) history.shift();
 }
@@ -111,10 +116,10 @@ function renderMetrics() {
   const last = history[history.length - 1];
   for (const m of METRICS) {
     const card = document.getElementById(`metric-${m.key}`);
-    let text = `${last[m.key].toFixed(m.digits)} ${m.unit}`.trim();
+    let text = last[m.key] === null ? "–" : `${last[m.key].toFixed(m.digits)} ${m.unit}`.trim();
     if (m.second) text += `, ${last[m.second]} ${m.second}`;
     card.querySelector(".value").textContent = text;
-    const series = history.map((h) => h[m.key]);
+    const series = history.map((h) => h[m.key] || 0);
     const canvas = card.querySelector("canvas");
     const peak = Math.max(...series, m.unit === "%" ? 100 : 1);
     canvas.setAttribute("aria-label", `${m.title}: now ${text}, peak ${peak.toFixed(m.digits)}`);
