@@ -44,8 +44,10 @@ PARAMS = [{"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}] * 5 + [
 ]
 
 
-def _run_engine(model_path: str, tp_size: int) -> tuple[list[list[int]], dict]:
-    engine = radixrt.Engine(model_path, in_process=tp_size == 1, tp_size=tp_size, **ENGINE_ARGS)
+def _run_engine(model_path: str, tp_size: int, **extra) -> tuple[list[list[int]], dict]:
+    engine = radixrt.Engine(
+        model_path, in_process=tp_size == 1, tp_size=tp_size, **ENGINE_ARGS, **extra
+    )
     try:
         first = engine.generate(input_ids=PROMPTS, sampling_params=PARAMS)
         again = engine.generate(input_ids=PROMPTS[:2], sampling_params=PARAMS[:2])  # cache hits
@@ -70,6 +72,15 @@ def test_tp2_greedy_equals_tp1(tiny_model_dir, arch):
     for stats in (stats1, stats2):  # (how many depends on when the requests arrived)
         assert stats["num_preemptions"] > 0  # the pool is small enough to preempt
         assert stats["cached_tokens"] > 0
+
+
+def test_tp2_speculating_equals_tp1_without(tiny_model_dir):
+    """Rank 0 drafts and decides; the other rank follows its drafts (and their rejection)."""
+    path = tiny_model_dir("llama")
+    want, _ = _run_engine(path, 1)
+    got, stats = _run_engine(path, 2, speculative_algorithm="NGRAM")
+    assert got == want
+    assert stats["spec_draft_tokens"] > 0 and stats["num_preemptions"] > 0
 
 
 def _text_of(path: str, ids: list[int]) -> str:
