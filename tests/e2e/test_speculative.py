@@ -59,11 +59,11 @@ def _ids(outs):
 
 
 def test_greedy_output_is_the_same_and_drafts_are_kept(engines):
-    params = {"temperature": 0, "max_new_tokens": 96}
+    params = {"temperature": 0, "max_new_tokens": 64}
     plain, spec = _both(engines, PROMPTS, params)
     assert _ids(spec) == _ids(plain)
     meta = spec[0]["meta_info"]
-    assert meta["spec_num_correct_drafts"] > 40, meta  # the code is copied
+    assert meta["spec_num_correct_drafts"] > 30, meta  # the code is copied
     assert meta["spec_accept_length"] > 2.0, meta
     assert meta["spec_verify_ct"] < meta["completion_tokens"]
     assert "spec_verify_ct" not in plain[0]["meta_info"]
@@ -73,8 +73,8 @@ def test_greedy_output_is_the_same_and_drafts_are_kept(engines):
 
 
 def test_seeded_sampling_and_n_are_the_same(engines):
-    params = {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "seed": 7, "max_new_tokens": 48}
-    plain, spec = _both(engines, PROMPTS[:2], {**params, "n": 3})
+    params = {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "seed": 7, "max_new_tokens": 40}
+    plain, spec = _both(engines, PROMPTS[:2], {**params, "n": 2})
     assert _ids(spec) == _ids(plain)
     penalized = {**params, "repetition_penalty": 1.2, "frequency_penalty": 0.3}
     plain, spec = _both(engines, PROMPTS[:1], penalized)
