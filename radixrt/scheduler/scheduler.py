@@ -137,6 +137,7 @@ class Scheduler:
 
     def step(self) -> None:
         batch = self.planner.plan(self.running, self.waiting)
+        kept_before = self.stats.kept_drafts
         now = time.time()
         for req in batch.reqs:
             if req.admitted_at is None:
@@ -145,29 +146,28 @@ class Scheduler:
         if batch.reqs:
             self.stats.iteration_tokens.observe(sum(batch.extend_lens))
             started = time.perf_counter()
+            if self.speculator is not None:  # its drafts are sized for the batch running now
+                self.speculator.batch_size = len(self.running)
             logits = self.parts.runner.forward(batch)
-            self._record_step_cost(batch, time.perf_counter() - started)
             batch.commit()
             self.lockstep.sample(batch, logits, self.outputs, self.kv)
+            self._record_step_cost(batch, time.perf_counter() - started)
             now = time.time()
             for req in batch.logits.sample_reqs:
                 if req.first_token_at is None:
                     req.first_token_at = now
         self._settle(batch)
         self.stats.steps += 1
-        self.stats.decode_tokens += batch.num_decodes + sum(batch.draft_lens)
+        self.stats.decode_tokens += batch.num_decodes + self.stats.kept_drafts - kept_before
         if self.args.enable_kv_checks:
             self.check_kv()
         self.lockstep.after_step(self)
         self._maybe_log_stats()
 
     def _record_step_cost(self, batch: ScheduleBatch, seconds: float) -> None:
-        """Tell the speculator what a step of decodes and drafts cost (prefills say nothing
-        of it); it sizes drafts for the batch that runs now."""
-        if self.speculator is None:
-            return
-        self.speculator.batch_size = len(self.running)
-        if batch.num_decodes == len(batch.reqs):
+        """Tell the speculator what a step of decodes and drafts cost, forward and sampling
+        (prefills say nothing of it)."""
+        if self.speculator is not None and batch.num_decodes == len(batch.reqs):
             self.speculator.record_step(sum(batch.extend_lens), seconds)
 
     def _maybe_log_stats(self, every_s: float = 5.0) -> None:

@@ -86,6 +86,11 @@ class SchedulerStats:
         self.spec_accept_length.observe(kept + 1)
 
     @property
+    def kept_drafts(self) -> int:
+        """Drafted tokens the model confirmed: speculation's and jump-forward's."""
+        return self.spec_accepted_tokens + self.jump_forward_tokens
+
+    @property
     def cache_hit_rate(self) -> float:
         return self.cached_tokens / max(self.prompt_tokens, 1)
 
