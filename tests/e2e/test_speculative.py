@@ -105,6 +105,12 @@ def test_stops_inside_an_accepted_run_end_it_there(engines):
         {**greedy, "stop": stop},
         {**greedy, "stop_token_ids": [full["output_ids"][30]]},
         {**greedy, "max_new_tokens": 37},
+        {
+            **greedy,
+            "max_new_tokens": 37,
+            "min_new_tokens": 30,
+            "stop_token_ids": [full["output_ids"][5]],
+        },
         {**greedy, "stop_regex": r"return value \* \d+ \+ \d+\n\ndef"},
     ):
         plain, spec = _both(engines, PROMPTS[0], params)
@@ -142,3 +148,26 @@ def test_the_radix_cache_drafts_a_repeated_request(engines):
     assert again["output_ids"] == first["output_ids"]
     # The whole first answer is a cached branch: the second run drafts all of it from there.
     assert again["meta_info"]["spec_accept_length"] > 4.0, again["meta_info"]
+
+
+def test_a_dsl_program_says_the_same(engines):
+    import radixrt.lang as rt
+
+    @rt.function
+    def rewrite(s, code):
+        s += rt.user("Copy this code exactly:\n" + code)
+        s += rt.assistant(rt.gen("copy", max_tokens=48))
+        forks = s.fork(2)
+        for i, f in enumerate(forks):
+            f += rt.user(f"Now copy it once more, version {i}.")
+            f += rt.assistant(rt.gen("again", max_tokens=24))
+        s += "Done: " + rt.select("verdict", choices=["yes", "no"])
+        return [f["again"] for f in forks]
+
+    results = []
+    accepted_before = engines[1].get_stats()["spec_accepted_tokens"]
+    for engine in engines:
+        state = rewrite.run(code=CODE[:200], temperature=0, backend=rt.EngineBackend(engine))
+        results.append((state["copy"], state.ret_value, state["verdict"]))
+    assert results[1] == results[0]
+    assert engines[1].get_stats()["spec_accepted_tokens"] > accepted_before
