@@ -23,8 +23,9 @@ from dataclasses import dataclass
 
 # Decay of the acceptance counts per verification: the last ~10 verifications count most.
 ACCEPTANCE_DECAY = 0.9
-# Before any trial: half the drafted tokens kept, worth two pseudo-trials.
-PRIOR_RATE, PRIOR_TRIALS = 0.5, 2.0
+# Before any trial: a third of the drafted tokens kept, worth two pseudo-trials (short first
+# drafts: text that does not repeat costs little, text that does earns depth in a few steps).
+PRIOR_RATE, PRIOR_TRIALS = 0.3, 2.0
 # The cost fit's prior, as pseudo-steps: one more token costs PRIOR_TOKEN_COST of a one-token
 # step (measured on the CPU: a 2,000-token prefill runs ~15x the tokens per second of a
 # batch-1 decode), worth PRIOR_STEPS steps.

@@ -4,7 +4,9 @@ Outputs often repeat their context (a rewritten file, quoted passages, JSON keys
 turns of a chat). If the last w tokens of a request (prompt and verified output) occurred
 before in it, the tokens that followed that occurrence are a good guess for what comes next.
 The longest tail within [min_window, max_window] that occurred wins, and among its
-occurrences the most recent one (the nearest text is the likeliest to be continued).
+occurrences the most recent one (the nearest text is the likeliest to be continued). An
+occurrence close enough to overlap the tail means the text repeats with that period, and the
+draft goes on repeating it.
 
 `TokenHistory` keeps a request's tokens in a growing numpy array, so a lookup is a few
 vectorized comparisons over the sequence (microseconds for thousands of tokens) instead of a
@@ -70,5 +72,7 @@ def prompt_lookup(tokens: np.ndarray, min_window: int, max_window: int, limit: i
     if matched < min_window:
         return []
     start = int(ends[-1]) + 1  # the most recent occurrence of the longest tail
-    draft: list[int] = tokens[start : start + limit].tolist()
+    # Where the occurrence is so recent that its continuation runs into the tail itself, the
+    # text repeats with period n - start (a loop, a repeated line): the draft repeats it too.
+    draft: list[int] = np.resize(tokens[start:], limit).tolist()
     return draft

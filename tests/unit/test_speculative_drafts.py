@@ -21,17 +21,18 @@ def test_the_longest_tail_wins_then_the_latest_occurrence():
     #          0  1  2  3  4  5  6  7  8  9 10 11 12
     tokens = [1, 2, 3, 9, 7, 2, 3, 8, 6, 5, 1, 2, 3]
     assert lookup(tokens) == [9, 7, 2, 3, 8]  # "1 2 3" at 0 beats "2 3" at 5, nearer
-    assert lookup([4, 2, 3, 8, 5, 2, 3, 6, 7, 2, 3]) == [6, 7, 2, 3]  # latest "2 3"
+    assert lookup([4, 2, 3, 8, 5, 2, 3, 6, 7, 2, 3]) == [6, 7, 2, 3, 6]  # latest "2 3", on
     assert lookup(tokens, limit=2) == [9, 7]
     assert lookup(tokens, low=4) == []  # "1 2 3" is the longest tail that occurred
     assert lookup([5, 6, 7]) == []
-    assert lookup([7, 7, 7, 7], high=2) == [7]  # the continuation runs up to the end
+    assert lookup([7, 7, 7, 7], high=2) == [7] * 5  # a loop: the draft goes on with it
+    assert lookup([1, 2, 3, 1, 2, 3], limit=7) == [1, 2, 3, 1, 2, 3, 1]
     assert lookup(tokens, limit=0) == []
 
 
 def test_lookup_windows_bound_the_match():
     tokens = [4, 1, 2, 3, 9, 5, 2, 3, 8, 1, 2, 3]
-    assert lookup(tokens, high=2) == [8, 1, 2, 3]  # "2 3": its latest occurrence
+    assert lookup(tokens, high=2) == [8, 1, 2, 3, 8]  # "2 3": its latest occurrence
     assert lookup(tokens, high=3) == [9, 5, 2, 3, 8]  # "1 2 3"
 
 
@@ -67,7 +68,7 @@ def test_the_radix_cache_continues_a_cached_path(page_size):
 
 def test_acceptance_counts_trials_up_to_the_first_rejection():
     acc = Acceptance()
-    assert acc.rate == pytest.approx(0.5)
+    assert acc.rate == pytest.approx(0.3)
     for _ in range(30):
         acc.record(4, 4)
     assert acc.rate > 0.95
