@@ -31,15 +31,29 @@ if TYPE_CHECKING:
 ALGORITHMS = ("NGRAM",)
 
 
+# A draft from a tail of at least this many tokens that occurred before (or from the radix
+# cache, which matches the whole sequence) is judged by the request's "long" acceptance.
+LONG_MATCH = 3
+LONG_PRIOR = 0.6  # the long acceptance's rate before any trial (a copy drafts deep at once)
+
+
 @dataclass
 class SpecState:
-    """One request's speculation: its verified tokens, its acceptance, and the draft it would
+    """One request's speculation: its verified tokens, its acceptance of drafts from long and
+    from short matches, whether its pending draft came from a long one, and the draft it would
     have made at the last step it did not draft (scored against what came next)."""
 
     history: TokenHistory
-    acceptance: Acceptance = field(default_factory=Acceptance)
+    long: Acceptance = field(default_factory=lambda: Acceptance(LONG_PRIOR))
+    short: Acceptance = field(default_factory=Acceptance)
+    from_long: bool = False
     shadow: list[int] = field(default_factory=list)
     shadow_at: int = 0  # the history's length when the shadow draft was made
+
+    @property
+    def acceptance(self) -> Acceptance:
+        """The acceptance that judges the pending draft (or shadow)."""
+        return self.long if self.from_long else self.short
 
 
 class Speculator:
@@ -85,7 +99,7 @@ class Speculator:
         """Append the request's draft (unchecked) to its output_ids, if one is worth it."""
         state = self._state_of(req)
         self._score_shadow(state)
-        draft = self._draft(req, state)
+        draft, state.from_long = self._draft(req, state)
         if not draft:
             return
         limit = draft_length(
@@ -125,15 +139,17 @@ class Speculator:
         state.acceptance.record(len(compared), kept)
         state.shadow = []
 
-    def _draft(self, req: Req, state: SpecState) -> list[int]:
-        """The longest draft of either source, cut to the room the request has."""
+    def _draft(self, req: Req, state: SpecState) -> tuple[list[int], bool]:
+        """The longest draft of either source, cut to the room the request has, and whether
+        it comes from a long match."""
         room = self._room(req)
         if room <= 0:
-            return []
-        tokens = state.history.tokens
+            return [], False
         from_cache = self._from_cache(req, room)
-        lookup = prompt_lookup(tokens, self.min_window, self.max_window, room)
-        return from_cache if len(from_cache) >= len(lookup) else lookup
+        lookup = prompt_lookup(state.history.tokens, self.min_window, self.max_window, room)
+        if from_cache and len(from_cache) >= len(lookup.draft):
+            return from_cache, True
+        return lookup.draft, lookup.matched >= LONG_MATCH
 
     def _from_cache(self, req: Req, room: int) -> list[int]:
         """The radix tree's continuation of the request's whole sequence, from the node the

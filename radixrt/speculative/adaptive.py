@@ -3,10 +3,16 @@ step, by what an extra token costs the forward at the batch's size.
 
 Acceptance. Draft position i is accepted only if positions 0..i-1 were, so each verified
 draft is a run of trials: the accepted positions are successes, the first rejected one a
-failure, the rest untested. `Acceptance` keeps decayed counts of both; its rate is the chance
-that one more drafted token is accepted, given the ones before it were. A request that does
-not draft still scores the draft it would have made against the token the model then picked
-(a free trial), so its rate recovers when its text starts repeating.
+failure, the rest untested. From one verification that kept k drafts the chance that one more
+drafted token is kept is estimated as k / (k + 1) if a draft was rejected, (k + 1) / (k + 2)
+if none was; `Acceptance.rate` is a moving average of these estimates, one per verification.
+Weighing verifications alike (not their tokens: a copied run of 11 would outweigh the next
+ten failures) makes the rate follow the text: a request that stops copying drafts shallow
+within two or three steps. A request that does not draft still scores the draft it would have
+made against the token the model then picked (a free trial), so its rate recovers when its
+text starts repeating. The scheduler keeps two rates per request, for drafts from a long match
+and from a short one (speculation.py): a tail of one or two tokens that occurred before is
+weaker evidence than a tail of ten.
 
 Cost. A step's forward time is fitted as T(n) = a + b n over its n query tokens, from the
 steps just run (decodes and verifications; prefill chunks are left out). One more drafted
@@ -21,11 +27,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# Decay of the acceptance counts per verification: the last ~10 verifications count most.
-ACCEPTANCE_DECAY = 0.9
-# Before any trial: a third of the drafted tokens kept, worth two pseudo-trials (short first
-# drafts: text that does not repeat costs little, text that does earns depth in a few steps).
-PRIOR_RATE, PRIOR_TRIALS = 0.3, 2.0
+# The weight of each verification's estimate in the moving average.
+ACCEPTANCE_WEIGHT = 0.3
+# Before any trial: a third of the drafted tokens kept (short first drafts: text that does not
+# repeat costs little, text that does earns depth in a few steps).
+PRIOR_RATE = 0.3
 # The cost fit's prior, as pseudo-steps: one more token costs PRIOR_TOKEN_COST of a one-token
 # step (measured on the CPU: a 2,000-token prefill runs ~15x the tokens per second of a
 # batch-1 decode), worth PRIOR_STEPS steps.
@@ -35,21 +41,16 @@ COST_DECAY = 0.98  # per step: the last ~50 steps fit the cost
 
 @dataclass
 class Acceptance:
-    """Decayed counts of accepted and rejected draft positions of one request."""
+    """The chance that one more drafted token of a request is kept (see the module's doc)."""
 
-    accepted: float = PRIOR_RATE * PRIOR_TRIALS
-    rejected: float = (1 - PRIOR_RATE) * PRIOR_TRIALS
-
-    @property
-    def rate(self) -> float:
-        return self.accepted / (self.accepted + self.rejected)
+    rate: float = PRIOR_RATE
 
     def record(self, drafted: int, kept: int) -> None:
         """A verification of `drafted` tokens kept the first `kept` of them."""
         if drafted <= 0:
             return
-        self.accepted = self.accepted * ACCEPTANCE_DECAY + kept
-        self.rejected = self.rejected * ACCEPTANCE_DECAY + (1 if kept < drafted else 0)
+        estimate = kept / (kept + 1) if kept < drafted else (kept + 1) / (kept + 2)
+        self.rate += ACCEPTANCE_WEIGHT * (estimate - self.rate)
 
 
 class StepCost:

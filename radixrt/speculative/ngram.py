@@ -15,6 +15,8 @@ Python loop or an index rebuilt at every step.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 
@@ -48,16 +50,24 @@ class TokenHistory:
         self._len = length
 
 
-def prompt_lookup(tokens: np.ndarray, min_window: int, max_window: int, limit: int) -> list[int]:
+class Lookup(NamedTuple):
+    draft: list[int]  # [] where no tail of the allowed lengths occurred before
+    matched: int  # the length of the tail that did
+
+
+NOTHING = Lookup([], 0)
+
+
+def prompt_lookup(tokens: np.ndarray, min_window: int, max_window: int, limit: int) -> Lookup:
     """Up to `limit` tokens that followed the most recent earlier occurrence of the longest
-    tail of `tokens` ([n] int64) of min_window..max_window tokens; [] if none occurred."""
+    tail of `tokens` ([n] int64) of min_window..max_window tokens."""
     n = len(tokens)
     if limit <= 0 or n < min_window + 1:
-        return []
+        return NOTHING
     # Candidate ends: earlier positions holding the last token (the tail's last token).
     ends = np.flatnonzero(tokens[: n - 1] == tokens[n - 1])
     if len(ends) == 0:
-        return []
+        return NOTHING
     matched = 1
     widest = min(max_window, n - 1)
     while matched < widest:
@@ -70,9 +80,8 @@ def prompt_lookup(tokens: np.ndarray, min_window: int, max_window: int, limit: i
             break
         ends, matched = agree, matched + 1
     if matched < min_window:
-        return []
+        return NOTHING
     start = int(ends[-1]) + 1  # the most recent occurrence of the longest tail
     # Where the occurrence is so recent that its continuation runs into the tail itself, the
     # text repeats with period n - start (a loop, a repeated line): the draft repeats it too.
-    draft: list[int] = np.resize(tokens[start:], limit).tolist()
-    return draft
+    return Lookup(np.resize(tokens[start:], limit).tolist(), matched)

@@ -14,7 +14,7 @@ from radixrt.speculative.ngram import TokenHistory, prompt_lookup
 
 
 def lookup(tokens: list[int], low: int = 1, high: int = 12, limit: int = 5) -> list[int]:
-    return prompt_lookup(np.array(tokens, dtype=np.int64), low, high, limit)
+    return prompt_lookup(np.array(tokens, dtype=np.int64), low, high, limit).draft
 
 
 def test_the_longest_tail_wins_then_the_latest_occurrence():
@@ -28,6 +28,8 @@ def test_the_longest_tail_wins_then_the_latest_occurrence():
     assert lookup([7, 7, 7, 7], high=2) == [7] * 5  # a loop: the draft goes on with it
     assert lookup([1, 2, 3, 1, 2, 3], limit=7) == [1, 2, 3, 1, 2, 3, 1]
     assert lookup(tokens, limit=0) == []
+    assert prompt_lookup(np.array(tokens), 1, 12, 5).matched == 3
+    assert prompt_lookup(np.array(tokens), 1, 2, 5).matched == 2
 
 
 def test_lookup_windows_bound_the_match():
@@ -66,18 +68,22 @@ def test_the_radix_cache_continues_a_cached_path(page_size):
     assert cache.evictable_size() == 24  # reading changed nothing
 
 
-def test_acceptance_counts_trials_up_to_the_first_rejection():
+def test_acceptance_follows_the_text_within_a_few_verifications():
     acc = Acceptance()
     assert acc.rate == pytest.approx(0.3)
-    for _ in range(30):
-        acc.record(4, 4)
-    assert acc.rate > 0.95
-    for _ in range(30):
-        acc.record(4, 0)
-    low = acc.rate
-    assert low < 0.2
+    for _ in range(10):
+        acc.record(11, 11)  # a copied run: every draft kept
+    assert acc.rate > 0.85
+    rates = []
+    for _ in range(3):
+        acc.record(11, 0)  # the copy ended: the first draft is rejected
+        rates.append(acc.rate)
+    assert rates[0] < 0.65 and rates[-1] < 0.35  # shallow drafts within three steps
     acc.record(0, 0)  # no draft, no trial
-    assert acc.rate == low
+    assert acc.rate == rates[-1]
+    for _ in range(30):
+        acc.record(4, 2)  # kept 2 of 4: the next one has a 2 in 3 chance
+    assert acc.rate == pytest.approx(2 / 3, abs=0.01)
 
 
 def test_the_cost_fit_finds_the_line_and_sizes_drafts_by_batch():
