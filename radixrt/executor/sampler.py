@@ -120,13 +120,14 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     near = [i for i in range(batch.batch_size) if sampled[i] and covered[i]]
     whole = [i for i in range(batch.batch_size) if sampled[i] and not covered[i]]
     ids = greedy_ids.clone()
+    seeded = _seeded_noise(batch, near, whole, probs.shape[-1], probs.device)
     if candidates is not None and near:
         values, tokens = candidates[0][near], candidates[1][near]
-        drawn = (values / _exponential_noise(values, batch, near)).argmax(dim=-1, keepdim=True)
-        ids[near] = tokens.gather(1, drawn).squeeze(1)
+        noise = _exponential_noise(values, batch, near, seeded)
+        ids[near] = tokens.gather(1, (values / noise).argmax(dim=-1, keepdim=True)).squeeze(1)
     if whole:
         kept = filter_probs(probs[whole], batch, whole)
-        ids[whole] = (kept / _exponential_noise(kept, batch, whole)).argmax(dim=-1)
+        ids[whole] = (kept / _exponential_noise(kept, batch, whole, seeded)).argmax(dim=-1)
     return _mark_empty_rows(ids, logits, greedy_ids)
 
 
@@ -211,18 +212,34 @@ def _top_k_top_p(
     return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
 
 
-def _exponential_noise(probs: torch.Tensor, batch: SamplingBatch, rows: list[int]) -> torch.Tensor:
-    """Exp(1) noise shaped as probs [R, N], whose row j is the batch's row rows[j]: from that
-    row's generator when it has one, else from torch's default one (all such rows in one
-    call)."""
+def _seeded_noise(
+    batch: SamplingBatch, near: list[int], whole: list[int], vocab: int, device: torch.device
+) -> dict[int, torch.Tensor]:
+    """Each seeded row's Exp(1) noise (CANDIDATES values for a row drawn among its
+    candidates, `vocab` for a whole row), drawn from its generator in row order: rows that
+    share a generator (a request's draft rows, scheduler/draft_rows.py) draw as the same rows
+    would in consecutive steps."""
+    size = dict.fromkeys(near, CANDIDATES) | dict.fromkeys(whole, vocab)
+    noise = {}
+    for row in sorted(size):
+        generator = batch.generators[row]
+        if generator is not None:
+            noise[row] = torch.empty(size[row], device=device).exponential_(generator=generator)
+    return noise
+
+
+def _exponential_noise(
+    probs: torch.Tensor, batch: SamplingBatch, rows: list[int], seeded: dict[int, torch.Tensor]
+) -> torch.Tensor:
+    """Exp(1) noise shaped as probs [R, N], whose row j is the batch's row rows[j]: a seeded
+    row's from `seeded`, the others from torch's default generator (all in one call)."""
     noise = torch.empty_like(probs)
     n, device = probs.shape[-1], probs.device
-    unseeded = [j for j, row in enumerate(rows) if batch.generators[row] is None]
+    unseeded = [j for j, row in enumerate(rows) if row not in seeded]
     if unseeded:
         noise[unseeded] = torch.empty(len(unseeded), n, device=device).exponential_()
     for j, row in enumerate(rows):
-        generator = batch.generators[row]
-        if generator is not None:
-            noise[j].exponential_(generator=generator)
+        if row in seeded:
+            noise[j] = seeded[row]
     # An exact 0 draw would make p / 0 = inf (or nan for p = 0); clamp it away.
     return noise.clamp_min_(torch.finfo(noise.dtype).tiny)

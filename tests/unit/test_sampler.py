@@ -189,6 +189,23 @@ def test_seeded_request_repeats_across_runs_and_batches() -> None:
     assert len(set(alone)) > 5  # really sampled, not stuck on one token
 
 
+def test_rows_sharing_a_generator_draw_as_consecutive_steps() -> None:
+    """A request's draft rows share its generator (scheduler/draft_rows.py): drawn in one
+    call they take the tokens one call per row would, even when one row draws among its top
+    candidates and the next over its whole row (a 2,000-token vocabulary, top-p)."""
+    vocab = 2000
+    logits = torch.randn(4, vocab, generator=gen(4))
+    logits[1, :3] += 12.0  # top-p keeps a few tokens: drawn among the candidates
+    logits[3, :2] += 12.0
+    p = params(temperature=1.0, top_p=0.9, seed=11)
+    together = sample(logits, make_batch([p] * 4, [gen(11)] * 4, vocab=vocab))
+    g = gen(11)
+    one_by_one = [
+        int(sample(logits[i : i + 1], make_batch([p], [g], vocab=vocab))[0]) for i in range(4)
+    ]
+    assert together.tolist() == one_by_one
+
+
 def test_different_seeds_differ() -> None:
     assert draw_sequence(1, []) != draw_sequence(2, [])
 
