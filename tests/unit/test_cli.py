@@ -104,6 +104,12 @@ def test_generate_help_has_its_own_group_and_the_server_groups():
         (["--kv-events-config", '{"bogus": 1}'], ["kv_events_config", "bogus", "endpoint"]),
         (["--tp-size", "0"], ["tp_size", ">= 1"]),
         (["--nnodes", "2", "--node-rank", "2"], ["node_rank", "0..1"]),
+        (["--speculative-algorithm", "EAGLE"], ["--speculative-algorithm", "'NGRAM'"]),
+        (["--speculative-num-draft-tokens", "1"], ["speculative_num_draft_tokens", ">= 2"]),
+        (
+            ["--speculative-ngram-min-match-window-size", "13"],
+            ["speculative_ngram_min_match_window_size", "<= speculative_ngram_max"],
+        ),
     ],
 )
 def test_generate_reports_a_bad_flag_in_one_line_before_loading(args, names):
