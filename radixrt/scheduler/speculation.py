@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING
 from radixrt.cache.base import PrefixCache
 from radixrt.scheduler.req import Req
 from radixrt.scheduler.stats import SchedulerStats
-from radixrt.speculative.adaptive import Acceptance, StepCost, draft_length
+from radixrt.speculative.adaptive import (
+    PRIOR_RATE,
+    SERVER_WEIGHT,
+    Acceptance,
+    StepCost,
+    draft_length,
+)
 from radixrt.speculative.ngram import TokenHistory, prompt_lookup
 
 if TYPE_CHECKING:
@@ -44,8 +50,8 @@ class SpecState:
     have made at the last step it did not draft (scored against what came next)."""
 
     history: TokenHistory
-    long: Acceptance = field(default_factory=lambda: Acceptance(LONG_PRIOR))
-    short: Acceptance = field(default_factory=Acceptance)
+    long: Acceptance
+    short: Acceptance
     from_long: bool = False
     shadow: list[int] = field(default_factory=list)
     shadow_at: int = 0  # the history's length when the shadow draft was made
@@ -78,6 +84,9 @@ class Speculator:
         self.stats = stats
         self.cost = StepCost()
         self.batch_size = 1  # requests running in the step being planned
+        # Every request's verifications, slowly: where a new request's rates start.
+        self.server_long = Acceptance(LONG_PRIOR, SERVER_WEIGHT)
+        self.server_short = Acceptance(PRIOR_RATE, SERVER_WEIGHT)
 
     def record_step(self, tokens: int, seconds: float) -> None:
         """A step of decodes and verifications only: `tokens` query tokens in `seconds`."""
@@ -93,7 +102,7 @@ class Speculator:
         req.spec_accepted += kept
         self.stats.spec_verified(drafted, kept)
         if req.spec is not None:
-            req.spec.acceptance.record(drafted, kept)
+            self._record(req.spec, drafted, kept)
 
     def propose(self, req: Req, structured: StructuredGeneration) -> None:
         """Append the request's draft (unchecked) to its output_ids, if one is worth it."""
@@ -118,8 +127,9 @@ class Speculator:
         """The request's state, its history brought up to its verified tokens."""
         state: SpecState | None = req.spec
         if state is None:
-            state = SpecState(TokenHistory(req.origin_input_ids + req.output_ids))
-            req.spec = state
+            tokens = TokenHistory(req.origin_input_ids + req.output_ids)
+            long, short = Acceptance(self.server_long.rate), Acceptance(self.server_short.rate)
+            state = req.spec = SpecState(tokens, long, short)
         have, want = len(state.history), req.seq_len - req.unverified
         if have < want:
             state.history.extend(req.token_slice(have, want))
@@ -136,8 +146,12 @@ class Speculator:
         kept = 0
         while kept < len(compared) and compared[kept] == came[kept]:
             kept += 1
-        state.acceptance.record(len(compared), kept)
+        self._record(state, len(compared), kept)
         state.shadow = []
+
+    def _record(self, state: SpecState, drafted: int, kept: int) -> None:
+        state.acceptance.record(drafted, kept)
+        (self.server_long if state.from_long else self.server_short).record(drafted, kept)
 
     def _draft(self, req: Req, state: SpecState) -> tuple[list[int], bool]:
         """The longest draft of either source, cut to the room the request has, and whether

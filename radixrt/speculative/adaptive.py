@@ -10,7 +10,9 @@ Weighing verifications alike (not their tokens: a copied run of 11 would outweig
 ten failures) makes the rate follow the text: a request that stops copying drafts shallow
 within two or three steps. A request that does not draft still scores the draft it would have
 made against the token the model then picked (a free trial), so its rate recovers when its
-text starts repeating. The scheduler keeps two rates per request, for drafts from a long match
+text starts repeating. A new request starts from the server's rates, a slower average over
+every request's verifications: requests alike (one application's traffic) start at the depth
+the ones before them found. The scheduler keeps two rates per request, for drafts from a long match
 and from a short one (speculation.py): a tail of one or two tokens that occurred before is
 weaker evidence than a tail of ten.
 
@@ -27,8 +29,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# The weight of each verification's estimate in the moving average.
-ACCEPTANCE_WEIGHT = 0.3
+# The weight of each verification's estimate in a request's moving average, and in the
+# server's (the rates a new request starts from: those of the requests before it).
+ACCEPTANCE_WEIGHT, SERVER_WEIGHT = 0.5, 0.05
 # Before any trial: a third of the drafted tokens kept (short first drafts: text that does not
 # repeat costs little, text that does earns depth in a few steps).
 PRIOR_RATE = 0.3
@@ -44,13 +47,14 @@ class Acceptance:
     """The chance that one more drafted token of a request is kept (see the module's doc)."""
 
     rate: float = PRIOR_RATE
+    weight: float = ACCEPTANCE_WEIGHT
 
     def record(self, drafted: int, kept: int) -> None:
         """A verification of `drafted` tokens kept the first `kept` of them."""
         if drafted <= 0:
             return
         estimate = kept / (kept + 1) if kept < drafted else (kept + 1) / (kept + 2)
-        self.rate += ACCEPTANCE_WEIGHT * (estimate - self.rate)
+        self.rate += self.weight * (estimate - self.rate)
 
 
 class StepCost:
