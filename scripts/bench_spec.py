@@ -29,7 +29,9 @@ workloads stop at EOS or --max-new-tokens, the random one ignores EOS.
 - tok/s: output tokens (each engine's own, EOS included where it stopped there) / wall
   seconds of the generate calls. accept length: the mean of radixrt's meta_info
   `spec_accept_length` (completion tokens / verify steps). spec ≠ base: requests whose greedy
-  tokens with speculation differ from those without (they must be 0). context match: the share
+  tokens with speculation differ from those without: 0 in float32 (--radixrt-args "--dtype
+  float32"); in bfloat16, the CPU's default, a verification's rows run other kernels than a
+  decode's and round differently, so greedy text may part at a near-tie. context match: the share
   of output tokens (radixrt's without speculation, else the first engine's that ran) whose 3
   preceding tokens occur in the prompt: how much the answers copy their context (the small
   default model copies only part of the code file).
