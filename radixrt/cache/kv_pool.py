@@ -46,6 +46,14 @@ class KVPool:
         self.k_buffer[layer_id][loc] = k.to(self.dtype)
         self.v_buffer[layer_id][loc] = v.to(self.dtype)
 
+    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy every layer's K/V of slots `src` into slots `dst` (int64 [n] each): a beam
+        that forks inside a page gets its own copy of that page (copy on write)."""
+        src, dst = src.to(self.device), dst.to(self.device)
+        for buffers in (self.k_buffer, self.v_buffer):
+            for layer in buffers:
+                layer[dst] = layer[src]
+
     def get_kv(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k_buffer[layer_id], self.v_buffer[layer_id]
 

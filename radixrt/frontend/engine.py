@@ -279,7 +279,8 @@ class Engine:
             self._requests.remove(states)
             raise stopped
         for planned in reqs:
-            self._send(planned.msg)
+            if planned.send:
+                self._send(planned.msg)
         return states, is_batch
 
     def _check_running(self, new_work: bool = False) -> None:

@@ -139,6 +139,8 @@ class ReqState:
         }
         if out is not None and out.spec is not None:
             meta.update(_spec_meta(out.completion_tokens, *out.spec))
+        if out is not None and out.beam_score is not None:
+            meta["beam_score"] = out.beam_score
         if self.return_logprob:
             keys = _TOKEN_KEYS + _TOP_KEYS + (_IDS_KEYS if self.ids_logprob else ())
             meta.update({k: list(self.logprobs[k]) for k in keys})

@@ -18,6 +18,7 @@ from radixrt.errors import ParamError
 from radixrt.protocol.messages import GenerateReq
 from radixrt.protocol.request_input import GenerateReqInput, check_supported, check_types
 from radixrt.protocol.request_limits import (
+    validate_beam_search,
     validate_logprobs,
     validate_request_size,
     validate_token_ids,
@@ -35,6 +36,7 @@ class PlannedReq:
     return_prompt_token_ids: bool
     log_metrics: bool
     parent_rid: str  # the rid the caller gave or was given (n > 1: the samples' common rid)
+    send: bool = True  # False: a beam search's other results (they come under msg.rid)
 
 
 def build_requests(engine: Any, req: GenerateReqInput) -> tuple[list[PlannedReq], bool]:
@@ -78,9 +80,22 @@ def build_requests(engine: Any, req: GenerateReqInput) -> tuple[list[PlannedReq]
             max_entries=limits.max_logprob_entries,
         )
         _check_constraint(engine, params)
-        for j in range(params.n):
-            sample = _sample_params(params, j)
-            sub_rid = rids[i] if params.n == 1 else f"{rids[i]}-{j}"
+        beams = (params.beam_width or 1) > 1
+        validate_beam_search(
+            params.beam_width or 1,
+            len(ids),
+            max_new,
+            return_logprob=bool(want_lp[i]),
+            stream=bool(req.stream),
+            tp_size=limits.tp_size,
+            max_running_requests=limits.max_running_requests,
+            page_size=limits.page_size,
+            pool_tokens=engine.info.pool_tokens,
+        )
+        sub_rids = [rids[i]] if params.n == 1 else [f"{rids[i]}-{j}" for j in range(params.n)]
+        for j, sub_rid in enumerate(sub_rids):
+            # A beam search is one message; its n results come back under the n rids.
+            sample = params if beams else _sample_params(params, j)
             msg = GenerateReq(
                 sub_rid,
                 ids,
@@ -90,6 +105,7 @@ def build_requests(engine: Any, req: GenerateReqInput) -> tuple[list[PlannedReq]
                 top_n,
                 bool(req.stream),
                 id_lists[i],
+                beam_rids=sub_rids if beams else None,
             )
             out.append(
                 PlannedReq(
@@ -99,6 +115,7 @@ def build_requests(engine: Any, req: GenerateReqInput) -> tuple[list[PlannedReq]
                     bool(req.return_prompt_token_ids),
                     req.log_metrics is not False,
                     rids[i],
+                    send=not beams or j == 0,
                 )
             )
     return out, is_batch

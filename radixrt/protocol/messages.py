@@ -14,7 +14,8 @@ from radixrt.protocol.request_input import GenerateReqInput
 
 
 class GenerateReq(msgspec.Struct, tag="generate"):
-    """One tokenized request (n > 1 is expanded into n of these before it reaches the scheduler)."""
+    """One tokenized request (n > 1 sampling is expanded into n of these before it reaches the
+    scheduler; a beam search is one, whose n results come back under `beam_rids`)."""
 
     rid: str
     input_ids: list[int]
@@ -24,6 +25,8 @@ class GenerateReq(msgspec.Struct, tag="generate"):
     top_logprobs_num: int = 0
     stream: bool = False
     token_ids_logprob: list[int] | None = None  # logprobs of these ids at every position
+    # Beam search (beam_width > 1): the rids its n results go out under (None: [rid]).
+    beam_rids: list[str] | None = None
 
 
 class AbortReq(msgspec.Struct, tag="abort"):
@@ -99,6 +102,8 @@ class ReqOutput(msgspec.Struct):
     first_token_at: float | None = None
     # With speculative decoding: (decode steps, drafted tokens verified, drafts accepted) so far.
     spec: tuple[int, int, int] | None = None
+    # Beam search: this result's length-penalized score (transformers' sequences_scores).
+    beam_score: float | None = None
 
 
 class BatchOutput(msgspec.Struct, tag="batch_output"):

@@ -131,3 +131,44 @@ def validate_logprobs(
             f"--max-logprob-entries is {max_entries}: ask for fewer ids or positions "
             "(token_ids_logprob has no cap of its own beyond this one)",
         )
+
+
+def validate_beam_search(
+    width: int,
+    prompt_len: int,
+    max_new_tokens: int,
+    *,
+    return_logprob: bool,
+    stream: bool,
+    tp_size: int,
+    max_running_requests: int,
+    page_size: int,
+    pool_tokens: int,
+) -> None:
+    """What beam search (width > 1) does not take, as a ParamError naming the field, and a
+    group that could not fit the pool even alone: its prompt plus, per beam, its longest
+    length and a page."""
+    if width <= 1:
+        return
+    if return_logprob:
+        raise ParamError("return_logprob", "return_logprob cannot be used with beam search")
+    if stream:
+        raise ParamError(
+            "stream", "beam search returns its beams when it ends: stream must be false"
+        )
+    if tp_size > 1:
+        raise ParamError("beam_width", "beam search does not run with tensor parallelism yet")
+    if width > max_running_requests:
+        raise ParamError(
+            "beam_width",
+            f"beam_width {width} exceeds the server's --max-running-requests "
+            f"({max_running_requests}): each beam is a running request",
+        )
+    need = prompt_len + width * (max_new_tokens + page_size)
+    if need > pool_tokens:
+        raise ParamError(
+            "max_new_tokens",
+            f"a beam search of width {width} over {prompt_len} prompt tokens and "
+            f"{max_new_tokens} new tokens may hold {need} tokens of KV; the pool has "
+            f"{pool_tokens}",
+        )

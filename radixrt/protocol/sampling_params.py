@@ -70,7 +70,11 @@ class SamplingParams:
     # server does not run (accepted, unused). The rest are refused when set.
     stream_interval: int | None = None
     custom_params: dict[str, Any] | None = None
+    # Beam search (docs/beam_search.md): beam_width > 1 keeps that many beams; n of them are
+    # returned. length_penalty and early_stopping mean what they mean in transformers.
     beam_width: int | None = None
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
     watermark: Any = None
 
     @classmethod
@@ -275,6 +279,11 @@ _FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
         "a structural tag (JSON text, or a dict) or None",
     ),
     "beam_width": _OPT_INT,
+    "length_penalty": _FLOAT,
+    "early_stopping": (
+        lambda v: isinstance(v, (bool, str)),
+        'a bool or the str "never"',
+    ),
 }
 _FLOAT_FIELDS = [name for name, spec in _FIELD_TYPES.items() if spec is _FLOAT]
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingParams)}

@@ -3,6 +3,7 @@ the range it allows. The bounds are sane limits, stated in the errors."""
 
 from __future__ import annotations
 
+import math
 import reprlib
 from typing import TYPE_CHECKING, NoReturn
 
@@ -18,6 +19,7 @@ MAX_TEMPERATURE = 100.0
 PENALTY_RANGE = (-2.0, 2.0)  # frequency / presence, as in the OpenAI API
 MAX_REPETITION_PENALTY = 10.0
 MAX_N = 128
+MAX_BEAM_WIDTH = 64
 LOGIT_BIAS_RANGE = (-100.0, 100.0)  # as in the OpenAI API
 MAX_SEED = 2**63
 MAX_STOP_REGEX_COUNT = 32  # SGLang's limits
@@ -136,16 +138,55 @@ def _check_unsupported(p: SamplingParams) -> None:
     if p.stream_interval is not None:
         require(p.stream_interval >= 1, "stream_interval", ">= 1 or None", p.stream_interval)
     if p.beam_width is not None:
-        require(p.beam_width >= 1, "beam_width", ">= 1 or None", p.beam_width)
-        if p.beam_width > 1:
-            raise ParamError(
-                "beam_width",
-                "sampling param 'beam_width' > 1 (beam search) is not "
-                f"supported by this server, got {p.beam_width}: use n for "
-                "several samples",
-            )
+        require(
+            1 <= p.beam_width <= MAX_BEAM_WIDTH,
+            "beam_width",
+            f"in [1, {MAX_BEAM_WIDTH}] or None",
+            p.beam_width,
+        )
+    _check_beam_search(p)
     if p.watermark not in (None, {}, False):
         raise ParamError("watermark", "sampling param 'watermark' is not supported by this server")
+
+
+def _check_beam_search(p: SamplingParams) -> None:
+    """Beam search ranks continuations by the model's log-probabilities (transformers'
+    do_sample=False): what would reshape or sample them is refused, naming the field."""
+    require(
+        p.early_stopping in (True, False, "never"),
+        "early_stopping",
+        'true, false or "never"',
+        p.early_stopping,
+    )
+    require(math.isfinite(p.length_penalty), "length_penalty", "a finite number", p.length_penalty)
+    width = p.beam_width or 1
+    if width == 1:
+        return
+    require(p.n <= width, "n", f"at most beam_width ({width}) with beam search", p.n)
+    unsupported = {
+        "temperature": p.temperature not in (0.0, 1.0),
+        "top_p": p.top_p != 1.0,
+        "top_k": p.top_k not in (-1, 0, 1),  # 1: how temperature 0 is written down
+        "min_p": p.min_p != 0.0,
+        "frequency_penalty": p.frequency_penalty != 0.0,
+        "presence_penalty": p.presence_penalty != 0.0,
+        "repetition_penalty": p.repetition_penalty != 1.0,
+        "logit_bias": bool(p.logit_bias),
+        "stop_regex": bool(p.stop_regex),
+        "seed": p.seed is not None,
+        "regex": p.regex is not None,
+        "json_schema": p.json_schema is not None,
+        "ebnf": p.ebnf is not None,
+        "structural_tag": p.structural_tag is not None,
+    }
+    for name, refused in unsupported.items():
+        if refused:
+            raise ParamError(
+                name,
+                f"sampling param {name!r} cannot be used with beam search (beam_width "
+                f"{width}): beams are ranked by the model's log-probabilities, got "
+                f"{short(getattr(p, name))}",
+            )
 
 
 def _parse_int(text: str) -> int | None:

@@ -10,6 +10,7 @@ import torch
 from radixrt.grammar.constraint import constraint_of
 from radixrt.protocol.messages import GenerateReq
 from radixrt.protocol.request_limits import (
+    validate_beam_search,
     validate_logprobs,
     validate_request_size,
     validate_token_ids,
@@ -37,6 +38,17 @@ def make_req(msg: GenerateReq, args: ServerArgs, parts: Components, arrivals: It
             "tokenizer: this server runs with skip_tokenizer_init"
         )
     validate_request_size(len(msg.input_ids), max_new, parts.context_length, parts.pool_tokens)
+    validate_beam_search(
+        params.beam_width or 1,
+        len(msg.input_ids),
+        max_new,
+        return_logprob=msg.return_logprob,
+        stream=msg.stream,
+        tp_size=args.tp_size,
+        max_running_requests=args.max_running_requests,
+        page_size=args.page_size,
+        pool_tokens=parts.pool_tokens,
+    )
     validate_token_ids(msg.input_ids, vocab)
     validate_token_ids(msg.token_ids_logprob or [], vocab, "token_ids_logprob")
     validate_logprobs(

@@ -15,6 +15,8 @@ computed is `rope_stale` (the planner has it computed again).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from radixrt.cache.allocator import PageAllocator
@@ -30,13 +32,16 @@ class KVManager:
         cache: PrefixCache,
         table: ReqToTokenTable,
         rope_switch: int | None = None,
+        copy_kv: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
     ) -> None:
+        """`copy_kv(src, dst)`: copies K/V between pool slots (KVPool.copy_slots), for forks."""
         assert cache.allocator is allocator
         self.allocator = allocator
         self.cache = cache
         self.table = table
         self.page_size = allocator.page_size
         self.rope_switch = rope_switch
+        self.copy_kv = copy_kv
 
     # -- LongRoPE ---------------------------------------------------------------------------
     def long_rope(self, req: Req) -> bool:
@@ -127,6 +132,34 @@ class KVManager:
             self.allocator.free_slots(self._slots(req, keep, req.num_slots))
         req.num_slots = length
         req.kv_len = min(req.kv_len, length)
+
+    def fork_cost(self, parent: Req) -> int:
+        """Pool tokens (whole pages) that `fork(parent, ...)` takes after the parent's
+        computed whole pages are published: its private tail, copied."""
+        return self._whole_pages(parent.kv_len - parent.tree_len)
+
+    def fork(self, parent: Req, child: Req) -> int:
+        """Give `child` the parent's K/V: the part the prefix cache holds is shared (locked
+        once more), the private tail (a partial page, once `cache_unfinished` published the
+        rest) is copied into pages of the child's own. The caller checked a free row and
+        `fork_cost`. Returns how many positions were copied."""
+        assert self.copy_kv is not None, "forks need copy_kv"
+        child.table_row = self.table.alloc_row()
+        shared = parent.tree_len
+        self.table.write(child.table_row, 0, self._slots(parent, 0, shared))
+        child.tree_len, child.last_node = shared, parent.last_node
+        child.long_rope_kv = parent.long_rope_kv
+        if child.last_node is not None:
+            self.cache.inc_lock_ref(child.last_node)
+        copied = parent.kv_len - shared
+        child.num_slots = child.kv_len = shared
+        if copied:
+            allocated = self.alloc(child, copied)
+            assert allocated, "forked without room: ask fork_cost() first"
+            dst = self._slots(child, shared, shared + copied)
+            self.copy_kv(self._slots(parent, shared, shared + copied), dst)
+        child.kv_len = parent.kv_len
+        return copied
 
     def cache_unfinished(self, req: Req) -> None:
         """Publish the computed, page-aligned part of a request still running (after a prefill

@@ -80,7 +80,8 @@ class OutputProcessor:
         for req in plan.prefill_only:
             if not req.finished:
                 req.finish_reason = {"type": "length", "length": 0}
-        live = [i for i, r in enumerate(plan.sample_reqs) if not r.finished]
+        # Beam groups rank their rows themselves (scheduler/beam_search.py).
+        live = [i for i, r in enumerate(plan.sample_reqs) if not r.finished and r.beam is None]
         if not live:
             return
         reqs = [plan.sample_reqs[i] for i in live]
@@ -286,7 +287,7 @@ def make_output(req: Req) -> ReqOutput:
         input_top_logprobs=req.input_top_logprobs if want else None,
         output_token_ids_logprobs=req.output_token_ids_logprobs if ids_want else None,
         input_token_ids_logprobs=req.input_token_ids_logprobs if ids_want else None,
-        detok=None if req.detok_sent else _detok_params(req.sampling_params),
+        detok=None if req.detok_sent else detok_params(req.sampling_params),
         admitted_at=req.admitted_at,
         first_token_at=req.first_token_at,
         spec=(req.spec_verify_ct, req.spec_drafted, req.spec_accepted)
@@ -301,7 +302,7 @@ def make_output(req: Req) -> ReqOutput:
     return out
 
 
-def _detok_params(params: SamplingParams) -> DetokParams:
+def detok_params(params: SamplingParams) -> DetokParams:
     return DetokParams(
         params.skip_special_tokens,
         params.spaces_between_special_tokens,

@@ -97,7 +97,7 @@ class Planner:
                 continue
             victim = min(decodes, key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)))
             self._retract(victim, running, waiting)
-            decodes.remove(victim)
+            decodes = [r for r in decodes if r in running]  # a beam group goes as a whole
             retracted = True
         for req in decodes:
             allocated = self.kv.alloc(req, 1 + req.unverified)
@@ -111,15 +111,21 @@ class Planner:
         self.new_token_ratio = 1.0
 
     def _requeue(self, req: Req, running: list[Req], waiting: list[Req]) -> None:
-        req.drop_unverified()  # the K/V to check it with is going away
-        self.kv.release(req)
-        running.remove(req)
+        if req.beam is not None:  # every beam goes; the group starts over from its prompt
+            req.beam.release_all(self.kv, running)
+            req = req.beam.root
+        else:
+            req.drop_unverified()  # the K/V to check it with is going away
+            self.kv.release(req)
+            running.remove(req)
         req.num_retractions += 1
         waiting.insert(0, req)
 
     def _reserved_tokens(self, reqs: list[Req]) -> int:
         ratio = self.new_token_ratio * self.conservativeness
-        return int(sum(min(r.remaining_new_tokens, MAX_RESERVED_PER_REQ) for r in reqs) * ratio)
+        return int(
+            sum(min(r.remaining_new_tokens, MAX_RESERVED_PER_REQ) * _beams(r) for r in reqs) * ratio
+        )
 
     def _admit(
         self, running: list[Req], waiting: list[Req], budget: int, work: list[tuple[Req, int]]
@@ -128,7 +134,7 @@ class Planner:
         inflight = [r.fill_ids for r in running if r.kv_len < r.seq_len - 1 - r.unverified]
         reserved = self._reserved_tokens(running)
         for req in self.policy.order(waiting):
-            if budget <= 0 or len(running) >= self.max_running:
+            if budget <= 0 or len(running) + _beams(req) > self.max_running:
                 break
             # Match again even if the policy just did: admitting an earlier request may have
             # evicted part of what that match returned.
@@ -151,6 +157,14 @@ class Planner:
             work.append((req, n))
             budget -= n
             reserved += own_reserve
+
+
+def _beams(req: Req) -> int:
+    """The beams a request will run as: a beam group's root before its first step forks it
+    runs as beam_width of them."""
+    if req.beam is not None and len(req.beam.beams) == 1:
+        return int(req.sampling_params.beam_width or 1)
+    return 1
 
 
 def _is_decode(req: Req) -> bool:

@@ -66,6 +66,7 @@ class Req:
     unverified: int = 0
     draft_kind: str = ""
     spec: Any = None  # the speculator's per-request state (scheduler/speculation.py)
+    beam: Any = None  # the beam-search group it is a beam of (scheduler/beam_search.py)
     spec_verify_ct: int = 0  # steps that verified drafts (SGLang's spec_verify_ct)
     spec_drafted: int = 0  # drafted tokens verified, and of them accepted
     spec_accepted: int = 0

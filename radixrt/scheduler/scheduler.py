@@ -32,6 +32,7 @@ from radixrt.protocol.messages import (
     encode,
 )
 from radixrt.scheduler.admission import make_req
+from radixrt.scheduler.beam_search import BeamSearch
 from radixrt.scheduler.cache_snapshot import cache_snapshot
 from radixrt.scheduler.components import Components
 from radixrt.scheduler.kv_manager import KVManager
@@ -66,7 +67,13 @@ class Scheduler:
         self.page_size = args.page_size
         self.stats = SchedulerStats()
         rope_switch = parts.model_config.rope.switch_length  # LongRoPE's (docs/longrope.md)
-        self.kv = KVManager(parts.allocator, parts.cache, parts.table, rope_switch)
+        self.kv = KVManager(
+            parts.allocator,
+            parts.cache,
+            parts.table,
+            rope_switch,
+            copy_kv=parts.runner.kv_pool.copy_slots,
+        )
         policy = SchedulePolicy(args.schedule_policy, self.kv, seed=args.random_seed)
         self.planner = Planner(
             self.kv,
@@ -98,6 +105,9 @@ class Scheduler:
             parts.device,
             truncate_kv=self.kv.truncate,
             speculator=self.speculator,
+        )
+        self.beams = BeamSearch(
+            self.kv, cfg.eos_token_ids, parts.context_length, self.stats, parts.tokenizer
         )
         self.running: list[Req] = []
         self.waiting: list[Req] = []
@@ -151,6 +161,7 @@ class Scheduler:
             logits = self.parts.runner.forward(batch)
             batch.commit()
             self.lockstep.sample(batch, logits, self.outputs, self.kv)
+            self.beams.process(batch.logits, logits, self.running, self.waiting)
             self._record_step_cost(batch, time.perf_counter() - started)
             now = time.time()
             for req in batch.logits.sample_reqs:
@@ -196,6 +207,10 @@ class Scheduler:
         """Release finished requests, publish prefilled chunks to the cache, emit outputs."""
         outs: list[ReqOutput] = []
         for req, prefix, n in zip(batch.reqs, batch.prefix_lens, batch.extend_lens, strict=True):
+            if req.beam is not None:  # beam search releases and reports its own beams
+                if req.table_row >= 0 and not req.output_ids and n > 1:
+                    self.kv.cache_unfinished(req)
+                continue
             if req.finished:
                 # A failed request's K/V may not match its tokens: none of it is cached.
                 self.kv.release(req, publish=not req.failed)
@@ -205,6 +220,7 @@ class Scheduler:
                 self.kv.cache_unfinished(req)  # a prompt chunk: a waiting sibling may want it
             if req.finished or (req.stream and req.num_emittable > req.num_sent_ids):
                 outs.append(self._output_of(req))
+        outs.extend(self.beams.take_outputs())
         if outs:
             self.transport.send(encode(BatchOutput(outs)))
         self._end_failed_outputs()
@@ -228,6 +244,7 @@ class Scheduler:
         self._failed_outputs.clear()
 
     def check_kv(self) -> None:
+        """The pool's count holds: free + cached + every running request's private pages."""
         held = sum(r.private_pages(self.page_size) for r in self.running)
         check_kv_accounting(self.parts.allocator, self.parts.cache, held)
 
@@ -279,6 +296,7 @@ class Scheduler:
             free_tokens=p.allocator.available_tokens,
             evictable_tokens=p.cache.evictable_size(),
             protected_tokens=p.cache.protected_size(),
+            beam_groups=self.beams.groups(self.running),
         )
         return self.stats.to_dict(now, p.cache.block_timings)
 
@@ -308,15 +326,22 @@ class Scheduler:
         try:
             req = make_req(msg, self.args, self.parts, self.arrivals)
         except ValueError as e:  # a bad request: the frontend's checks, made again here
-            self._send_abort(msg.rid, len(msg.input_ids), str(e))
+            self._refuse(msg, str(e))
             return
         except Exception as e:  # noqa: BLE001 - whatever it was, it ends this request only
             logger.warning("request %s refused: %s", msg.rid, e, exc_info=True)
-            self._send_abort(msg.rid, len(msg.input_ids), f"the request is invalid: {e}")
+            self._refuse(msg, f"the request is invalid: {e}")
             return
+        if (req.sampling_params.beam_width or 1) > 1:
+            self.beams.adopt(req, msg.beam_rids)
         self.stats.accepted(len(req.origin_input_ids))
         if not self.lockstep.submit(req, self.structured):
             self.waiting.append(req)
+
+    def _refuse(self, msg: GenerateReq, message: str) -> None:
+        """End a request that could not be made (each of a beam search's results)."""
+        for rid in msg.beam_rids or [msg.rid]:
+            self._send_abort(rid, len(msg.input_ids), message)
 
     def _admit_compiled(self, compiled: Compiled) -> None:
         """Requests whose grammar has compiled join the waiting queue; those whose constraint
@@ -330,12 +355,27 @@ class Scheduler:
         for held in self.lockstep.cancel(rid, self.structured):
             self._send_abort(rid, len(held.origin_input_ids), CLIENT_ABORT_MESSAGE)
         for queue_ in (self.waiting, self.running):
-            for req in [r for r in queue_ if r.rid == rid]:
+            for req in [r for r in queue_ if r.rid == rid or _beam_rid(r, rid)]:
+                if req not in queue_:  # a beam of a group ended just before
+                    continue
+                if req.beam is not None:
+                    self._abort_group(req, queue_)
+                    continue
                 if queue_ is self.running:
                     self.kv.release(req)
                 queue_.remove(req)
                 req.finish_reason = {"type": "abort", "message": CLIENT_ABORT_MESSAGE}
                 self.transport.send(encode(BatchOutput([make_output(req)])))
+
+    def _abort_group(self, req: Req, queue_: list[Req]) -> None:
+        """End a beam group: every beam's K/V goes, each of its results says aborted."""
+        group = req.beam
+        if queue_ is self.running:
+            group.release_all(self.kv, self.running)
+        else:
+            queue_.remove(req)
+        for rid in group.out_rids:
+            self._send_abort(rid, len(req.origin_input_ids), CLIENT_ABORT_MESSAGE)
 
     def _send_abort(self, rid: str, prompt_tokens: int, message: str) -> None:
         out = ReqOutput(rid, [], True, {"type": "abort", "message": message}, prompt_tokens, 0, 0)
@@ -353,6 +393,11 @@ class Scheduler:
             self.kv.flush_cache()
             reply = ControlReply("flush_cache", True)
         self.transport.send(encode(reply))
+
+
+def _beam_rid(req: Req, rid: str) -> bool:
+    """Whether `rid` names one of the results of the beam group `req` belongs to."""
+    return req.beam is not None and rid in req.beam.out_rids
 
 
 def _speculator(args: ServerArgs, parts: Components, stats: SchedulerStats) -> Speculator | None:

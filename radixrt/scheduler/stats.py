@@ -34,6 +34,7 @@ class Gauges:
     free_tokens: int
     evictable_tokens: int
     protected_tokens: int
+    beam_groups: int = 0  # beam-search groups running
 
 
 @dataclass
@@ -53,6 +54,11 @@ class SchedulerStats:
     # spec_decode_num_draft_tokens / num_accepted_tokens).
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
+    # Beam search: beams forked, and at those forks the positions shared through the prefix
+    # cache and those copied (a partial page, copy on write).
+    beam_forks: int = 0
+    beam_shared_tokens: int = 0
+    beam_copied_tokens: int = 0
     # Prefix-cache lookups in tokens at each request's admission (queried: its prompt).
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
@@ -112,6 +118,10 @@ class SchedulerStats:
             "failed_requests": self.failed_requests,
             "spec_draft_tokens": self.spec_draft_tokens,
             "spec_accepted_tokens": self.spec_accepted_tokens,
+            "beam_groups": now.beam_groups,
+            "beam_forks": self.beam_forks,
+            "beam_shared_tokens": self.beam_shared_tokens,
+            "beam_copied_tokens": self.beam_copied_tokens,
             "grammar_queue": now.grammar_queue,
             "cache_hit_rate": self.cache_hit_rate,
             "running": now.running,

@@ -64,8 +64,14 @@ def test_sampling_seed_is_the_seed():
 @pytest.mark.parametrize(
     "params,needle",
     [
-        ({"beam_width": 2}, "beam_width"),
         ({"beam_width": 0}, "beam_width"),
+        ({"beam_width": 65}, "beam_width"),
+        ({"beam_width": 2, "top_k": 5}, "top_k"),
+        ({"beam_width": 2, "min_p": 0.1}, "min_p"),
+        ({"beam_width": 2, "repetition_penalty": 1.1}, "repetition_penalty"),
+        ({"beam_width": 2, "stop_regex": "x"}, "stop_regex"),
+        ({"beam_width": 2, "seed": 3}, "seed"),
+        ({"beam_width": 2, "length_penalty": float("nan")}, "length_penalty"),
         ({"structural_tag": '{"type": "x"}'}, "structural_tag"),
         ({"watermark": {"key": 1}}, "watermark"),
         ({"stream_interval": 0}, "stream_interval"),

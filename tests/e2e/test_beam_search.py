@@ -1,0 +1,205 @@
+"""Beam search equals transformers' generate(num_beams=k, do_sample=False) in float32: the same
+sequences in the same order and scores within 1e-4, for beam widths 1 to 8, length penalties
+and every early_stopping, with pages of 1 and 16, several groups at once beside ordinary
+requests, and a pool small enough that groups wait and are preempted; the pool's count holds
+after every step (KV checks on)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import radixrt
+
+TINY_VOCAB, PAD_ID, IM_END_ID = 320, 256, 258  # tests/conftest.py's tiny tokenizer
+SCORE_TOL = 1e-4
+
+
+def _prompts(count: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [
+        [rng.randrange(TINY_VOCAB - 64) for _ in range(rng.randint(3, 40))] for _ in range(count)
+    ]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_model_dir):
+    return tiny_model_dir("llama")
+
+
+@pytest.fixture(scope="module")
+def hf_model(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def frequent_token(hf_model) -> int:
+    """A token the random model often ranks high: as an extra stop id it makes beams finish
+    early, so finished hypotheses, their scores and early stopping are exercised."""
+    with torch.inference_mode():
+        logits = hf_model(torch.tensor(_prompts(8, seed=5)[:1])).logits[0]
+    return int(logits.mean(0).argmax())
+
+
+@torch.inference_mode()
+def hf_beams(model, prompt, width, n, max_new, stop_ids, **kwargs):
+    """transformers' beams: (generated tokens up to and including the stop, score) best first."""
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(
+        num_beams=width,
+        num_return_sequences=n,
+        do_sample=False,
+        max_new_tokens=max_new,
+        eos_token_id=stop_ids,
+        pad_token_id=PAD_ID,
+        return_dict_in_generate=True,
+        output_scores=True,
+        **kwargs,
+    )
+    ids = torch.tensor([prompt])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+    seqs = out.sequences[:, len(prompt) :].tolist()
+    if width == 1:  # transformers runs greedy search: no score; the tokens up to a stop
+        ends = [next((i + 1 for i, t in enumerate(s) if t in stop_ids), len(s)) for s in seqs]
+        return [(s[:end], None) for s, end in zip(seqs, ends, strict=True)]
+    lengths = (out.beam_indices >= 0).sum(1).tolist()
+    scores = out.sequences_scores.tolist()
+    return [(s[:n_], float(v)) for s, n_, v in zip(seqs, lengths, scores, strict=True)]
+
+
+def _engine(model_dir, **kwargs) -> radixrt.Engine:
+    return radixrt.Engine(
+        model_path=model_dir,
+        dtype="float32",
+        enable_kv_checks=True,
+        log_level="warning",
+        in_process=True,
+        **kwargs,
+    )
+
+
+def _ours(outs) -> list[tuple[list[int], float]]:
+    outs = outs if isinstance(outs, list) else [outs]
+    return [(o["output_ids"], o["meta_info"].get("beam_score")) for o in outs]
+
+
+def assert_same_beams(ours, ref, label: str) -> None:
+    assert [t for t, _ in ours] == [t for t, _ in ref], f"{label}: ours {ours}, transformers {ref}"
+    for (_, a), (_, b) in zip(ours, ref, strict=True):
+        if b is None:  # width 1: greedy, as transformers runs it
+            assert a is None
+            continue
+        assert abs(a - b) <= SCORE_TOL * max(1.0, abs(b)), f"{label}: score {a} vs {b}"
+
+
+CASES = [
+    # (width, n, max_new, length_penalty, early_stopping, extra stop)
+    (1, 1, 12, 1.0, False, False),
+    (2, 2, 20, 1.0, False, True),
+    (3, 1, 16, 0.0, True, True),
+    (4, 4, 24, 1.0, False, True),
+    (4, 2, 24, -0.5, "never", True),
+    (5, 3, 16, 2.0, "never", True),
+    (8, 8, 32, 1.0, True, True),
+    (8, 3, 20, 1.0, False, False),
+]
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_beams_equal_transformers(model_dir, hf_model, frequent_token, page_size):
+    engine = _engine(model_dir, page_size=page_size, max_total_tokens=8192)
+    try:
+        prompts = _prompts(len(CASES), seed=page_size)
+        requests = []
+        for (width, n, max_new, lp, early, extra), prompt in zip(CASES, prompts, strict=True):
+            stops = [IM_END_ID, frequent_token] if extra else [IM_END_ID]
+            params = {
+                "beam_width": width,
+                "n": n,
+                "max_new_tokens": max_new,
+                "length_penalty": lp,
+                "early_stopping": early,
+                "temperature": 0,
+                "stop_token_ids": stops[1:],
+            }
+            requests.append((prompt, params, stops))
+        # All groups at once, beside ordinary requests: one batched call.
+        plain = {"temperature": 0, "max_new_tokens": 16}
+        outs = engine.generate(
+            input_ids=[p for p, _, _ in requests] + _prompts(3, seed=9),
+            sampling_params=[s for _, s, _ in requests] + [plain] * 3,
+        )
+        at = 0
+        for prompt, params, stops in requests:
+            n = params["n"]
+            ref = hf_beams(
+                hf_model,
+                prompt,
+                params["beam_width"],
+                n,
+                params["max_new_tokens"],
+                stops,
+                length_penalty=params["length_penalty"],
+                early_stopping=params["early_stopping"],
+            )
+            assert_same_beams(_ours(outs[at : at + n]), ref, f"{params}")
+            at += n
+        stats = engine.get_stats(check_kv=True)
+        assert stats["beam_forks"] > 0
+        assert (stats["beam_copied_tokens"] > 0) == (page_size > 1)
+        assert stats["beam_groups"] == 0
+    finally:
+        engine.shutdown()
+
+
+def test_small_pool_waits_and_preempts_and_stays_equal(model_dir, hf_model, frequent_token):
+    """A pool that holds about two groups at their longest: the others wait, running ones are
+    preempted and start over; every result still equals transformers'."""
+    engine = _engine(model_dir, page_size=4, max_total_tokens=700, max_running_requests=16)
+    try:
+        prompts = _prompts(6, seed=3)
+        params = {"beam_width": 4, "n": 2, "max_new_tokens": 40, "temperature": 0}
+        outs = engine.generate(input_ids=prompts, sampling_params=params)
+        for i, prompt in enumerate(prompts):
+            ref = hf_beams(hf_model, prompt, 4, 2, 40, [IM_END_ID])
+            assert_same_beams(_ours(outs[2 * i : 2 * i + 2]), ref, f"prompt {i}")
+        stats = engine.get_stats(check_kv=True)
+        assert stats["num_preemptions"] > 0, stats
+    finally:
+        engine.shutdown()
+
+
+def test_bad_beam_requests_name_the_field(model_dir):
+    engine = _engine(model_dir, max_total_tokens=4096)
+    try:
+        bad = [
+            ({"beam_width": 2, "n": 3}, "n"),
+            ({"beam_width": 2, "top_p": 0.5}, "top_p"),
+            ({"beam_width": 2, "temperature": 0.7}, "temperature"),
+            ({"beam_width": 2, "early_stopping": "sometimes"}, "early_stopping"),
+            ({"beam_width": 2, "regex": "[a-z]+"}, "regex"),
+            ({"beam_width": 2, "max_new_tokens": 3000}, "max_new_tokens"),
+        ]
+        for params, field in bad:
+            with pytest.raises(ValueError, match=field):
+                engine.generate(input_ids=[1, 2, 3], sampling_params=params)
+        with pytest.raises(ValueError, match="stream"):
+            list(
+                engine.generate(input_ids=[1, 2, 3], sampling_params={"beam_width": 2}, stream=True)
+            )
+        with pytest.raises(ValueError, match="return_logprob"):
+            engine.generate(
+                input_ids=[1, 2, 3], sampling_params={"beam_width": 2}, return_logprob=True
+            )
+        ok = engine.generate(
+            input_ids=[1, 2, 3], sampling_params={"beam_width": 2, "max_new_tokens": 4}
+        )
+        assert len(ok["output_ids"]) == 4
+        assert engine.get_stats(check_kv=True)["free_tokens"] > 0
+    finally:
+        engine.shutdown()
