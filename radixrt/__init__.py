@@ -10,9 +10,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["Engine", "ServerArgs", "SamplingParams", "__version__"]  # + radixrt.lang.__all__
+# + radixrt.lang.__all__
+__all__ = ["Engine", "ServerArgs", "SamplingParams", "BeamSearchParams", "__version__"]
 
 if TYPE_CHECKING:
+    from radixrt.frontend.beam_api import BeamSearchParams
     from radixrt.frontend.engine import Engine
     from radixrt.lang import *  # noqa: F403
     from radixrt.protocol.sampling_params import SamplingParams
@@ -20,6 +22,7 @@ if TYPE_CHECKING:
 
 _LAZY = {
     "Engine": "radixrt.frontend.engine",
+    "BeamSearchParams": "radixrt.frontend.beam_api",
     "ServerArgs": "radixrt.server_args",
     "SamplingParams": "radixrt.protocol.sampling_params",
 }

@@ -141,6 +141,7 @@ class ReqState:
             meta.update(_spec_meta(out.completion_tokens, *out.spec))
         if out is not None and out.beam_score is not None:
             meta["beam_score"] = out.beam_score
+            meta["beam_cum_logprob"] = out.beam_cum_logprob
         if self.return_logprob:
             keys = _TOKEN_KEYS + _TOP_KEYS + (_IDS_KEYS if self.ids_logprob else ())
             meta.update({k: list(self.logprobs[k]) for k in keys})

@@ -104,6 +104,7 @@ class ReqOutput(msgspec.Struct):
     spec: tuple[int, int, int] | None = None
     # Beam search: this result's length-penalized score (transformers' sequences_scores).
     beam_score: float | None = None
+    beam_cum_logprob: float | None = None  # its log-probabilities' sum, unpenalized
 
 
 class BatchOutput(msgspec.Struct, tag="batch_output"):

@@ -27,6 +27,7 @@ class Hypothesis:
 
     tokens: list[int]
     score: float
+    cum_logprob: float  # the sum of its tokens' log-probabilities (the score before the penalty)
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class BeamScorer:
         self.running[1:] = NEG
         self.scores = torch.full((width,), NEG, dtype=torch.float32)  # finished, best first
         self.hypotheses: list[list[int]] = [[] for _ in range(width)]
+        self.cum_logprobs = [NEG] * width
         self.is_finished = torch.zeros(width, dtype=torch.bool)
         self.improvable = True  # transformers' is_early_stop_heuristic_unsatisfied
         self.generated = 0  # tokens every running beam holds
@@ -117,17 +119,19 @@ class BeamScorer:
         merged_scores = torch.cat((self.scores, scored))
         merged_finished = torch.cat((self.is_finished, just_finished))
         best = torch.topk(merged_scores, k=self.width)[1].tolist()
-        hypotheses = []
+        hypotheses, cum = [], []
         finished_parents = []
         for i in best:
             if i < self.width:
                 hypotheses.append(self.hypotheses[i])
+                cum.append(self.cum_logprobs[i])
             else:
                 j = i - self.width
                 hypotheses.append([*beams[parents[j]], tokens[j]])
+                cum.append(float(top_lp[j]))
                 if bool(just_finished[j]):
                     finished_parents.append(parents[j])
-        self.hypotheses = hypotheses
+        self.hypotheses, self.cum_logprobs = hypotheses, cum
         self.scores = merged_scores[best]
         self.is_finished = merged_finished[best]
         return finished_parents
@@ -145,4 +149,7 @@ class BeamScorer:
 
     def results(self, n: int) -> list[Hypothesis]:
         """The n best finished hypotheses, best first (as transformers returns them)."""
-        return [Hypothesis(self.hypotheses[i], float(self.scores[i])) for i in range(n)]
+        return [
+            Hypothesis(self.hypotheses[i], float(self.scores[i]), self.cum_logprobs[i])
+            for i in range(n)
+        ]

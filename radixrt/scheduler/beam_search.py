@@ -256,6 +256,7 @@ class BeamSearch:
             admitted_at=root.admitted_at,
             first_token_at=root.first_token_at,
             beam_score=hyp.score,
+            beam_cum_logprob=hyp.cum_logprob,
         )
 
     def take_outputs(self) -> list[ReqOutput]:

@@ -203,3 +203,25 @@ def test_bad_beam_requests_name_the_field(model_dir):
         assert engine.get_stats(check_kv=True)["free_tokens"] > 0
     finally:
         engine.shutdown()
+
+
+def test_vllm_beam_search_api(model_dir, hf_model):
+    """Engine.beam_search with vLLM's BeamSearchParams: its beam_width sequences, best first,
+    tokens holding the prompt, cum_logprob the unpenalized sum."""
+    engine = _engine(model_dir, max_total_tokens=4096)
+    try:
+        prompts = _prompts(2, seed=11)
+        params = radixrt.BeamSearchParams(beam_width=3, max_tokens=10, length_penalty=0.5)
+        outputs = engine.beam_search([{"prompt_token_ids": p} for p in prompts], params)
+        for prompt, output in zip(prompts, outputs, strict=True):
+            ref = hf_beams(hf_model, prompt, 3, 3, 10, [IM_END_ID], length_penalty=0.5)
+            seqs = output.sequences
+            assert [s.tokens for s in seqs] == [prompt + t for t, _ in ref]
+            for seq, (tokens, score) in zip(seqs, ref, strict=True):
+                assert abs(seq.score - score) <= SCORE_TOL
+                assert abs(seq.cum_logprob - score * len(tokens) ** 0.5) <= 1e-3
+                assert isinstance(seq.text, str) and seq.finish_reason in ("stop", "length")
+        text = engine.beam_search(["hello", {"prompt": "world"}], params)
+        assert [len(o.sequences) for o in text] == [3, 3]
+    finally:
+        engine.shutdown()

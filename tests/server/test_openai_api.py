@@ -156,6 +156,47 @@ def test_n_and_seed(client):
     assert texts == [c.message.content for c in resp.choices]
 
 
+def test_beam_search_fields_as_vllm_names_them(client, server):
+    """use_beam_search keeps n beams and returns every one, best first, as vLLM does; what
+    beam search does not take is a 400 naming the field."""
+    engine = server[0]
+    body = {"use_beam_search": True, "length_penalty": 0.5, "early_stopping": True}
+    resp = client.completions.create(
+        model=MODEL, prompt="Once upon", n=3, max_tokens=10, temperature=0, extra_body=body
+    )
+    want = engine.generate(
+        "Once upon",
+        {"beam_width": 3, "n": 3, "max_new_tokens": 10, "temperature": 0, "length_penalty": 0.5,
+         "early_stopping": True},
+    )  # fmt: skip
+    assert [c.text for c in resp.choices] == [w["text"] for w in want]
+    assert [c.index for c in resp.choices] == [0, 1, 2]
+    chat = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, n=2, max_tokens=8, extra_body={"use_beam_search": True}
+    )
+    assert len(chat.choices) == 2
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(
+            model=MODEL,
+            prompt="Once upon",
+            n=2,
+            max_tokens=8,
+            stream=True,
+            extra_body={"use_beam_search": True},
+        )
+    assert "stream" in str(err.value)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(
+            model=MODEL,
+            prompt="Once upon",
+            n=2,
+            max_tokens=8,
+            temperature=0.7,
+            extra_body={"use_beam_search": True},
+        )
+    assert err.value.body["param"] == "temperature"
+
+
 def test_stop_string(client):
     params = {"temperature": 0, "max_tokens": 30, "extra_body": {"ignore_eos": True}}
     full = client.completions.create(model=MODEL, prompt="Hello there", **params)

@@ -70,6 +70,10 @@ class SamplingFields(Strict):
     regex: str | None = None
     json_schema: str | None = None
     ebnf: str | None = None
+    # vLLM's beam search fields: n beams are kept and all n returned (docs/beam_search.md).
+    use_beam_search: bool | None = None
+    length_penalty: float | None = None
+    early_stopping: bool | Literal["never"] | None = None
 
 
 class ContentPart(Strict):

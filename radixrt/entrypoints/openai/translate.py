@@ -62,6 +62,11 @@ def sampling_params(req: SamplingFields, max_new_tokens: int) -> dict[str, Any]:
         del params["stop"]
     if req.min_tokens is not None:
         params["min_new_tokens"] = req.min_tokens
+    if req.use_beam_search:  # as vLLM: n beams, every one returned
+        params["beam_width"] = req.n or 1
+    for name in ("length_penalty", "early_stopping"):
+        if getattr(req, name) is not None:
+            params[name] = getattr(req, name)
     schema = _response_format_schema(req.response_format)
     if schema is not None:
         params["json_schema"] = schema
@@ -95,6 +100,7 @@ def field_names(req: SamplingFields) -> dict[str, str]:
     names = {
         "max_new_tokens": "max_completion_tokens" if named_completion else "max_tokens",
         "min_new_tokens": "min_tokens",
+        "beam_width": "n",  # use_beam_search keeps n beams
         "top_logprobs_num": "top_logprobs" if chat else "logprobs",
         "input_ids": "messages" if chat else "prompt",
     }
