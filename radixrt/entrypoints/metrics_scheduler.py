@@ -27,6 +27,15 @@ _COUNTERS = {
         "spec_decode_num_accepted_tokens",
         "Speculative draft tokens the model accepted",
     ),
+    "beam_forks": ("beam_forks", "Beams forked by beam search"),
+    "beam_shared_tokens": (
+        "beam_shared_tokens",
+        "KV positions a forked beam shares with its parent through the prefix cache",
+    ),
+    "beam_copied_tokens": (
+        "beam_copied_tokens",
+        "KV positions copied for forked beams (their parent's partial last page)",
+    ),
     "prefix_cache_queries": (
         "prefix_cache_queries",
         "Prompt tokens looked up in the prefix cache (at each request's admission)",
@@ -74,6 +83,7 @@ class SchedulerCollector:
                 "Constrained requests waiting for their grammar to compile",
                 stats["grammar_queue"],
             ),
+            "num_beam_groups": ("Beam-search groups running", stats["beam_groups"]),
             "token_usage": ("Fraction of the KV pool held by running requests", used / pool),
             "num_used_tokens": ("KV pool tokens held by running requests", used),
             "num_evictable_tokens": (

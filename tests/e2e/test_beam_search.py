@@ -107,6 +107,7 @@ CASES = [
     (5, 3, 16, 2.0, "never", True),
     (8, 8, 32, 1.0, True, True),
     (8, 3, 20, 1.0, False, False),
+    (6, 2, 256, 1.0, "never", False),
 ]
 
 
@@ -223,5 +224,29 @@ def test_vllm_beam_search_api(model_dir, hf_model):
                 assert isinstance(seq.text, str) and seq.finish_reason in ("stop", "length")
         text = engine.beam_search(["hello", {"prompt": "world"}], params)
         assert [len(o.sequences) for o in text] == [3, 3]
+    finally:
+        engine.shutdown()
+
+
+def test_default_model_equals_transformers(default_tokenizer_dir, hf_loader):
+    """The shipped model's weights (dequantized: quantization none), chat prompts."""
+    from radixrt.loader.default_model import default_model_path
+
+    path = default_model_path()
+    engine = _engine(
+        path, quantization="none", tokenizer_path=default_tokenizer_dir, max_total_tokens=8192
+    )
+    try:
+        hf = hf_loader(path)
+        stops = list(engine.info.eos_token_ids)
+        for question, (width, n) in [("Name a fruit.", (4, 2)), ("What is 2+2?", (3, 3))]:
+            text = engine.tokenizer.apply_chat_template(
+                [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+            )
+            ids = engine.tokenizer.encode(text, add_special_tokens=False)
+            params = {"beam_width": width, "n": n, "max_new_tokens": 24, "temperature": 0}
+            ours = _ours(engine.generate(input_ids=ids, sampling_params=params))
+            assert_same_beams(ours, hf_beams(hf, ids, width, n, 24, stops), question)
+        assert engine.get_stats(check_kv=True)["beam_groups"] == 0
     finally:
         engine.shutdown()

@@ -234,7 +234,14 @@ def test_without_the_radix_cache_the_page_says_so(tmp_path):
     no-sharing cache (--disable-radix-cache; a second real server would double this module's
     time)."""
     cache = create_prefix_cache("none", PageAllocator(512, 1))
-    stats = {"steps": 4, "spec_draft_tokens": 40, "spec_accepted_tokens": 30}
+    stats = {
+        "steps": 4,
+        "spec_draft_tokens": 40,
+        "spec_accepted_tokens": 30,
+        "beam_groups": 3,
+        "beam_shared_tokens": 90,
+        "beam_copied_tokens": 10,
+    }
     snapshot = cache_snapshot(cache, [], [], stats, depth=6, max_nodes=200)
     assert snapshot["radix_cache"] is False and snapshot["tree"] is None
     with StaticServer(json.dumps(snapshot).encode()) as url:
@@ -243,6 +250,9 @@ def test_without_the_radix_cache_the_page_says_so(tmp_path):
     assert "Free: 512 pages, 512 tokens (100.0%)" in dom
     # Speculative decoding's acceptance, from the stats the snapshot carries.
     assert "Speculative drafts accepted (since start)" in dom and ">75.0 %<" in dom
+    # Beam search's groups and the share of forked KV shared rather than copied.
+    assert "Beam groups running" in dom and "Beam KV shared, not copied" in dom
+    assert ">90.0 %<" in dom
 
 
 class StaticServer:

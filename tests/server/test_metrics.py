@@ -156,8 +156,25 @@ def test_every_labelled_series_exists_at_start_up(startup_text):
         "radixrt:num_used_tokens",
         "radixrt:num_evictable_tokens",
         "radixrt:num_grammar_queue_reqs",
+        "radixrt:num_beam_groups",
+        "radixrt:beam_forks_total",
+        "radixrt:beam_shared_tokens_total",
+        "radixrt:beam_copied_tokens_total",
     ):
         assert other in names, other
+
+
+def test_a_beam_search_forks_beams_that_share_kv(server):
+    before = scrape(server)
+    r = complete(server, "one two three", 6, n=3, use_beam_search=True, ignore_eos=True)
+    assert r.status_code == 200, r.text
+    assert len(r.json()["choices"]) == 3
+    after = scrape(server)
+    forks = value(after, "radixrt:beam_forks_total") - value(before, "radixrt:beam_forks_total")
+    assert forks >= 2  # the first step forks the prompt into 3 beams
+    shared = value(after, "radixrt:beam_shared_tokens_total")
+    assert shared - value(before, "radixrt:beam_shared_tokens_total") > 0
+    assert value(after, "radixrt:num_beam_groups") == 0
 
 
 # -- each metric moves -----------------------------------------------------------------------

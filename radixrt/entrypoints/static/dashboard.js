@@ -12,6 +12,10 @@ const METRICS = [
   { key: "kvUsage", title: "KV pool in use", unit: "%", digits: 1 },
   // Speculative decoding: drafted tokens the model accepted; "–" while none were drafted.
   { key: "specAccept", title: "Speculative drafts accepted (since start)", unit: "%", digits: 1 },
+  // Beam search: groups running; of the KV positions forked beams took, the share they
+  // share with their parent rather than copy ("–" before the first fork).
+  { key: "beamGroups", title: "Beam groups running", unit: "", digits: 0 },
+  { key: "beamShared", title: "Beam KV shared, not copied (since start)", unit: "%", digits: 1 },
 ];
 
 const history = [];
@@ -97,8 +101,16 @@ function record(data) {
     specAccept: stats.spec_draft_tokens
       ? 100 * (stats.spec_accepted_tokens || 0) / stats.spec_draft_tokens
       : null,
+    beamGroups: stats.beam_groups || 0,
+    beamShared: beamShare(stats),
   });
   if (history.length > HISTORY) history.shift();
+}
+
+function beamShare(stats) {
+  const shared = stats.beam_shared_tokens || 0;
+  const total = shared + (stats.beam_copied_tokens || 0);
+  return total ? 100 * shared / total : null;
 }
 
 function renderMetrics() {
