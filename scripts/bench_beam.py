@@ -62,6 +62,16 @@ def prompt_ids(count: int) -> list[list[int]]:
     return out
 
 
+def save_tokenizer(venvs: Path) -> str:
+    """The default model's tokenizer as a Hugging Face folder (vLLM loads it by path)."""
+    from radixrt.loader.tokenizer import load_tokenizer
+
+    out = venvs / "hf-models" / "default-tokenizer"
+    if not (out / "tokenizer.json").exists():
+        load_tokenizer(bcpu.default_gguf()).save_pretrained(out)
+    return str(out)
+
+
 # -- workers (each in its own process) --------------------------------------------------------
 def radixrt_worker(spec: dict[str, Any]) -> dict[str, Any]:
     import radixrt
@@ -115,6 +125,7 @@ def vllm_worker(spec: dict[str, Any]) -> dict[str, Any]:
 
     llm = LLM(
         model=spec["hf_dir"],
+        tokenizer=spec["tokenizer_dir"],  # its beam search decodes each beam's text
         enable_prefix_caching=True,
         max_model_len=2048,
         dtype="bfloat16",
@@ -162,7 +173,8 @@ WORKERS = {"radixrt": radixrt_worker, "vllm": vllm_worker, "transformers": trans
 
 # -- the driver ----------------------------------------------------------------------------------
 def run(engine: str, spec: dict[str, Any], venvs: Path, timeout: float) -> dict[str, Any]:
-    python = sys.executable if engine == "radixrt" else str(venvs / engine / "bin" / "python")
+    # transformers runs in radixrt's own environment (it is a dependency).
+    python = sys.executable if engine != "vllm" else str(venvs / engine / "bin" / "python")
     if not Path(python).exists():
         return {"error": "not installed"}
     with tempfile.TemporaryDirectory(prefix="bench_beam_") as tmp:
@@ -225,14 +237,16 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     prompts = prompt_ids(args.prompts)
     engines = args.engines.split(",")
-    hf_dir = ""
+    hf_dir = tokenizer_dir = ""
     if any(e != "radixrt" for e in engines):
         hf_dir = str(bcpu.ensure_hf_dir(bcpu.default_gguf(), args.venvs))
+        tokenizer_dir = save_tokenizer(args.venvs)
     results: dict[int, dict[str, dict[str, Any]]] = {}
     for width in [int(w) for w in args.widths.split(",")]:
         spec = {
             "gguf": bcpu.default_gguf(),
             "hf_dir": hf_dir,
+            "tokenizer_dir": tokenizer_dir,
             "prompts": prompts,
             "width": width,
             "new": args.max_new_tokens,
