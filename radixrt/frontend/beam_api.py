@@ -91,3 +91,22 @@ def to_output(prompt_ids: list[int], results: list[dict[str, Any]]) -> BeamSearc
             )
         )
     return BeamSearchOutput(sequences)
+
+
+def beam_search(engine: Any, prompts: list[Any], params: Any) -> list[BeamSearchOutput]:
+    """Engine.beam_search: the prompts in one call (the groups run together), or one call
+    each when they mix text and ids (a call takes one kind)."""
+    fields = [prompt_fields(p) for p in prompts]
+    kinds = {key for f in fields for key in f}
+    if not fields:
+        return []
+    if len(kinds) > 1:
+        return [beam_search(engine, [p], params)[0] for p in prompts]
+    key, n = kinds.pop(), params.beam_width
+    results = engine.generate(
+        sampling_params=sampling_params(params),
+        return_prompt_token_ids=True,
+        **{key: [f[key] for f in fields]},
+    )
+    groups = [results[i * n : i * n + n] for i in range(len(prompts))]
+    return [to_output(g[0]["prompt_token_ids"], g) for g in groups]

@@ -141,23 +141,9 @@ class Engine:
         {"prompt_token_ids": [...]}) searched with `params` (radixrt.BeamSearchParams or
         vLLM's own, same fields); one BeamSearchOutput per prompt, its beam_width sequences
         best first. vLLM's lora_request, use_tqdm and concurrency_limit are ignored."""
-        from radixrt.frontend.beam_api import prompt_fields, sampling_params, to_output
+        from radixrt.frontend.beam_api import beam_search
 
-        sampling, n = sampling_params(params), params.beam_width
-        fields = [prompt_fields(p) for p in prompts]
-        kinds = {key for f in fields for key in f}
-        if len(kinds) > 1:  # a call takes text or ids, not a mix: one call each
-            return [self.beam_search([p], params)[0] for p in prompts]
-        if not fields:
-            return []
-        key = kinds.pop()
-        results = self.generate(
-            sampling_params=sampling,
-            return_prompt_token_ids=True,
-            **{key: [f[key] for f in fields]},
-        )
-        groups = [results[i * n : i * n + n] for i in range(len(prompts))]
-        return [to_output(g[0]["prompt_token_ids"], g) for g in groups]
+        return beam_search(self, prompts, params)
 
     def generate_request(self, req: GenerateReqInput) -> Any:
         """generate, given the request struct itself."""

@@ -99,6 +99,21 @@ class BeamSearch:
             stop_ids |= set(self.eos_token_ids)
         req.beam = BeamGroup(req, list(out_rids or [req.rid]), stop_ids)
 
+    @staticmethod
+    def names(req: Req, rid: str) -> bool:
+        """Whether `rid` names one of the results of the group `req` is a beam of."""
+        return req.beam is not None and rid in req.beam.out_rids
+
+    def abort(self, req: Req, queue: list[Req], running: list[Req]) -> list[str]:
+        """End the group `req` belongs to (in `queue`: waiting, or running): every beam's
+        K/V goes. Returns the rids of its results, to answer as aborted."""
+        group = req.beam
+        if queue is running:
+            group.release_all(self.kv, running)
+        else:
+            queue.remove(req)
+        return list(group.out_rids)
+
     def groups(self, reqs: list[Req]) -> int:
         """How many groups these requests (the running ones) hold."""
         return len({id(r.beam) for r in reqs if r.beam is not None})

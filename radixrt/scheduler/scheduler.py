@@ -355,27 +355,16 @@ class Scheduler:
         for held in self.lockstep.cancel(rid, self.structured):
             self._send_abort(rid, len(held.origin_input_ids), CLIENT_ABORT_MESSAGE)
         for queue_ in (self.waiting, self.running):
-            for req in [r for r in queue_ if r.rid == rid or _beam_rid(r, rid)]:
-                if req not in queue_:  # a beam of a group ended just before
-                    continue
-                if req.beam is not None:
-                    self._abort_group(req, queue_)
-                    continue
+            for req in [r for r in queue_ if r.rid == rid or self.beams.names(r, rid)]:
+                if req.beam is not None:  # the whole group, each of its results aborted
+                    for out_rid in self.beams.abort(req, queue_, self.running):
+                        self._send_abort(out_rid, len(req.origin_input_ids), CLIENT_ABORT_MESSAGE)
+                    break
                 if queue_ is self.running:
                     self.kv.release(req)
                 queue_.remove(req)
                 req.finish_reason = {"type": "abort", "message": CLIENT_ABORT_MESSAGE}
                 self.transport.send(encode(BatchOutput([make_output(req)])))
-
-    def _abort_group(self, req: Req, queue_: list[Req]) -> None:
-        """End a beam group: every beam's K/V goes, each of its results says aborted."""
-        group = req.beam
-        if queue_ is self.running:
-            group.release_all(self.kv, self.running)
-        else:
-            queue_.remove(req)
-        for rid in group.out_rids:
-            self._send_abort(rid, len(req.origin_input_ids), CLIENT_ABORT_MESSAGE)
 
     def _send_abort(self, rid: str, prompt_tokens: int, message: str) -> None:
         out = ReqOutput(rid, [], True, {"type": "abort", "message": message}, prompt_tokens, 0, 0)
@@ -393,11 +382,6 @@ class Scheduler:
             self.kv.flush_cache()
             reply = ControlReply("flush_cache", True)
         self.transport.send(encode(reply))
-
-
-def _beam_rid(req: Req, rid: str) -> bool:
-    """Whether `rid` names one of the results of the beam group `req` belongs to."""
-    return req.beam is not None and rid in req.beam.out_rids
 
 
 def _speculator(args: ServerArgs, parts: Components, stats: SchedulerStats) -> Speculator | None:

@@ -111,9 +111,33 @@ CASES = [
 ]
 
 
+@pytest.fixture
+def bounded_groups(monkeypatch):
+    """After every beam step: no group holds more private pages than beam_width x (its
+    longest beam's pages + 1); its shared pages are the prompt's and the tree's, counted once."""
+    from radixrt.scheduler import beam_search
+
+    process = beam_search.BeamSearch.process
+    checked = [0]
+
+    def checking(self, plan, logits, running, waiting):
+        process(self, plan, logits, running, waiting)
+        page = self.kv.page_size
+        for group in {id(r.beam): r.beam for r in running if r.beam is not None}.values():
+            private = sum(b.private_pages(page) for b in group.beams)
+            longest = max(b.seq_len for b in group.beams)
+            assert private <= group.width * (-(-longest // page) + 1), (private, longest)
+            checked[0] += 1
+
+    monkeypatch.setattr(beam_search.BeamSearch, "process", checking)
+    return checked
+
+
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_beams_equal_transformers(model_dir, hf_model, frequent_token, page_size):
-    engine = _engine(model_dir, page_size=page_size, max_total_tokens=8192)
+def test_beams_equal_transformers(model_dir, hf_model, frequent_token, page_size, bounded_groups):
+    # Pages of 16 with prompt chunks of 16: roots are prefilled in several steps.
+    chunk = {"chunked_prefill_size": 16} if page_size == 16 else {}
+    engine = _engine(model_dir, page_size=page_size, max_total_tokens=8192, **chunk)
     try:
         prompts = _prompts(len(CASES), seed=page_size)
         requests = []
@@ -154,6 +178,7 @@ def test_beams_equal_transformers(model_dir, hf_model, frequent_token, page_size
         assert stats["beam_forks"] > 0
         assert (stats["beam_copied_tokens"] > 0) == (page_size > 1)
         assert stats["beam_groups"] == 0
+        assert bounded_groups[0] > 100
     finally:
         engine.shutdown()
 
@@ -248,5 +273,31 @@ def test_default_model_equals_transformers(default_tokenizer_dir, hf_loader):
             ours = _ours(engine.generate(input_ids=ids, sampling_params=params))
             assert_same_beams(ours, hf_beams(hf, ids, width, n, 24, stops), question)
         assert engine.get_stats(check_kv=True)["beam_groups"] == 0
+    finally:
+        engine.shutdown()
+
+
+def test_abort_ends_a_running_group_and_frees_its_pages(model_dir):
+    import threading
+
+    engine = _engine(model_dir, max_total_tokens=4096)
+    try:
+        params = {"beam_width": 4, "n": 2, "max_new_tokens": 400, "ignore_eos": True}
+        results: list = []
+        thread = threading.Thread(
+            target=lambda: results.append(
+                engine.generate(input_ids=[1, 2, 3], sampling_params=params, rid="group")
+            )
+        )
+        thread.start()
+        while engine.get_stats()["beam_groups"] == 0:
+            assert thread.is_alive()
+        engine.abort_request("group")
+        thread.join(timeout=30)
+        reasons = [r["meta_info"]["finish_reason"]["type"] for r in results[0]]
+        assert reasons == ["abort", "abort"]
+        stats = engine.get_stats(check_kv=True)
+        assert stats["beam_groups"] == 0 and stats["running"] == 0
+        assert stats["free_tokens"] + stats["evictable_tokens"] == stats["pool_tokens"]
     finally:
         engine.shutdown()
