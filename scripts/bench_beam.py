@@ -24,10 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -175,20 +172,7 @@ WORKERS = {"radixrt": radixrt_worker, "vllm": vllm_worker, "transformers": trans
 def run(engine: str, spec: dict[str, Any], venvs: Path, timeout: float) -> dict[str, Any]:
     # transformers runs in radixrt's own environment (it is a dependency).
     python = sys.executable if engine != "vllm" else str(venvs / engine / "bin" / "python")
-    if not Path(python).exists():
-        return {"error": "not installed"}
-    with tempfile.TemporaryDirectory(prefix="bench_beam_") as tmp:
-        spec_path, result_path = Path(tmp, "spec.json"), Path(tmp, "result.json")
-        spec_path.write_text(json.dumps(spec))
-        cmd = [python, __file__, "worker", engine, str(spec_path), str(result_path)]
-        env = {**os.environ, **bcpu.WORKER_ENV}
-        try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return {"error": f"over {timeout:.0f} s"}
-        if proc.returncode != 0 or not result_path.exists():
-            return {"error": bcpu.last_error_line(proc.stderr) or f"exit {proc.returncode}"}
-        return json.loads(result_path.read_text())
+    return bcpu.run_json_worker([python, __file__, "worker", engine], spec, timeout)
 
 
 def copy_all_pages(prompts: list[list[int]], width: int, new: int, page: int) -> int:

@@ -176,15 +176,20 @@ def ensure_hf_dir(gguf: str, venvs: Path) -> Path:
 
 def run_worker(python: str, engine: str, spec: dict[str, Any], timeout: float) -> dict[str, Any]:
     """One engine in its own process; {'error': ...} instead of figures when it fails."""
-    if not Path(python).exists():
+    return run_json_worker([python, str(WORKERS), engine], spec, timeout)
+
+
+def run_json_worker(cmd: list[str], spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """`cmd SPEC.json RESULT.json` in the workers' environment: the JSON it wrote, or
+    {'error': ...} (with 'crashed' when a signal killed it)."""
+    if not Path(cmd[0]).exists():
         return {"error": "not installed"}
-    with tempfile.TemporaryDirectory(prefix="bench_cpu_") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench_worker_") as tmp:
         spec_path, result_path = Path(tmp, "spec.json"), Path(tmp, "result.json")
         spec_path.write_text(json.dumps(spec))
-        cmd = [python, str(WORKERS), engine, str(spec_path), str(result_path)]
         try:
             proc = subprocess.run(
-                cmd,
+                [*cmd, str(spec_path), str(result_path)],
                 env={**os.environ, **WORKER_ENV},
                 capture_output=True,
                 text=True,

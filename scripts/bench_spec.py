@@ -51,7 +51,6 @@ import shlex
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -209,24 +208,8 @@ def run_job(job: str, spec: dict[str, Any], args: argparse.Namespace) -> dict[st
 
 
 def run_worker(python: str, engine: str, spec: dict[str, Any], args) -> dict[str, Any]:
-    if not Path(python).exists():
-        return {"error": "not installed"}
-    with tempfile.TemporaryDirectory(prefix="bench_spec_") as tmp:
-        spec_path, out_path = Path(tmp, "spec.json"), Path(tmp, "result.json")
-        spec_path.write_text(json.dumps(spec))
-        cmd = [python, __file__, "--worker", engine, str(spec_path), str(out_path)]
-        env = {**os.environ, **bcpu.WORKER_ENV}
-        try:
-            proc = subprocess.run(
-                cmd, env=env, capture_output=True, text=True, timeout=args.timeout
-            )
-        except subprocess.TimeoutExpired:
-            return {"error": f"failed: over {args.timeout:.0f} s"}
-        if proc.returncode < 0:
-            return {"error": f"failed: killed by signal {-proc.returncode}", "crashed": True}
-        if proc.returncode != 0 or not out_path.exists():
-            return {"error": f"failed: {bcpu.last_error_line(proc.stderr)}"}
-        return json.loads(out_path.read_text())
+    cmd = [python, __file__, "--worker", engine]
+    return bcpu.run_json_worker(cmd, spec, args.timeout)
 
 
 def merge_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:

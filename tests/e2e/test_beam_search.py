@@ -98,16 +98,16 @@ def assert_same_beams(ours, ref, label: str) -> None:
 
 
 CASES = [
-    # (width, n, max_new, length_penalty, early_stopping, extra stop)
-    (1, 1, 12, 1.0, False, False),
-    (2, 2, 20, 1.0, False, True),
-    (3, 1, 16, 0.0, True, True),
-    (4, 4, 24, 1.0, False, True),
-    (4, 2, 24, -0.5, "never", True),
-    (5, 3, 16, 2.0, "never", True),
-    (8, 8, 32, 1.0, True, True),
-    (8, 3, 20, 1.0, False, False),
-    (6, 2, 256, 1.0, "never", False),
+    # (width, n, max_new, length_penalty, early_stopping, extra stop, min_new_tokens)
+    (1, 1, 12, 1.0, False, False, 0),
+    (2, 2, 20, 1.0, False, True, 0),
+    (3, 1, 16, 0.0, True, True, 6),
+    (4, 4, 24, 1.0, False, True, 0),
+    (4, 2, 24, -0.5, "never", True, 0),
+    (5, 3, 16, 2.0, "never", True, 4),
+    (8, 8, 32, 1.0, True, True, 0),
+    (8, 3, 20, 1.0, False, False, 0),
+    (6, 2, 256, 1.0, "never", False, 0),
 ]
 
 
@@ -133,15 +133,28 @@ def bounded_groups(monkeypatch):
     return checked
 
 
-@pytest.mark.parametrize("page_size", [1, 16])
-def test_beams_equal_transformers(model_dir, hf_model, frequent_token, page_size, bounded_groups):
-    # Pages of 16 with prompt chunks of 16: roots are prefilled in several steps.
+@pytest.mark.parametrize(
+    "page_size,radix", [(1, True), (16, True), (4, False)], ids=["page1", "page16", "no-radix"]
+)
+def test_beams_equal_transformers(
+    model_dir, hf_model, frequent_token, page_size, radix, bounded_groups
+):
+    # Pages of 16 with prompt chunks of 16: roots are prefilled in several steps. Without the
+    # radix cache nothing is shared: a fork copies its parent's pages.
     chunk = {"chunked_prefill_size": 16} if page_size == 16 else {}
-    engine = _engine(model_dir, page_size=page_size, max_total_tokens=8192, **chunk)
+    engine = _engine(
+        model_dir,
+        page_size=page_size,
+        max_total_tokens=8192,
+        disable_radix_cache=not radix,
+        **chunk,
+    )
     try:
         prompts = _prompts(len(CASES), seed=page_size)
         requests = []
-        for (width, n, max_new, lp, early, extra), prompt in zip(CASES, prompts, strict=True):
+        for (width, n, max_new, lp, early, extra, min_new), prompt in zip(
+            CASES, prompts, strict=True
+        ):
             stops = [IM_END_ID, frequent_token] if extra else [IM_END_ID]
             params = {
                 "beam_width": width,
@@ -151,6 +164,7 @@ def test_beams_equal_transformers(model_dir, hf_model, frequent_token, page_size
                 "early_stopping": early,
                 "temperature": 0,
                 "stop_token_ids": stops[1:],
+                "min_new_tokens": min_new,
             }
             requests.append((prompt, params, stops))
         # All groups at once, beside ordinary requests: one batched call.
@@ -171,12 +185,14 @@ def test_beams_equal_transformers(model_dir, hf_model, frequent_token, page_size
                 stops,
                 length_penalty=params["length_penalty"],
                 early_stopping=params["early_stopping"],
+                min_new_tokens=params["min_new_tokens"] or None,
             )
             assert_same_beams(_ours(outs[at : at + n]), ref, f"{params}")
             at += n
         stats = engine.get_stats(check_kv=True)
         assert stats["beam_forks"] > 0
         assert (stats["beam_copied_tokens"] > 0) == (page_size > 1)
+        assert (stats["beam_shared_tokens"] > 0) == radix
         assert stats["beam_groups"] == 0
         assert bounded_groups[0] > 100
     finally:
