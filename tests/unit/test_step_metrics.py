@@ -55,6 +55,10 @@ def fake_stats(histograms: dict) -> dict:
         "jump_forward_tokens": 0,
         "spec_draft_tokens": 9,
         "spec_accepted_tokens": 6,
+        "beam_groups": 2,
+        "beam_forks": 7,
+        "beam_shared_tokens": 70,
+        "beam_copied_tokens": 5,
         "prefix_cache_queries": 40,
         "prefix_cache_hits": 10,
         "evicted_tokens": 0,
@@ -82,6 +86,8 @@ def test_the_collector_exports_cumulative_buckets_and_the_gauges() -> None:
     assert samples[("radixrt:num_evictable_tokens", None)] == 20
     assert samples[("radixrt:prefix_cache_hits_total", None)] == 10
     assert math.isclose(samples[("radixrt:token_usage", None)], 0.3)
+    assert samples[("radixrt:num_beam_groups", None)] == 2
+    assert samples[("radixrt:beam_copied_tokens_total", None)] == 5
 
 
 def test_finish_reasons_map_to_vllms_labels() -> None:
