@@ -317,3 +317,19 @@ def test_abort_ends_a_running_group_and_frees_its_pages(model_dir):
         assert stats["free_tokens"] + stats["evictable_tokens"] == stats["pool_tokens"]
     finally:
         engine.shutdown()
+
+
+def test_groups_beside_speculating_requests(model_dir, hf_model):
+    """With speculation on, plain requests draft and beams do not; both stay exact."""
+    engine = _engine(model_dir, max_total_tokens=8192, speculative_algorithm="NGRAM")
+    try:
+        prompts = _prompts(4, seed=21)
+        beam = {"beam_width": 3, "n": 2, "max_new_tokens": 30, "temperature": 0}
+        plain = {"temperature": 0, "max_new_tokens": 30}
+        outs = engine.generate(input_ids=prompts, sampling_params=[beam, plain] * 2)
+        for at, prompt in ((0, prompts[0]), (3, prompts[2])):
+            ref = hf_beams(hf_model, prompt, 3, 2, 30, [IM_END_ID])
+            assert_same_beams(_ours(outs[at : at + 2]), ref, "beside speculation")
+        assert engine.get_stats(check_kv=True)["beam_groups"] == 0
+    finally:
+        engine.shutdown()
