@@ -46,7 +46,7 @@ def frequent_token(hf_model) -> int:
 
 
 @torch.inference_mode()
-def hf_beams(model, prompt, width, n, max_new, stop_ids, **kwargs):
+def hf_beams(model, prompt, width, n, max_new, stop_ids, tokenizer=None, **kwargs):
     """transformers' beams: (generated tokens up to and including the stop, score) best first."""
     from transformers import GenerationConfig
 
@@ -62,7 +62,9 @@ def hf_beams(model, prompt, width, n, max_new, stop_ids, **kwargs):
         **kwargs,
     )
     ids = torch.tensor([prompt])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+    out = model.generate(
+        ids, attention_mask=torch.ones_like(ids), generation_config=config, tokenizer=tokenizer
+    )
     seqs = out.sequences[:, len(prompt) :].tolist()
     if width == 1:  # transformers runs greedy search: no score; the tokens up to a stop
         ends = [next((i + 1 for i, t in enumerate(s) if t in stop_ids), len(s)) for s in seqs]
@@ -288,6 +290,12 @@ def test_default_model_equals_transformers(default_tokenizer_dir, hf_loader):
             params = {"beam_width": width, "n": n, "max_new_tokens": 24, "temperature": 0}
             ours = _ours(engine.generate(input_ids=ids, sampling_params=params))
             assert_same_beams(ours, hf_beams(hf, ids, width, n, 24, stops), question)
+            # A stop string ends a beam as transformers' stop_strings does.
+            ours = _ours(engine.generate(input_ids=ids, sampling_params={**params, "stop": ["."]}))
+            ref = hf_beams(
+                hf, ids, width, n, 24, stops, tokenizer=engine.tokenizer, stop_strings=["."]
+            )
+            assert_same_beams(ours, ref, f"{question} stop '.'")
         assert engine.get_stats(check_kv=True)["beam_groups"] == 0
     finally:
         engine.shutdown()
