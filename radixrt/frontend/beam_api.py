@@ -93,9 +93,14 @@ def to_output(prompt_ids: list[int], results: list[dict[str, Any]]) -> BeamSearc
     return BeamSearchOutput(sequences)
 
 
-def beam_search(engine: Any, prompts: list[Any], params: Any) -> list[BeamSearchOutput]:
-    """Engine.beam_search: the prompts in one call (the groups run together), or one call
-    each when they mix text and ids (a call takes one kind)."""
+def beam_search(
+    engine: Any, prompts: list[Any], params: Any, **_vllm_only: Any
+) -> list[BeamSearchOutput]:
+    """Engine.beam_search, vLLM's LLM.beam_search: each prompt (a str, {"prompt": str} or
+    {"prompt_token_ids": [...]}) searched with `params` (BeamSearchParams or vLLM's own, same
+    fields); one BeamSearchOutput per prompt, its beam_width sequences best first. vLLM's
+    lora_request, use_tqdm and concurrency_limit are ignored. The prompts go in one call (the
+    groups run together), or one call each when they mix text and ids."""
     fields = [prompt_fields(p) for p in prompts]
     kinds = {key for f in fields for key in f}
     if not fields:

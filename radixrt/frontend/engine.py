@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from radixrt.errors import SchedulerDied, ServerOverloaded
+from radixrt.frontend.beam_api import beam_search
 from radixrt.frontend.engine_start import start_backend
 from radixrt.frontend.request_registry import RequestRegistry
 from radixrt.frontend.request_state import (
@@ -136,14 +137,7 @@ class Engine:
             engine_call_request(prompt, sampling_params, input_ids, fields)
         )
 
-    def beam_search(self, prompts: list[Any], params: Any, **_vllm_only: Any) -> list[Any]:
-        """vLLM's LLM.beam_search: each prompt (a str, {"prompt": str} or
-        {"prompt_token_ids": [...]}) searched with `params` (radixrt.BeamSearchParams or
-        vLLM's own, same fields); one BeamSearchOutput per prompt, its beam_width sequences
-        best first. vLLM's lora_request, use_tqdm and concurrency_limit are ignored."""
-        from radixrt.frontend.beam_api import beam_search
-
-        return beam_search(self, prompts, params)
+    beam_search = beam_search  # vLLM's LLM.beam_search (frontend/beam_api.py)
 
     def generate_request(self, req: GenerateReqInput) -> Any:
         """generate, given the request struct itself."""

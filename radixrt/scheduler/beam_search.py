@@ -28,6 +28,7 @@ from radixrt.scheduler.output import detok_params
 from radixrt.scheduler.req import Req
 from radixrt.scheduler.schedule_batch import LogitRows
 from radixrt.scheduler.stats import SchedulerStats
+from radixrt.scheduler.stops import stop_string_in
 
 
 @dataclass
@@ -39,7 +40,7 @@ class BeamGroup:
     out_rids: list[str]
     stop_ids: set[int]
     beams: list[Req] = field(default_factory=list)
-    scorer: BeamScorer | None = None
+    scorer: BeamScorer = field(init=False)
 
     def __post_init__(self) -> None:
         self.restart()
@@ -63,13 +64,22 @@ class BeamGroup:
             p.early_stopping,
         )
 
-    def release_all(self, kv: KVManager, running: list[Req]) -> None:
-        """Preempted: every beam's K/V goes (published); the group starts over."""
+    @property
+    def forked(self) -> bool:
+        """Whether its first step made the beams (before it, the root alone runs)."""
+        return self.scorer.generated > 0
+
+    def release(self, kv: KVManager, running: list[Req]) -> None:
+        """Every running beam's K/V goes, published to the prefix cache."""
         for beam in self.beams:
             if beam.table_row >= 0:
                 kv.release(beam)
             if beam in running:
                 running.remove(beam)
+
+    def release_all(self, kv: KVManager, running: list[Req]) -> None:
+        """Preempted: every beam's K/V goes (published); the group starts over."""
+        self.release(kv, running)
         self.restart()
 
 
@@ -80,16 +90,15 @@ class BeamSearch:
         self,
         kv: KVManager,
         eos_token_ids: list[int],
-        context_length: int,
         stats: SchedulerStats,
         tokenizer: Any = None,
     ) -> None:
         self.kv = kv
         self.eos_token_ids = list(eos_token_ids)
-        self.context_length = context_length
         self.stats = stats
         self.tokenizer = tokenizer
         self.outputs: list[ReqOutput] = []  # results of groups that ended, not yet sent
+        self.live = 0  # groups not ended yet: the step loop skips beam search without any
 
     def adopt(self, req: Req, out_rids: list[str] | None) -> None:
         """Make `req` the root of a new group (its sampling params asked beam_width > 1)."""
@@ -98,6 +107,7 @@ class BeamSearch:
         if not p.ignore_eos:
             stop_ids |= set(self.eos_token_ids)
         req.beam = BeamGroup(req, list(out_rids or [req.rid]), stop_ids)
+        self.live += 1
 
     @staticmethod
     def names(req: Req, rid: str) -> bool:
@@ -109,9 +119,10 @@ class BeamSearch:
         K/V goes. Returns the rids of its results, to answer as aborted."""
         group = req.beam
         if queue is running:
-            group.release_all(self.kv, running)
+            group.release(self.kv, running)
         else:
             queue.remove(req)
+        self.live -= 1
         return list(group.out_rids)
 
     def groups(self, reqs: list[Req]) -> int:
@@ -124,6 +135,8 @@ class BeamSearch:
     ) -> None:
         """Step every group whose beams all computed their next-token row this step; a group
         that cannot fork for lack of room starts over, at the front of `waiting`."""
+        if not self.live:
+            return
         rows: dict[int, int] = {}
         groups: dict[int, BeamGroup] = {}
         for req, row in zip(plan.sample_reqs, plan.sample_rows, strict=True):
@@ -138,23 +151,20 @@ class BeamSearch:
 
     def _advance(self, group: BeamGroup, logits: torch.Tensor, running: list[Req]) -> bool:
         """One step of the group; False if it had to start over (its root is not running)."""
-        assert group.scorer is not None
-        p = group.root.sampling_params
         log_probs = torch.log_softmax(logits.float(), dim=-1)
-        generated = len(group.beams[0].output_ids)
-        if generated < p.min_new_tokens and group.stop_ids:
+        if group.scorer.generated < group.root.sampling_params.min_new_tokens and group.stop_ids:
             log_probs[:, sorted(group.stop_ids)] = -float("inf")
-        # Before the first step every beam is the prompt: k copies of the root's row.
-        parents = group.beams if len(group.beams) > 1 else [group.root] * group.width
-        if len(group.beams) == 1:
+        parents = group.beams
+        if not group.forked:  # every beam is the prompt: k copies of the root's row
+            parents = [group.root] * group.width
             log_probs = log_probs.expand(group.width, -1)
-        room = self.context_length - len(group.root.origin_input_ids)
-        group.scorer.max_new_tokens = min(group.root.max_new_tokens, room)
         choice = group.scorer.step(
-            log_probs, [b.output_ids for b in parents], lambda tokens, t: self._stops(p, tokens, t)
+            log_probs,
+            [b.output_ids for b in parents],
+            lambda tokens, t: self._matched_stop(group, tokens, t) is not None,
         )
         if choice.done:
-            self._end(group, parents, choice, running)
+            self._end(group, running)
         elif not self._regroup(group, parents, choice, running):
             group.release_all(self.kv, running)  # no room to fork: start over later
             group.root.num_retractions += 1
@@ -162,26 +172,15 @@ class BeamSearch:
             return False
         return True
 
-    def _stops(self, params: Any, tokens: list[int], token: int) -> bool:
-        """Whether the continuation `tokens + [token]` ends with a stop id or stop string."""
-        return self._matched_stop(params, tokens, token) is not None
-
-    def _matched_stop(self, params: Any, tokens: list[int], token: int) -> int | str | None:
-        """The stop id or stop string `tokens + [token]` ends with (min_new_tokens holds
-        both back), or None."""
+    def _matched_stop(self, group: BeamGroup, tokens: list[int], token: int) -> int | str | None:
+        """The stop id or stop string `tokens + [token]` ends with, or None; min_new_tokens
+        holds both back (as OutputProcessor._check_finished)."""
+        params = group.root.sampling_params
         if len(tokens) + 1 < params.min_new_tokens:
             return None
-        if token in (params.stop_token_ids or ()) or (
-            not params.ignore_eos and token in self.eos_token_ids
-        ):
+        if token in group.stop_ids:
             return token
-        stops = params.stop
-        if not stops or self.tokenizer is None:
-            return None
-        # A token holds at least one character: this tail covers the longest stop string.
-        tail = [*tokens[-(max(len(s) for s in stops) + 1) :], token]
-        text = self.tokenizer.decode(tail, skip_special_tokens=False)
-        return next((s for s in stops if s in text), None)
+        return stop_string_in([*tokens, token], params.stop, self.tokenizer)
 
     def _regroup(
         self, group: BeamGroup, parents: list[Req], choice: StepChoice, running: list[Req]
@@ -235,27 +234,19 @@ class BeamSearch:
         self.stats.beam_forks += 1
         return child
 
-    def _end(
-        self, group: BeamGroup, parents: list[Req], choice: StepChoice, running: list[Req]
-    ) -> None:
+    def _end(self, group: BeamGroup, running: list[Req]) -> None:
         """Release every beam (the live ones published) and queue the n best results."""
-        for beam in _unique(parents):
-            if beam.table_row >= 0:
-                self.kv.release(beam)
-            if beam in running:
-                running.remove(beam)
-            beam.finish_reason = {"type": "length", "length": len(beam.output_ids)}
-        assert group.scorer is not None
-        n = group.root.sampling_params.n
-        results = group.scorer.results(n)
+        group.release(self.kv, running)
+        self.live -= 1
         root = group.root
+        results = group.scorer.results(root.sampling_params.n)
         for rid, hyp in zip(group.out_rids, results, strict=True):
-            self.outputs.append(self._output(root, rid, hyp))
+            self.outputs.append(self._output(group, rid, hyp))
         self.stats.finished(sum(len(h.tokens) for h in results), root.cached_tokens)
 
-    def _output(self, root: Req, rid: str, hyp: Hypothesis) -> ReqOutput:
-        tokens = hyp.tokens
-        matched = self._matched_stop(root.sampling_params, tokens[:-1], tokens[-1])
+    def _output(self, group: BeamGroup, rid: str, hyp: Hypothesis) -> ReqOutput:
+        root, tokens = group.root, hyp.tokens
+        matched = self._matched_stop(group, tokens[:-1], tokens[-1])
         reason: dict[str, Any] = {"type": "length", "length": len(tokens)}
         if matched is not None:
             reason = {"type": "stop", "matched": matched}

@@ -162,7 +162,7 @@ class Planner:
 def _beams(req: Req) -> int:
     """The beams a request will run as: a beam group's root before its first step forks it
     runs as beam_width of them."""
-    if req.beam is not None and len(req.beam.beams) == 1:
+    if req.beam is not None and not req.beam.forked:
         return int(req.sampling_params.beam_width or 1)
     return 1
 

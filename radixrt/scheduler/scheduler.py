@@ -106,9 +106,7 @@ class Scheduler:
             truncate_kv=self.kv.truncate,
             speculator=self.speculator,
         )
-        self.beams = BeamSearch(
-            self.kv, cfg.eos_token_ids, parts.context_length, self.stats, parts.tokenizer
-        )
+        self.beams = BeamSearch(self.kv, cfg.eos_token_ids, self.stats, parts.tokenizer)
         self.running: list[Req] = []
         self.waiting: list[Req] = []
         self.arrivals = itertools.count()
@@ -207,9 +205,7 @@ class Scheduler:
         """Release finished requests, publish prefilled chunks to the cache, emit outputs."""
         outs: list[ReqOutput] = []
         for req, prefix, n in zip(batch.reqs, batch.prefix_lens, batch.extend_lens, strict=True):
-            if req.beam is not None:  # beam search releases and reports its own beams
-                if req.table_row >= 0 and not req.output_ids and n > 1:
-                    self.kv.cache_unfinished(req)
+            if req.table_row < 0:  # a beam that beam search released during this step
                 continue
             if req.finished:
                 # A failed request's K/V may not match its tokens: none of it is cached.

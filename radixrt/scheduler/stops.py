@@ -20,12 +20,20 @@ STOP_REGEX_TIMEOUT_S = 0.05  # per search; real stop patterns take microseconds
 
 
 def matched_stop_string(req: Req, tokenizer: Any) -> str | None:
-    stops = req.sampling_params.stop
+    return stop_string_in(req.output_ids, req.sampling_params.stop, tokenizer)
+
+
+def stop_string_in(
+    output_ids: list[int], stops: str | list[str] | None, tokenizer: Any
+) -> str | None:
+    """The first of `stops` in the text that ends with the newest of `output_ids`, or None."""
+    if isinstance(stops, str):  # SamplingParams.verify makes it a list; a str is one stop
+        stops = [stops]
     if not stops or tokenizer is None:
         return None
     # A stop string can only newly appear in text ending with the newest token; a token
     # holds at least one character, so this many tail tokens cover the longest stop.
-    tail = req.output_ids[-(max(len(s) for s in stops) + 2) :]
+    tail = output_ids[-(max(len(s) for s in stops) + 2) :]
     text = tokenizer.decode(tail, skip_special_tokens=False)
     return next((s for s in stops if s in text), None)
 
