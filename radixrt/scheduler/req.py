@@ -139,11 +139,6 @@ class Req:
             self.unverified = 0
 
     @property
-    def num_unverified(self) -> int:
-        """Drafted tokens at the end of output_ids the model has not checked yet."""
-        return self.unverified
-
-    @property
     def num_emittable(self) -> int:
         """Output ids the client may see: all but unchecked drafts."""
         return len(self.output_ids) - self.unverified
