@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import ctypes
 import dataclasses
 import hmac
 from collections.abc import AsyncIterator
@@ -53,6 +52,7 @@ from radixrt.errors import (
     ServerOverloaded,
 )
 from radixrt.frontend.engine import Engine
+from radixrt.native.memory import release_freed_memory
 from radixrt.protocol.request_input import GenerateReqInput
 from radixrt.protocol.request_input import from_dict as request_from_dict
 from radixrt.protocol.sampling_params import SamplingParams
@@ -166,7 +166,7 @@ class BodyLimit:
     when its Content-Length says so, and otherwise (a chunked body) as soon as the bytes
     received pass the limit: receiving then raises BodyTooLarge, which the endpoint answers.
     Nothing past the limit is buffered, parsed or tokenized. After a body of at least
-    TRIM_AFTER_BYTES the heap's free pages go back to the system (_release_freed_memory)."""
+    TRIM_AFTER_BYTES the heap's free pages go back to the system (release_freed_memory)."""
 
     def __init__(self, app, limit: int) -> None:
         self.app = app
@@ -193,7 +193,7 @@ class BodyLimit:
 
         await self.app(scope, limited_receive, send)
         if received >= TRIM_AFTER_BYTES:
-            _release_freed_memory()
+            release_freed_memory()
 
 
 # Tokenizing a prompt takes about 125 bytes of transient memory per character (SmolLM2's fast
@@ -201,13 +201,6 @@ class BodyLimit:
 # freed pages: 45 MB stayed resident after one 360,000-character prompt refused as over the
 # context (scripts/measure_refusal_rss.py). A body this size is at most ~8 MB of that.
 TRIM_AFTER_BYTES = 64 * 1024
-_MALLOC_TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None)  # glibc only
-
-
-def _release_freed_memory() -> None:
-    """Give the free pages of every malloc arena back to the system (a few ms)."""
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
 
 
 def _add_error_handlers(app: FastAPI) -> None:
