@@ -37,6 +37,9 @@ SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "lof", "random")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
 DENSE_COPY_DTYPES = ("bfloat16", "int8")  # radixrt/layers/quantized.py keeps them
+DISAGGREGATION_MODES = ("null", "prefill", "decode")
+DISAGGREGATION_BACKENDS = ("tcp",)
+DISAGGREGATION_FAILURE_POLICIES = ("recompute", "fail")
 
 
 @dataclass
@@ -164,6 +167,33 @@ class ServerArgs:
         """{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", """
         """"topic": "kv-events", "replay_endpoint": "tcp://*:5558"}""",
     )
+    disaggregation_mode: str = _f(
+        "null",
+        "prefill/decode disaggregation, SGLang's roles behind SMG's --pd-disaggregation: prefill "
+        "runs prompts and sends their KV pages, decode receives them and decodes "
+        "(docs/disaggregation.md)",
+        DISAGGREGATION_MODES,
+        group="Prefill/decode disaggregation",
+    )
+    disaggregation_bootstrap_port: int = _f(
+        8998, "prefill: the port (on --host) where decode servers ask for KV pages"
+    )
+    disaggregation_transfer_backend: str = _f(
+        "tcp",
+        "how pages move: tcp (ZeroMQ over TCP, pages as raw bytes; loopback on one machine)",
+        DISAGGREGATION_BACKENDS,
+    )
+    disaggregation_transfer_timeout: float = _f(
+        30.0,
+        "seconds a room may wait for its peer: decode, for the pages it asked for; prefill, "
+        "for a decode server to ask for a finished prompt's pages",
+    )
+    disaggregation_failure_policy: str = _f(
+        "recompute",
+        "decode, when a transfer fails or times out: recompute the prompt here, or fail the "
+        "request (vLLM's kv_load_failure_policy)",
+        DISAGGREGATION_FAILURE_POLICIES,
+    )
     host: str = _f(
         "127.0.0.1",
         "address the HTTP server binds; 0.0.0.0 exposes it",
@@ -270,6 +300,7 @@ class ServerArgs:
         if self.max_queued_requests is not None and self.max_queued_requests < 0:
             raise ValueError(f"max_queued_requests must be >= 0, got {self.max_queued_requests}")
         self._validate_speculative()
+        self._validate_disaggregation()
         for name in ("tp_size", "dp_size", "nnodes", "torch_compile_max_bs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -323,6 +354,26 @@ class ServerArgs:
                 "speculative_ngram_min_match_window_size must be >= 1 and <= "
                 f"speculative_ngram_max_match_window_size, got {low} and {high}"
             )
+
+    def _validate_disaggregation(self) -> None:
+        if self.disaggregation_mode == "null":
+            return
+        if not 0 < self.disaggregation_bootstrap_port < 65536:
+            raise ValueError(
+                "disaggregation_bootstrap_port must be in 1..65535, got "
+                f"{self.disaggregation_bootstrap_port}"
+            )
+        if self.disaggregation_transfer_timeout <= 0:
+            raise ValueError(
+                "disaggregation_transfer_timeout must be > 0, got "
+                f"{self.disaggregation_transfer_timeout}"
+            )
+        for name in ("tp_size", "dp_size"):
+            if getattr(self, name) != 1:
+                raise ValueError(
+                    f"{name} must be 1 with disaggregation_mode {self.disaggregation_mode!r}: "
+                    "each side runs one rank for now (docs/disaggregation.md)"
+                )
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> ServerArgs:

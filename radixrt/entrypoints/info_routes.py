@@ -141,7 +141,7 @@ def model_info_of(
         "load_format": "gguf" if model_path.endswith(".gguf") else "auto",
         "reasoning_parser": None,
         "tool_call_parser": None,
-        "disaggregation_mode": "null",
+        "disaggregation_mode": args.disaggregation_mode,
         "has_image_understanding": False,
         "has_audio_understanding": False,
         "model_type": model_type,

@@ -21,9 +21,10 @@ from fastapi.responses import Response
 from radixrt.entrypoints.http_utils import exception_response, json_response
 from radixrt.errors import APIError
 
-# SGLang's /v1/loads sections. "core" is always answered; radixrt has nothing to report for
-# speculative decoding, LoRA or disaggregation, so those sections are accepted and left out
-# (SMG reads a missing section as "not reported").
+# SGLang's /v1/loads sections. "core" is always answered; "disagg" adds SMG's flat
+# disaggregation fields (disagg_load); radixrt has nothing to report for speculative decoding
+# or LoRA, so those sections are accepted and left out (SMG reads a missing section as "not
+# reported").
 LOAD_SECTIONS = ("core", "memory", "spec", "lora", "disagg", "queues", "all")
 
 
@@ -56,7 +57,10 @@ def add_load_routes(app: FastAPI, state: Any) -> None:
             stats = await asyncio.to_thread(state.engine.get_stats)
         except Exception as exc:  # noqa: BLE001 - every error becomes an HTTP error
             return exception_response(exc)
-        snapshot = load_snapshot(stats, state.args.max_running_requests, meter, sections)
+        args = state.args
+        snapshot = load_snapshot(
+            stats, args.max_running_requests, meter, sections, args.disaggregation_mode
+        )
         return json_response(loads_response([snapshot] if dp_rank in (None, 0) else []))
 
     @app.get("/get_load")
@@ -100,8 +104,10 @@ def load_snapshot(
     max_running_requests: int,
     meter: ThroughputMeter,
     sections: frozenset[str] = frozenset({"core"}),
+    disagg_mode: str = "null",
 ) -> dict[str, Any]:
-    """One rank's entry of /v1/loads: SGLang's LoadSnapshot fields, as SMG reads them."""
+    """One rank's entry of /v1/loads: SGLang's LoadSnapshot fields, as SMG reads them;
+    `disagg_mode`: the server's --disaggregation-mode."""
     used, pool = kv_tokens(stats)
     waiting = stats["queued"] + stats["grammar_queue"]
     snapshot: dict[str, Any] = {
@@ -122,7 +128,28 @@ def load_snapshot(
     if "queues" in sections:
         snapshot["num_queue_reqs"] = stats["queued"]
         snapshot["num_grammar_queue_reqs"] = stats["grammar_queue"]
+    if "disagg" in sections:
+        snapshot.update(disagg_load(stats, disagg_mode))
     return snapshot
+
+
+def disagg_load(stats: dict[str, Any], mode: str) -> dict[str, Any]:
+    """The disaggregation fields of SMG's SchedulerLoadSnapshot, flat (SGLang nests them per
+    queue stage; SMG reads these): the requests waiting for a transfer, on the side they wait
+    on, and the mean transfer time and speed since start-up (0 before the first). Keys are
+    read with .get: a server that is not disaggregated reports zeros."""
+    queue = stats.get("disagg_queue", 0)
+    transfers = stats.get("disagg_transfers", 0)
+    seconds = stats.get("disagg_transfer_seconds", 0.0)
+    return {
+        "disagg_mode": mode,
+        "prefill_queue_reqs": queue if mode == "prefill" else 0,
+        "decode_queue_reqs": queue if mode == "decode" else 0,
+        "kv_transfer_latency_ms": seconds / transfers * 1000 if transfers else 0.0,
+        "kv_transfer_speed_gb_s": (
+            stats.get("disagg_transfer_bytes", 0) / seconds / 1e9 if seconds > 0 else 0.0
+        ),
+    }
 
 
 def loads_response(snapshots: list[dict[str, Any]]) -> dict[str, Any]:

@@ -43,6 +43,33 @@ _COUNTERS = {
     "prefix_cache_hits": ("prefix_cache_hits", "Prompt tokens the prefix cache served"),
     "evicted_tokens": ("evicted_tokens", "Tokens evicted from the prefix cache (flush included)"),
 }
+# Prefill/decode disaggregation (docs/disaggregation.md), read with .get: 0 on a server that
+# is not disaggregated. Seconds and bytes are sums over completed transfers, so
+# rate(bytes) / rate(seconds) is the transfer speed and rate(seconds) / rate(transfers) the
+# mean transfer time.
+_DISAGG_COUNTERS = {
+    "disagg_transfers": (
+        "disagg_transfers",
+        "KV transfers completed (prefill: rooms sent; decode: rooms received)",
+    ),
+    "disagg_transfer_failures": (
+        "disagg_transfer_failures",
+        "KV transfers that failed or timed out",
+    ),
+    "disagg_transfer_bytes": ("disagg_transfer_bytes", "Bytes of KV pages transferred"),
+    "disagg_transfer_seconds": (
+        "disagg_transfer_seconds",
+        "Seconds spent in KV transfers (sum over completed transfers)",
+    ),
+    "disagg_transfer_tokens": (
+        "disagg_transfer_tokens",
+        "KV positions transferred (sent or received)",
+    ),
+    "disagg_reused_tokens": (
+        "disagg_reused_tokens",
+        "Prompt tokens a decode server already held in its prefix cache and did not ask for",
+    ),
+}
 _HISTOGRAMS = {
     "iteration_tokens_total": "Tokens computed per scheduler step (prefill and decode)",
     "kv_block_lifetime_seconds": "KV page lifetime, from insertion in the cache to eviction",
@@ -67,11 +94,16 @@ class SchedulerCollector:
         stats = self.get_stats()
         yield from self._gauges(stats)
         for key, (name, doc) in _COUNTERS.items():
-            c = CounterMetricFamily(f"radixrt:{name}", doc, labels=["model_name"])
-            c.add_metric([self.model_name], stats[key])
-            yield c
+            yield self._counter(name, doc, stats[key])
+        for key, (name, doc) in _DISAGG_COUNTERS.items():
+            yield self._counter(name, doc, stats.get(key, 0))
         for name, doc in _HISTOGRAMS.items():
             yield self._histogram(name, doc, stats["histograms"][name])
+
+    def _counter(self, name: str, doc: str, value: float) -> Metric:
+        c = CounterMetricFamily(f"radixrt:{name}", doc, labels=["model_name"])
+        c.add_metric([self.model_name], value)
+        return c
 
     def _gauges(self, stats: dict[str, Any]) -> Iterator[Metric]:
         pool = max(stats["pool_tokens"], 1)
@@ -95,6 +127,11 @@ class SchedulerCollector:
                 stats["cache_hit_rate"],
             ),
             "max_total_num_tokens": ("KV pool size in tokens", stats["pool_tokens"]),
+            "disagg_queue_reqs": (
+                "Requests waiting for a KV transfer (prefill: finished prompts held for their "
+                "decode server; decode: requests waiting for their pages)",
+                stats.get("disagg_queue", 0),
+            ),
         }
         for name, (doc, value) in gauges.items():
             g = GaugeMetricFamily(f"radixrt:{name}", doc, labels=["model_name"])

@@ -118,6 +118,7 @@ class Engine:
         (radixrt/protocol/request_input.py: return_logprob, logprob_start_len, top_logprobs_num,
         token_ids_logprob, return_text_in_logprobs, rid, stream, lora_path, image_data, ...;
         an unsupported one raises ValueError unless it carries its null/default value).
+        bootstrap_host/_port/_room: a P/D pair's KV transfer, as SGLang's (frontend/bootstrap.py).
 
         One prompt → one dict (a list of n when n > 1); a list of prompts → a list of dicts
         in order. With stream=True, an iterator of chunks whose "text" is the new text (with

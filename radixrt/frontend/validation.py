@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixrt.errors import ParamError
+from radixrt.frontend.bootstrap import check_no_beam_search, plan_bootstraps
 from radixrt.protocol.messages import GenerateReq
 from radixrt.protocol.request_input import GenerateReqInput, check_supported, check_types
 from radixrt.protocol.request_limits import (
@@ -53,6 +54,8 @@ def build_requests(engine: Any, req: GenerateReqInput) -> tuple[list[PlannedReq]
     params_list = _per_prompt(req.sampling_params, count, "sampling_params", dict_ok=True)
     _check_batch_size(count, params_list, limits.max_request_batch_size, prompt_field)
     rids = _rids(req.rid, count, is_batch)
+    # One Bootstrap per message (prompt i, sample j) or None: SGLang's rule, frontend/bootstrap.py.
+    boots = plan_bootstraps(req, [_n_of(raw) for raw in params_list], limits)
     want_lp = _per_prompt(req.return_logprob, count, "return_logprob")
     starts = _per_prompt(req.logprob_start_len, count, "logprob_start_len")
     tops = _per_prompt(req.top_logprobs_num, count, "top_logprobs_num")
@@ -81,6 +84,8 @@ def build_requests(engine: Any, req: GenerateReqInput) -> tuple[list[PlannedReq]
         )
         _check_constraint(engine, params)
         beams = (params.beam_width or 1) > 1
+        if boots is not None:
+            check_no_beam_search(params.beam_width or 1)
         validate_beam_search(
             params.beam_width or 1,
             len(ids),
@@ -106,6 +111,7 @@ def build_requests(engine: Any, req: GenerateReqInput) -> tuple[list[PlannedReq]
                 bool(req.stream),
                 id_lists[i],
                 beam_rids=sub_rids if beams else None,
+                bootstrap=boots[i][j] if boots is not None else None,
             )
             out.append(
                 PlannedReq(

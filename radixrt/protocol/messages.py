@@ -27,6 +27,17 @@ class GenerateReq(msgspec.Struct, tag="generate"):
     token_ids_logprob: list[int] | None = None  # logprobs of these ids at every position
     # Beam search (beam_width > 1): the rids its n results go out under (None: [rid]).
     beam_rids: list[str] | None = None
+    # Prefill/decode disaggregation: where this request's KV pages come from or go to.
+    bootstrap: Bootstrap | None = None
+
+
+class Bootstrap(msgspec.Struct, frozen=True):
+    """SGLang's bootstrap fields of one request (one of n): the prefill server's host and
+    bootstrap port, and the room both servers know the transfer by."""
+
+    host: str
+    port: int
+    room: int
 
 
 class AbortReq(msgspec.Struct, tag="abort"):

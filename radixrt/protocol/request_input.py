@@ -41,6 +41,11 @@ class GenerateReqInput(msgspec.Struct, kw_only=True, omit_defaults=True):
     return_text_in_logprobs: bool | None = False
     return_prompt_token_ids: bool | None = False
     log_metrics: bool | None = True  # False: the request is not counted in /metrics
+    # -- prefill/decode disaggregation (implemented: radixrt/frontend/bootstrap.py) --
+    # A value, or a list (one per prompt, or per prompt and sample); see frontend/bootstrap.py.
+    bootstrap_host: str | list[str] | None = None  # the prefill server's host
+    bootstrap_port: int | list[int | None] | None = None  # its bootstrap port; null: ours
+    bootstrap_room: int | list[int] | None = None  # the transfer's id on both servers
     # -- informational (accepted, nothing to do here) --
     session_id: str | None = None
     no_logs: bool | None = False  # radixrt logs no request contents anyway
@@ -76,9 +81,6 @@ class GenerateReqInput(msgspec.Struct, kw_only=True, omit_defaults=True):
     lora_id: Any = None
     custom_logit_processor: Any = None
     positional_embed_overrides: Any = None
-    bootstrap_host: Any = None
-    bootstrap_port: Any = None
-    bootstrap_room: Any = None
     bootstrap_pair_key: Any = None
     decode_tp_size: Any = None
     disagg_prefill_dp_rank: int | None = None
@@ -120,6 +122,9 @@ IMPLEMENTED = frozenset(
         "return_text_in_logprobs",
         "return_prompt_token_ids",
         "log_metrics",
+        "bootstrap_host",
+        "bootstrap_port",
+        "bootstrap_room",
     }
 )
 INFORMATIONAL = frozenset(

@@ -172,3 +172,46 @@ def validate_beam_search(
             f"{max_new_tokens} new tokens may hold {need} tokens of KV; the pool has "
             f"{pool_tokens}",
         )
+
+
+# SGLang's bootstrap fields (prefill/decode disaggregation). SMG draws each room as
+# `u64 & i64::MAX`, and SGLang's transfer engines keep rooms as signed 64-bit ints.
+BOOTSTRAP_ROOM_MAX = (1 << 63) - 1
+
+
+def validate_bootstrap(host: object, port: object, room: object, where: str = "") -> None:
+    """One request's bootstrap (a scheduler message's): the three checks below. `where` is
+    the index the messages add to the field names ("[1]" for a list's second entry)."""
+    validate_bootstrap_host(host, where)
+    validate_bootstrap_port(port, where)
+    validate_bootstrap_room(room, where)
+
+
+def validate_bootstrap_host(host: object, where: str = "") -> None:
+    """A non-empty string: the prefill server's host, as the decode server reaches it."""
+    if not isinstance(host, str) or not host.strip():
+        raise ParamError(
+            "bootstrap_host",
+            f"bootstrap_host{where} must be a non-empty string (the prefill server's host), "
+            f"got {host!r:.80}",
+        )
+
+
+def validate_bootstrap_port(port: object, where: str = "") -> None:
+    """An int in 1..65535 (a request's null was replaced by the server's own port)."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise ParamError(
+            "bootstrap_port",
+            f"bootstrap_port{where} must be an int in 1..65535, or null for this server's "
+            f"--disaggregation-bootstrap-port, got {port!r:.80}",
+        )
+
+
+def validate_bootstrap_room(room: object, where: str = "") -> None:
+    """An int in 0..2**63-1: the id the prefill and decode servers know the transfer by."""
+    if isinstance(room, bool) or not isinstance(room, int) or not 0 <= room <= BOOTSTRAP_ROOM_MAX:
+        raise ParamError(
+            "bootstrap_room",
+            f"bootstrap_room{where} must be an int in 0..{BOOTSTRAP_ROOM_MAX} (2**63-1), "
+            f"got {room!r:.80}",
+        )

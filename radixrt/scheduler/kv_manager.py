@@ -116,7 +116,7 @@ class KVManager:
             return False
         last = None
         if req.num_slots > req.tree_len:  # continue its last private page
-            last = int(self._slots(req, req.num_slots - 1, req.num_slots)[0])
+            last = int(self.slots(req, req.num_slots - 1, req.num_slots)[0])
         slots = self.allocator.alloc_slots(n, last)
         assert slots is not None, "allocator refused after ensure_free succeeded"
         self.table.write(req.table_row, req.num_slots, slots)
@@ -129,7 +129,7 @@ class KVManager:
         assert req.tree_len <= length <= req.num_slots
         keep = req.tree_len + -(-(length - req.tree_len) // self.page_size) * self.page_size
         if req.num_slots > keep:
-            self.allocator.free_slots(self._slots(req, keep, req.num_slots))
+            self.allocator.free_slots(self.slots(req, keep, req.num_slots))
         req.num_slots = length
         req.kv_len = min(req.kv_len, length)
 
@@ -146,7 +146,7 @@ class KVManager:
         assert self.copy_kv is not None, "forks need copy_kv"
         child.table_row = self.table.alloc_row()
         shared = parent.tree_len
-        self.table.write(child.table_row, 0, self._slots(parent, 0, shared))
+        self.table.write(child.table_row, 0, self.slots(parent, 0, shared))
         child.tree_len, child.last_node = shared, parent.last_node
         child.long_rope_kv = parent.long_rope_kv
         if child.last_node is not None:
@@ -156,8 +156,8 @@ class KVManager:
         if copied:
             allocated = self.alloc(child, copied)
             assert allocated, "forked without room: ask fork_cost() first"
-            dst = self._slots(child, shared, shared + copied)
-            self.copy_kv(self._slots(parent, shared, shared + copied), dst)
+            dst = self.slots(child, shared, shared + copied)
+            self.copy_kv(self.slots(parent, shared, shared + copied), dst)
         child.kv_len = parent.kv_len
         return copied
 
@@ -172,7 +172,7 @@ class KVManager:
         `publish` (a request that failed midway), all its private pages go to the allocator."""
         keep = self._publish(req) if publish else req.tree_len
         if req.num_slots > keep:
-            self.allocator.free_slots(self._slots(req, keep, req.num_slots))
+            self.allocator.free_slots(self.slots(req, keep, req.num_slots))
         if req.last_node is not None:
             self.cache.dec_lock_ref(req.last_node)
         self.table.free_row(req.table_row)
@@ -186,7 +186,7 @@ class KVManager:
         if aligned <= req.tree_len or req.long_rope_kv:
             return req.tree_len
         published = self.cache.publish(
-            req.fill_ids[:aligned], self._slots(req, 0, aligned), req.tree_len, req.last_node
+            req.fill_ids[:aligned], self.slots(req, 0, aligned), req.tree_len, req.last_node
         )
         self._give_back(published.dropped)
         if published.length > req.tree_len:
@@ -203,5 +203,6 @@ class KVManager:
         for span in dropped.spans:  # one at a time: the free stack keeps the cache's order
             self.allocator.free_slots(span)
 
-    def _slots(self, req: Req, start: int, end: int) -> torch.Tensor:
+    def slots(self, req: Req, start: int, end: int) -> torch.Tensor:
+        """The pool slots of the request's positions start..end (int64 [end - start])."""
         return self.table.read(req.table_row, start, end)

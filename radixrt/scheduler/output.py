@@ -191,6 +191,25 @@ class OutputProcessor:
         if not req.unverified and self.speculator is not None:
             self.speculator.propose(req, self.structured)
 
+    def take_transferred(
+        self,
+        req: Req,
+        tok: int,
+        logprob: tuple[float, list[tuple[float, int]], list[tuple[float, int]] | None] | None,
+    ) -> None:
+        """Take a first token another server sampled (prefill/decode disaggregation) as if
+        this step had: stops, the grammar, then the logprob entries it computed (logprob,
+        top logprobs, token_ids_logprob's), then the next drafts."""
+        self._take_token(req, tok)
+        if req.return_logprob and logprob is not None:
+            value, top, ids = logprob
+            req.output_token_logprobs.append((value, tok))
+            req.output_top_logprobs.append(top)
+            if req.token_ids_logprob:
+                req.output_token_ids_logprobs.append(ids or [])
+        if not req.finished:
+            self._propose(req)
+
     def _take_token(self, req: Req, tok: int) -> None:
         req.output_ids.append(tok)
         if req.grammar is not None:

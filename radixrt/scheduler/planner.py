@@ -121,7 +121,8 @@ class Planner:
         req.num_retractions += 1
         waiting.insert(0, req)
 
-    def _reserved_tokens(self, reqs: list[Req]) -> int:
+    def reserved_tokens(self, reqs: list[Req]) -> int:
+        """The KV that `reqs`' future decode tokens are expected to take."""
         ratio = self.new_token_ratio * self.conservativeness
         return int(
             sum(min(r.remaining_new_tokens, MAX_RESERVED_PER_REQ) * _beams(r) for r in reqs) * ratio
@@ -132,7 +133,7 @@ class Planner:
     ) -> None:
         """Move waiting requests, in the policy's order, to running while budget and KV last."""
         inflight = [r.fill_ids for r in running if r.kv_len < r.seq_len - 1 - r.unverified]
-        reserved = self._reserved_tokens(running)
+        reserved = self.reserved_tokens(running)
         for req in self.policy.order(waiting):
             if budget <= 0 or len(running) + _beams(req) > self.max_running:
                 break
@@ -142,7 +143,7 @@ class Planner:
             if self.kv.caches(req) and _should_wait_for_sibling(req, inflight, self.kv.page_size):
                 continue
             n = min(req.seq_len - req.prefix_match_len, self.chunk, budget)
-            own_reserve = self._reserved_tokens([req])
+            own_reserve = self.reserved_tokens([req])
             if (
                 self.kv.available_tokens() < n + reserved + own_reserve + self.kv.page_size
                 and running

@@ -35,6 +35,7 @@ from radixrt.scheduler.admission import make_req
 from radixrt.scheduler.beam_search import BeamSearch
 from radixrt.scheduler.cache_snapshot import cache_snapshot
 from radixrt.scheduler.components import Components
+from radixrt.scheduler.disaggregation import DisaggParts, create_disagg_side
 from radixrt.scheduler.kv_manager import KVManager
 from radixrt.scheduler.lockstep_base import Lockstep, SingleRank
 from radixrt.scheduler.output import OutputProcessor, make_output
@@ -107,6 +108,12 @@ class Scheduler:
             speculator=self.speculator,
         )
         self.beams = BeamSearch(self.kv, cfg.eos_token_ids, self.stats, parts.tokenizer)
+        self.disagg = create_disagg_side(
+            DisaggParts(
+                args, self.kv, parts.runner.kv_pool, self.outputs, self.stats,
+                self.planner.reserved_tokens,
+            )
+        )  # fmt: skip
         self.running: list[Req] = []
         self.waiting: list[Req] = []
         self.arrivals = itertools.count()
@@ -122,10 +129,12 @@ class Scheduler:
         while not self.stopped:
             timeout: float | None = 0
             if not (self.running or self.waiting):
-                # Idle: sleep on the socket, briefly while grammars compile.
-                compiling = self.structured.compiling
-                timeout = 0.005 if compiling else (1.0 if orphaned else None)
+                # Idle: sleep on the socket, briefly while grammars compile or rooms wait.
+                waits = self.structured.compiling or (self.disagg and self.disagg.queued)
+                timeout = 0.002 if waits else (1.0 if orphaned else None)
             self._take_turn(timeout)
+            if self.disagg is not None:
+                self._emit(self.disagg.poll(self.running, self.waiting))
             if self.running or self.waiting:
                 self.step()
             elif not self.structured.compiling and orphaned is not None and orphaned():
@@ -134,6 +143,8 @@ class Scheduler:
             self.parts.cache.flush_events()  # this iteration's KV events, as one batch
         self.structured.close()
         self.parts.cache.close_events()
+        if self.disagg is not None:
+            self.disagg.close()
 
     def _take_turn(self, timeout: float | None) -> None:
         """Handle what arrived and admit compiled requests; with tensor parallelism rank 0
@@ -207,6 +218,9 @@ class Scheduler:
         for req, prefix, n in zip(batch.reqs, batch.prefix_lens, batch.extend_lens, strict=True):
             if req.table_row < 0:  # a beam that beam search released during this step
                 continue
+            if req.finished and self.disagg is not None and self.disagg.hold(req):
+                self.running.remove(req)  # a prefill server keeps it until its pages are sent
+                continue
             if req.finished:
                 # A failed request's K/V may not match its tokens: none of it is cached.
                 self.kv.release(req, publish=not req.failed)
@@ -217,9 +231,12 @@ class Scheduler:
             if req.finished or (req.stream and req.num_emittable > req.num_sent_ids):
                 outs.append(self._output_of(req))
         outs.extend(self.beams.take_outputs())
+        self._emit(outs)
+        self._end_failed_outputs()
+
+    def _emit(self, outs: list[ReqOutput]) -> None:
         if outs:
             self.transport.send(encode(BatchOutput(outs)))
-        self._end_failed_outputs()
 
     def _output_of(self, req: Req) -> ReqOutput:
         """make_output(req); if that fails, the request ends (released at the next settle)
@@ -241,7 +258,8 @@ class Scheduler:
 
     def check_kv(self) -> None:
         """The pool's count holds: free + cached + every running request's private pages."""
-        held = sum(r.private_pages(self.page_size) for r in self.running)
+        holders = self.running + (self.disagg.holding() if self.disagg else [])
+        held = sum(r.private_pages(self.page_size) for r in holders)
         check_kv_accounting(self.parts.allocator, self.parts.cache, held)
 
     # -- messages ---------------------------------------------------------------------------
@@ -293,6 +311,7 @@ class Scheduler:
             evictable_tokens=p.cache.evictable_size(),
             protected_tokens=p.cache.protected_size(),
             beam_groups=self.beams.groups(self.running),
+            disagg_queue=self.disagg.queued if self.disagg else 0,
         )
         return self.stats.to_dict(now, p.cache.block_timings)
 
@@ -330,8 +349,18 @@ class Scheduler:
             return
         if (req.sampling_params.beam_width or 1) > 1:
             self.beams.adopt(req, msg.beam_rids)
+        queued = False  # by its side of prefill/decode disaggregation
+        if msg.bootstrap is not None:
+            try:
+                if self.disagg is None:
+                    raise ValueError("bootstrap fields given, but this server is not "
+                                     "disaggregated (--disaggregation-mode null)")  # fmt: skip
+                queued = self.disagg.adopt(req, msg.bootstrap)
+            except ValueError as e:
+                self._refuse(msg, str(e))
+                return
         self.stats.accepted(len(req.origin_input_ids))
-        if not self.lockstep.submit(req, self.structured):
+        if not self.lockstep.submit(req, self.structured) and not queued:
             self.waiting.append(req)
 
     def _refuse(self, msg: GenerateReq, message: str) -> None:
@@ -343,11 +372,13 @@ class Scheduler:
         """Requests whose grammar has compiled join the waiting queue; those whose constraint
         did not compile in time, or admits no token, end here (the frontend refuses both;
         other frontends may not)."""
-        self.waiting.extend(compiled.ready)
+        self.waiting.extend(r for r in compiled.ready if not (self.disagg and self.disagg.ready(r)))
         for req, message in compiled.failed:
             self._send_abort(req.rid, len(req.origin_input_ids), message)
 
     def _abort(self, rid: str) -> None:
+        if self.disagg is not None:
+            self._emit(self.disagg.abort(rid))
         for held in self.lockstep.cancel(rid, self.structured):
             self._send_abort(rid, len(held.origin_input_ids), CLIENT_ABORT_MESSAGE)
         for queue_ in (self.waiting, self.running):
@@ -367,7 +398,7 @@ class Scheduler:
         self.transport.send(encode(BatchOutput([out])))
 
     def _flush_cache(self) -> None:
-        if self.running or self.waiting:
+        if self.running or self.waiting or (self.disagg and self.disagg.queued):
             reply = ControlReply(
                 "flush_cache",
                 False,

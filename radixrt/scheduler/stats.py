@@ -35,6 +35,7 @@ class Gauges:
     evictable_tokens: int
     protected_tokens: int
     beam_groups: int = 0  # beam-search groups running
+    disagg_queue: int = 0  # requests waiting on a KV transfer (prefill/decode disaggregation)
 
 
 @dataclass
@@ -59,6 +60,16 @@ class SchedulerStats:
     beam_forks: int = 0
     beam_shared_tokens: int = 0
     beam_copied_tokens: int = 0
+    # Prefill/decode disaggregation: transfers done and failed (timed out, refused, peer
+    # gone), what they moved and the time this side spent moving it (gathering and queueing
+    # the pages on a prefill server, receiving and storing them on a decode server), and the
+    # prompt tokens a decode server already held in its cache and did not ask for.
+    disagg_transfers: int = 0
+    disagg_transfer_failures: int = 0
+    disagg_transfer_tokens: int = 0
+    disagg_transfer_bytes: int = 0
+    disagg_transfer_seconds: float = 0.0
+    disagg_reused_tokens: int = 0
     # Prefix-cache lookups in tokens at each request's admission (queried: its prompt).
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
@@ -122,6 +133,13 @@ class SchedulerStats:
             "beam_forks": self.beam_forks,
             "beam_shared_tokens": self.beam_shared_tokens,
             "beam_copied_tokens": self.beam_copied_tokens,
+            "disagg_queue": now.disagg_queue,
+            "disagg_transfers": self.disagg_transfers,
+            "disagg_transfer_failures": self.disagg_transfer_failures,
+            "disagg_transfer_tokens": self.disagg_transfer_tokens,
+            "disagg_transfer_bytes": self.disagg_transfer_bytes,
+            "disagg_transfer_seconds": self.disagg_transfer_seconds,
+            "disagg_reused_tokens": self.disagg_reused_tokens,
             "grammar_queue": now.grammar_queue,
             "cache_hit_rate": self.cache_hit_rate,
             "running": now.running,

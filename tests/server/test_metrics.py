@@ -160,6 +160,14 @@ def test_every_labelled_series_exists_at_start_up(startup_text):
         "radixrt:beam_forks_total",
         "radixrt:beam_shared_tokens_total",
         "radixrt:beam_copied_tokens_total",
+        # Disaggregation's, at 0 on a server that is not disaggregated.
+        "radixrt:disagg_queue_reqs",
+        "radixrt:disagg_transfers_total",
+        "radixrt:disagg_transfer_failures_total",
+        "radixrt:disagg_transfer_bytes_total",
+        "radixrt:disagg_transfer_seconds_total",
+        "radixrt:disagg_transfer_tokens_total",
+        "radixrt:disagg_reused_tokens_total",
     ):
         assert other in names, other
 

@@ -139,7 +139,7 @@ UNSUPPORTED = [
     ("session_params", {"id": "s"}),
     ("custom_logit_processor", "{}"),
     ("return_hidden_states", True),
-    ("bootstrap_host", "10.0.0.2"),
+    ("bootstrap_pair_key", "pair-1"),
     ("priority", 3),
     ("input_embeds", [[0.5, 0.5]]),
 ]

@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("native", "kernels", "distributed"),
     ("grammar",),
     ("protocol",),
-    ("cache", "ipc"),
+    ("cache", "ipc", "disaggregation"),
     ("attention",),
     ("layers",),
     ("models",),

@@ -52,9 +52,6 @@ ASKING = {
     "lora_id": "a",
     "custom_logit_processor": "{}",
     "positional_embed_overrides": [1],
-    "bootstrap_host": "10.0.0.1",
-    "bootstrap_port": 8998,
-    "bootstrap_room": 7,
     "bootstrap_pair_key": "k",
     "decode_tp_size": 2,
     "disagg_prefill_dp_rank": 1,
@@ -142,6 +139,46 @@ def test_a_routers_model_field_is_ignored():
     # SMG adds "model" to the /generate bodies it forwards to a worker.
     req = ri.from_dict({"text": "hi", "model": "unknown"})
     assert req.text == "hi" and not hasattr(req, "model")
+
+
+def test_smgs_re_serialized_generate_body_is_accepted():
+    # The body SMG 1.13 forwarded to both servers of a pair (notes: /work/notes, capture run1).
+    body = {
+        "text": "Hello",
+        "model": "unknown",
+        "sampling_params": {"max_new_tokens": 8},
+        "return_text_in_logprobs": False,
+        "stream": False,
+        "log_metrics": True,
+        "background": False,
+        "no_logs": False,
+        "return_bytes": False,
+        "return_entropy": False,
+        "bootstrap_host": "127.0.0.1",
+        "bootstrap_port": 38998,
+        "bootstrap_room": 7328172079049744638,
+    }
+    req = ri.check_types(ri.from_dict(body))
+    ri.check_supported(req)
+    assert (req.bootstrap_host, req.bootstrap_port) == ("127.0.0.1", 38998)
+    assert req.bootstrap_room == 7328172079049744638
+
+
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("bootstrap_room", "7"),
+        ("bootstrap_room", True),
+        ("bootstrap_room", [1, None]),
+        ("bootstrap_port", "8998"),
+        ("bootstrap_host", 3),
+        ("bootstrap_host", ["h", None]),
+    ],
+)
+def test_bootstrap_fields_of_the_wrong_type_name_the_field(name, value):
+    with pytest.raises(ParamError) as e:
+        ri.from_dict({"text": "x", name: value})
+    assert e.value.param == name
 
 
 def test_per_prompt_lists_of_logprob_fields_are_accepted():

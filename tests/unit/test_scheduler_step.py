@@ -277,6 +277,8 @@ STATS_KEYS = [
     "prompt_tokens", "cached_tokens", "generated_tokens", "steps", "num_preemptions",
     "jump_forward_tokens", "failed_requests", "spec_draft_tokens", "spec_accepted_tokens",
     "beam_groups", "beam_forks", "beam_shared_tokens", "beam_copied_tokens",
+    "disagg_queue", "disagg_transfers", "disagg_transfer_failures", "disagg_transfer_tokens",
+    "disagg_transfer_bytes", "disagg_transfer_seconds", "disagg_reused_tokens",
     "grammar_queue", "cache_hit_rate", "running",
     "queued", "pool_tokens", "free_tokens", "evictable_tokens", "protected_tokens",
     "evicted_tokens", "prefix_cache_queries", "prefix_cache_hits", "histograms",

@@ -123,6 +123,7 @@ class OpenAIServing:
         self.model_name = served_model_name
         args = getattr(manager, "server_args", None)
         self.max_prompt_chars = getattr(args, "max_prompt_chars", None)
+        self.owned_by = model_owner(getattr(args, "disaggregation_mode", "null"))
         self.created = int(time.time())
         self.texts = TokenTexts(manager.tokenizer) if manager.tokenizer is not None else None
         # Mistral's [TOOL_CALLS] is a special token: "auto" must keep it to find the calls.
@@ -143,7 +144,7 @@ class OpenAIServing:
             "id": self.model_name,
             "object": "model",
             "created": self.created,
-            "owned_by": "radixrt",
+            "owned_by": self.owned_by,
             "root": self.model_name,
             "parent": None,
             "max_model_len": self.manager.info.context_length,
@@ -313,6 +314,13 @@ class OpenAIServing:
             max_new = max(1, min(default, info.context_length - prompt_len))
         validate_request_size(prompt_len, max_new, info.context_length, info.pool_tokens)
         return max_new
+
+
+def model_owner(disaggregation_mode: str) -> str:
+    """/v1/models' owned_by: "sglang" on a prefill or decode server, because SMG tells the
+    runtime by it and, told anything else, probes /version, finds it, and drives the pair as
+    vLLM workers, without the bootstrap fields (docs/openai.md); "radixrt" otherwise."""
+    return "radixrt" if disaggregation_mode == "null" else "sglang"
 
 
 def _model_not_found(model: str | None, served: str) -> JSONResponse:

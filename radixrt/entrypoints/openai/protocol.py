@@ -74,6 +74,11 @@ class SamplingFields(Strict):
     use_beam_search: bool | None = None
     length_penalty: float | None = None
     early_stopping: bool | Literal["never"] | None = None
+    # SGLang's prefill/decode disaggregation fields, which SMG adds for a pair of servers
+    # (one value, or one per prompt or per choice: radixrt/frontend/bootstrap.py).
+    bootstrap_host: str | list[str] | None = None
+    bootstrap_port: int | list[int | None] | None = None
+    bootstrap_room: int | list[int] | None = None
 
 
 class ContentPart(Strict):

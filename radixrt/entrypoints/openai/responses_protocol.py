@@ -75,6 +75,10 @@ class ResponsesRequest(Strict):
     text: TextConfig | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
+    # SGLang's disaggregation fields (SMG adds them to every route): on to the chat request.
+    bootstrap_host: str | list[str] | None = None
+    bootstrap_port: int | list[int | None] | None = None
+    bootstrap_room: int | list[int] | None = None
     # OpenAI's fields that ask for what radixrt does not do: refused when they ask for it.
     background: bool | None = None
     reasoning: dict[str, Any] | None = None
@@ -212,6 +216,9 @@ def chat_body(req: ResponsesRequest, messages: list[dict[str, Any]]) -> dict[str
         ("top_p", req.top_p),
         ("parallel_tool_calls", req.parallel_tool_calls),
         ("user", req.user),
+        ("bootstrap_host", req.bootstrap_host),
+        ("bootstrap_port", req.bootstrap_port),
+        ("bootstrap_room", req.bootstrap_room),
     ):
         if value is not None:
             body[name] = value

@@ -44,10 +44,20 @@ _SAME_NAMES = (
 REQUEST_EXTRAS = ("lora_path", "custom_logit_processor", "return_hidden_states", "session_params")
 
 
+# SGLang's bootstrap fields (typed fields of SamplingFields): passed on when set; the engine
+# expands them to one per request and checks them (radixrt/frontend/bootstrap.py).
+BOOTSTRAP_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
+
+
 def request_extras(req: SamplingFields) -> dict[str, Any]:
-    """The REQUEST_EXTRAS the client sent (unknown fields land in pydantic's model_extra)."""
+    """The REQUEST_EXTRAS the client sent (unknown fields land in pydantic's model_extra),
+    and the bootstrap fields it set."""
     extra = req.model_extra or {}
-    return {name: extra[name] for name in REQUEST_EXTRAS if extra.get(name) is not None}
+    fields = {name: extra[name] for name in REQUEST_EXTRAS if extra.get(name) is not None}
+    for name in BOOTSTRAP_FIELDS:
+        if getattr(req, name) is not None:
+            fields[name] = getattr(req, name)
+    return fields
 
 
 def sampling_params(req: SamplingFields, max_new_tokens: int) -> dict[str, Any]:

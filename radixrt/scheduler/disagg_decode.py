@@ -1,0 +1,200 @@
+"""The decode server's side of disaggregation: admit a request by matching its prompt in this
+server's radix cache, ask the prefill server for the rest of its K/V, store what comes, and
+let the request decode from there.
+
+Admission takes a table row and pages for the whole prompt (the matched prefix locked, as
+any admission), within --max-running-requests and the KV the running decodes have reserved.
+A request whose identical prompt is being received by another waits for it, so that its
+prefix comes out of the cache and is sent once (n > 1). The pull goes out with how many
+leading positions are held here; the answer brings the rest and the first output token,
+which is taken as if this server had sampled it (stops, grammar, logprobs). A failed or timed
+out transfer is recomputed here (--disaggregation-failure-policy recompute: the request joins
+the waiting queue as an ordinary one) or fails the request (fail); either way its pages
+are freed at once and a cancel tells the prefill server to free its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import zmq
+
+from radixrt.disaggregation.endpoints import DecodeEndpoint
+from radixrt.disaggregation.messages import KVCancel, KVPages, KVPoll, KVPull, prompt_digest
+from radixrt.disaggregation.pages import layout_of, write_slots
+from radixrt.grammar.constraint import constraint_of
+from radixrt.protocol.messages import Bootstrap, ReqOutput
+from radixrt.scheduler.disaggregation import DisaggParts, DisaggSide
+from radixrt.scheduler.output import make_output
+from radixrt.scheduler.req import Req
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Pending:
+    req: Req
+    bootstrap: Bootstrap
+    compiled: bool  # its grammar (if any) is ready
+    state: KVPoll = KVPoll.Bootstrapping
+    asked_at: float = 0.0  # when the pull went out (monotonic)
+    frames: list[zmq.Frame] = field(default_factory=list)
+
+
+class DecodeSide(DisaggSide):
+    mode = "decode"
+
+    def __init__(self, parts: DisaggParts, endpoint: DecodeEndpoint | None = None) -> None:
+        super().__init__(parts)
+        self.endpoint = endpoint or DecodeEndpoint()
+        self.layout = layout_of(parts.pool)
+        self.recompute = parts.args.disaggregation_failure_policy == "recompute"
+        self.max_running = parts.args.max_running_requests
+        self.pending: dict[int, _Pending] = {}  # by room, in arrival order
+
+    def adopt(self, req: Req, bootstrap: Bootstrap) -> bool:
+        if bootstrap.room in self.pending:
+            raise ValueError(f"bootstrap_room {bootstrap.room} is already in use here")
+        # The prefill server computes the prompt logprobs (SMG puts its list first).
+        req.input_token_logprobs.clear()
+        req.input_top_logprobs.clear()
+        req.input_token_ids_logprobs.clear()
+        req.input_logprobs_count = len(req.origin_input_ids)
+        compiled = constraint_of(req.sampling_params) is None  # else: ready() says when
+        self.pending[bootstrap.room] = _Pending(req, bootstrap, compiled)
+        return True
+
+    def ready(self, req: Req) -> bool:
+        for entry in self.pending.values():
+            if entry.req is req:
+                entry.compiled = True
+                return True
+        return False
+
+    def holding(self) -> list[Req]:
+        return [p.req for p in self.pending.values() if p.req.table_row >= 0]
+
+    @property
+    def queued(self) -> int:
+        return len(self.pending)
+
+    def poll(self, running: list[Req], waiting: list[Req]) -> list[ReqOutput]:
+        outs: list[ReqOutput] = []
+        for header, frames in self.endpoint.receive():
+            entry = self.pending.get(header.room)
+            if entry is None or entry.state != KVPoll.WaitingForInput:
+                continue  # a room given up meanwhile
+            out = self._receive(header, frames, entry, running, waiting)
+            if out is not None:
+                outs.append(out)
+        now = time.monotonic()
+        for room, entry in list(self.pending.items()):
+            if entry.state == KVPoll.WaitingForInput and now - entry.asked_at > self.timeout:
+                reason = f"no KV pages for room {room} within {self.timeout:g} s"
+                self.endpoint.send(entry.bootstrap.host, entry.bootstrap.port, KVCancel(room))
+                out = self._fail(room, entry, reason, waiting)
+                if out is not None:
+                    outs.append(out)
+        self._admit(running)
+        return outs
+
+    def abort(self, rid: str) -> list[ReqOutput]:
+        for room, entry in list(self.pending.items()):
+            if entry.req.rid == rid:
+                del self.pending[room]
+                self.endpoint.send(entry.bootstrap.host, entry.bootstrap.port, KVCancel(room))
+                if entry.req.table_row >= 0:
+                    self.kv.release(entry.req, publish=False)
+                entry.req.finish_reason = {"type": "abort", "message": "aborted by the client"}
+                return [make_output(entry.req)]
+        return []
+
+    def close(self) -> None:
+        self.endpoint.close()
+
+    # -- admission --------------------------------------------------------------------------
+    def _admit(self, running: list[Req]) -> None:
+        """Admit waiting rooms in arrival order while rows and KV last; each asks for its
+        pages at once."""
+        receiving = [p.req.origin_input_ids for p in self.pending.values() if p.state > 1]
+        reserved = self.parts.reserved_tokens(running + self.holding())
+        for room, entry in self.pending.items():
+            if entry.state != KVPoll.Bootstrapping or not entry.compiled:
+                continue
+            req = entry.req
+            if len(running) + len(receiving) >= self.max_running:
+                break
+            if self.kv.caches(req) and req.origin_input_ids in receiving:
+                continue  # the same prompt is on its way: take it from the cache next
+            match = self.kv.match(req)
+            need = len(req.origin_input_ids) - req.prefix_match_len
+            own = self.parts.reserved_tokens([req])
+            short = self.kv.available_tokens() < need + reserved + own + self.kv.page_size
+            if (short and (running or receiving)) or not self.kv.fits(req, match, need):
+                break
+            self.kv.admit(req, match, need)
+            req.admitted_at = time.time()
+            self.stats.admitted(len(req.origin_input_ids), req.cached_tokens)
+            self.stats.disagg_reused_tokens += req.kv_len
+            pull = KVPull(room, len(req.origin_input_ids), req.kv_len, "", self.layout)
+            pull.digest = prompt_digest(req.origin_input_ids)
+            self.endpoint.send(entry.bootstrap.host, entry.bootstrap.port, pull)
+            entry.state, entry.asked_at = KVPoll.WaitingForInput, time.monotonic()
+            receiving.append(req.origin_input_ids)
+            reserved += own
+
+    # -- arrival ----------------------------------------------------------------------------
+    def _receive(
+        self,
+        header: KVPages,
+        frames: list[zmq.Frame],
+        entry: _Pending,
+        running: list[Req],
+        waiting: list[Req],
+    ) -> ReqOutput | None:
+        """Store the pages and take the first token; the request decodes from the next step."""
+        req, room = entry.req, header.room
+        if not header.ok:
+            return self._fail(room, entry, f"the prefill server refused: {header.reason}", waiting)
+        started = time.perf_counter()
+        prompt_len = len(req.origin_input_ids)
+        try:
+            if header.count != prompt_len - req.kv_len:
+                raise ValueError(f"{header.count} positions sent, {prompt_len - req.kv_len} asked")
+            slots = self.kv.slots(req, req.kv_len, prompt_len)
+            nbytes = write_slots(self.parts.pool, slots, [f.buffer for f in frames])
+        except ValueError as e:
+            return self._fail(room, entry, f"the pages of room {room} do not fit: {e}", waiting)
+        del self.pending[room]
+        self.count_transfer(header.count, nbytes, started)
+        req.kv_len = prompt_len
+        req.first_token_at = time.time()
+        top = header.top_logprobs or []
+        logprob = None if header.logprob is None else (header.logprob, top, header.ids_logprobs)
+        self.parts.outputs.take_transferred(req, header.first_token, logprob)
+        if req.finished:  # the first token ended it (a stop, or max_new_tokens 1)
+            self.kv.release(req)
+            self.stats.finished(len(req.output_ids), req.cached_tokens)
+            return make_output(req)
+        running.append(req)
+        return make_output(req) if req.stream else None
+
+    def _fail(
+        self, room: int, entry: _Pending, reason: str, waiting: list[Req]
+    ) -> ReqOutput | None:
+        """Recompute the request here (it joins the waiting queue) or fail it; its pages go
+        back either way (none of them holds computed K/V)."""
+        logger.warning("room %d (request %s): %s", room, entry.req.rid, reason)
+        self.stats.disagg_transfer_failures += 1
+        del self.pending[room]
+        req = entry.req
+        if req.table_row >= 0:
+            self.kv.release(req, publish=False)
+        if self.recompute:
+            req.admitted_at = None
+            waiting.append(req)
+            return None
+        req.fail(reason)
+        return make_output(req)

@@ -1,0 +1,204 @@
+"""The prefill server's side of disaggregation: run the prompt, keep its K/V until the decode
+server asks for it, send it with the first token, then release the request.
+
+A request with a room is prefilled as any other (radix cache, chunks), with max_new_tokens
+forced to 1 as SGLang's prefill server does. When it finishes it is held, pages locked, until
+a pull for its room arrives; the pull says how many leading positions the decode server
+already holds (its own radix cache), and only the rest is sent. Then the request is released
+(its prompt stays in this server's cache) and its output goes back to the client: the HTTP
+response of a prefill server ends when its pages are on their way. A room whose pull does not
+come within the transfer timeout, a pull that does not match the prompt, a peer that is gone,
+or a cancel from the decode server, ends the request with an abort and frees its pages.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from radixrt.disaggregation.endpoints import PrefillEndpoint
+from radixrt.disaggregation.messages import KVCancel, KVPages, KVPoll, KVPull, prompt_digest
+from radixrt.disaggregation.pages import layout_of, read_slots
+from radixrt.protocol.messages import Bootstrap, ReqOutput
+from radixrt.scheduler.disaggregation import DisaggParts, DisaggSide
+from radixrt.scheduler.output import make_output
+from radixrt.scheduler.req import Req
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Room:
+    req: Req
+    state: KVPoll = KVPoll.Bootstrapping
+    held_since: float = 0.0  # when its prefill finished (monotonic)
+    pull: tuple[bytes, KVPull] | None = None
+    cancelled: bool = False  # the decode server gave it up while it was prefilling
+
+
+class PrefillSide(DisaggSide):
+    mode = "prefill"
+
+    def __init__(self, parts: DisaggParts, endpoint: PrefillEndpoint | None = None) -> None:
+        super().__init__(parts)
+        args = parts.args
+        self.endpoint = endpoint or PrefillEndpoint(args.host, args.disaggregation_bootstrap_port)
+        self.layout = layout_of(parts.pool)
+        self.rooms: dict[int, _Room] = {}
+        # Pulls for rooms whose request has not arrived yet (the gateway sends both requests
+        # at once), and rooms that ended badly, so a late pull is answered at once.
+        self.early: dict[int, tuple[bytes, KVPull, float]] = {}
+        self.ended: dict[int, tuple[str, float]] = {}
+
+    def adopt(self, req: Req, bootstrap: Bootstrap) -> bool:
+        if bootstrap.room in self.rooms:
+            raise ValueError(f"bootstrap_room {bootstrap.room} is already in use here")
+        req.sampling_params.max_new_tokens = 1  # the decode server generates the rest
+        room = _Room(req)
+        self.rooms[bootstrap.room] = room
+        early = self.early.pop(bootstrap.room, None)
+        if early is not None:
+            room.pull, room.state = (early[0], early[1]), KVPoll.WaitingForInput
+        return False
+
+    def hold(self, req: Req) -> bool:
+        room = self._room_of(req)
+        if room is None or req.failed or room[1].cancelled:
+            if room is not None:
+                self._forget(req, "its prefill failed" if req.failed else "cancelled")
+            return False
+        room[1].held_since = time.monotonic()
+        return True
+
+    def holding(self) -> list[Req]:
+        return [r.req for r in self.rooms.values() if r.held_since]
+
+    @property
+    def queued(self) -> int:
+        return sum(1 for r in self.rooms.values() if r.held_since)
+
+    def poll(self, running: list[Req], waiting: list[Req]) -> list[ReqOutput]:
+        outs: list[ReqOutput] = []
+        for peer, msg in self.endpoint.receive():
+            if isinstance(msg, KVPull):
+                self._take_pull(peer, msg)
+            elif isinstance(msg, KVCancel):
+                outs += self._cancel(msg.room)
+        now = time.monotonic()
+        for number, room in list(self.rooms.items()):
+            if room.held_since and room.pull is not None:
+                outs.append(self._transfer(number, room))
+            elif room.held_since and now - room.held_since > self.timeout:
+                reason = f"no decode server asked for room {number} within {self.timeout:g} s"
+                outs.append(self._end_held(number, room, reason))
+        self._expire(now)
+        return outs
+
+    def abort(self, rid: str) -> list[ReqOutput]:
+        for number, room in list(self.rooms.items()):
+            if room.req.rid == rid:
+                if room.held_since:
+                    return [self._end_held(number, room, "aborted by the client")]
+                self._forget(room.req, "aborted by the client")
+        return []
+
+    def close(self) -> None:
+        self.endpoint.close()
+
+    # -- the transfer -----------------------------------------------------------------------
+    def _take_pull(self, peer: bytes, pull: KVPull) -> None:
+        room = self.rooms.get(pull.room)
+        if room is not None:
+            room.pull, room.state = (peer, pull), KVPoll.WaitingForInput
+        elif pull.room in self.ended:
+            self.endpoint.send(peer, KVPages(pull.room, False, self.ended[pull.room][0]))
+        else:
+            self.early[pull.room] = (peer, pull, time.monotonic())
+
+    def _transfer(self, number: int, room: _Room) -> ReqOutput:
+        assert room.pull is not None
+        peer, pull = room.pull
+        req = room.req
+        problem = self._mismatch(req, pull)
+        if problem:
+            self.endpoint.send(peer, KVPages(number, False, problem))
+            return self._end_held(number, room, problem)
+        started = time.perf_counter()
+        prompt_len = len(req.origin_input_ids)
+        frames = read_slots(self.parts.pool, self.kv.slots(req, pull.skip, prompt_len))
+        header = KVPages(number, True, count=prompt_len - pull.skip, first_token=req.output_ids[0])
+        if req.return_logprob and req.output_token_logprobs:
+            header.logprob = req.output_token_logprobs[0][0]
+            header.top_logprobs = req.output_top_logprobs[0]
+            if req.output_token_ids_logprobs:
+                header.ids_logprobs = req.output_token_ids_logprobs[0]
+        if not self.endpoint.send(peer, header, frames):
+            return self._end_held(number, room, f"the decode server of room {number} is gone")
+        self.count_transfer(header.count, sum(len(f) for f in frames), started)
+        room.state = KVPoll.Success
+        del self.rooms[number]
+        return self._release(req)
+
+    def _mismatch(self, req: Req, pull: KVPull) -> str:
+        """Why the pull cannot be served from this request ("" if it can)."""
+        prompt_len = len(req.origin_input_ids)
+        if pull.layout != self.layout:
+            return f"KV layouts differ: prefill {self.layout}, decode {pull.layout}"
+        if pull.prompt_len != prompt_len or pull.digest != prompt_digest(req.origin_input_ids):
+            return f"the prompts of room {pull.room} differ between the two servers"
+        if not 0 <= pull.skip <= prompt_len:
+            return f"skip {pull.skip} is outside the prompt's {prompt_len} tokens"
+        return ""
+
+    # -- endings ----------------------------------------------------------------------------
+    def _end_held(self, number: int, room: _Room, reason: str) -> ReqOutput:
+        """A held request that will not be sent: fail it, free its pages, answer its pull."""
+        logger.warning("room %d (request %s): %s", number, room.req.rid, reason)
+        self.stats.disagg_transfer_failures += 1
+        if room.pull is not None and room.state != KVPoll.Success:
+            self.endpoint.send(room.pull[0], KVPages(number, False, reason))
+        del self.rooms[number]
+        self.ended[number] = (reason, time.monotonic())
+        room.req.finish_reason = {"type": "abort", "message": reason}
+        return self._release(room.req)
+
+    def _release(self, req: Req) -> ReqOutput:
+        self.kv.release(req)  # the prompt's pages stay in this server's cache
+        self.stats.finished(len(req.output_ids), req.cached_tokens)
+        return make_output(req)
+
+    def _cancel(self, number: int) -> list[ReqOutput]:
+        """The decode server gave the room up: a held request ends now; one still prefilling
+        goes on (its prompt fills the cache) and is released as any request when done."""
+        room = self.rooms.get(number)
+        if room is None:
+            self.early.pop(number, None)
+            return []
+        if room.held_since:
+            return [self._end_held(number, room, "the decode server cancelled the room")]
+        room.pull, room.cancelled = None, True
+        return []
+
+    def _forget(self, req: Req, reason: str) -> None:
+        found = self._room_of(req)
+        if found is not None:
+            del self.rooms[found[0]]
+            self.ended[found[0]] = (reason, time.monotonic())
+            if found[1].pull is not None:
+                self.endpoint.send(found[1].pull[0], KVPages(found[0], False, reason))
+
+    def _room_of(self, req: Req) -> tuple[int, _Room] | None:
+        return next(((n, r) for n, r in self.rooms.items() if r.req is req), None)
+
+    def _expire(self, now: float) -> None:
+        """Pulls for rooms that never came are refused; old endings are forgotten."""
+        for number, (peer, _, since) in list(self.early.items()):
+            if now - since > self.timeout:
+                del self.early[number]
+                reason = f"room {number} never reached this prefill server"
+                self.endpoint.send(peer, KVPages(number, False, reason))
+                self.stats.disagg_transfer_failures += 1
+        for number, (_, since) in list(self.ended.items()):
+            if now - since > 2 * self.timeout:
+                del self.ended[number]
