@@ -12,7 +12,13 @@ from concurrent.futures import Future
 import msgspec
 import pytest
 
-from radixrt.protocol.messages import BatchOutput, GenerateReq, decode_from_scheduler, encode
+from radixrt.protocol.messages import (
+    BatchOutput,
+    Bootstrap,
+    GenerateReq,
+    decode_from_scheduler,
+    encode,
+)
 from radixrt.server_args import ServerArgs
 
 
@@ -98,6 +104,10 @@ def test_a_request_that_cannot_go_on_ends_alone(scheduler_and_outbox):
         (GenerateReq("r", [1], {"json_schema": "[" * 5000 + "]" * 5000}), "levels deep"),
         (GenerateReq("r", [1], {"regex": "(ab"}), "not a valid regular expression"),
         (GenerateReq("r", [1], {"temperature": "hot"}), "'temperature' must be"),
+        (
+            GenerateReq("r", [1], {}, bootstrap=Bootstrap("127.0.0.1", 1, 5)),
+            "this server is not disaggregated",
+        ),
     ],
 )
 def test_raw_messages_are_refused_with_an_abort_message(scheduler_and_outbox, msg, words):
