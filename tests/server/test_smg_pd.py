@@ -32,6 +32,7 @@ pytestmark = pytest.mark.skipif(
 MODEL = "tiny"
 FLAGS = ("--dtype", "float32", "--max-total-tokens", "4096", "--served-model-name", MODEL)
 FLAGS += ("--log-level", "warning", "--enable-kv-checks", "--page-size", "4")
+GREEDY_8 = {"max_new_tokens": 8, "temperature": 0}
 TIMEOUT_S = 3.0  # --disaggregation-transfer-timeout of both sides
 
 
@@ -154,7 +155,7 @@ def test_logprobs_merge_and_transfer_counts(gateway, servers):
 
 def test_a_decode_server_whose_prefill_is_gone_recomputes(servers):
     """Rooms pointed at a port nobody listens on: recomputed after the timeout, output exact."""
-    body = {"input_ids": [3, 1, 4, 1, 5, 9, 2, 6], "sampling_params": {"max_new_tokens": 8, "temperature": 0},
+    body = {"input_ids": [3, 1, 4, 1, 5, 9, 2, 6], "sampling_params": GREEDY_8,
             "bootstrap_host": "127.0.0.1", "bootstrap_port": free_port(), "bootstrap_room": 99}  # fmt: skip
     start = time.monotonic()
     got = _post(servers["decode"].url, "/generate", body)
@@ -168,8 +169,9 @@ def test_killing_the_decode_server_leaves_the_prefill_serving(gateway, servers):
     """The prefill server's room for a killed decode server times out; its pages come back,
     and it keeps serving."""
     decode, prefill = servers["decode"], servers["prefill"]
-    body = {"input_ids": list(range(10, 60)), "sampling_params": {"max_new_tokens": 4, "temperature": 0},
-            "bootstrap_host": "127.0.0.1", "bootstrap_port": servers["bootstrap"], "bootstrap_room": 7}  # fmt: skip
+    body = {"input_ids": list(range(10, 60)), "sampling_params": GREEDY_8,
+            "bootstrap_host": "127.0.0.1", "bootstrap_port": servers["bootstrap"],
+            "bootstrap_room": 7}  # fmt: skip
     decode.proc.send_signal(signal.SIGKILL)
     decode.proc.wait(timeout=30)
     r = httpx.post(prefill.url + "/generate", json=body, timeout=60)
