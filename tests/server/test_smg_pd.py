@@ -156,7 +156,8 @@ def test_logprobs_merge_and_transfer_counts(gateway, servers):
 def test_a_decode_server_whose_prefill_is_gone_recomputes(servers):
     """Rooms pointed at a port nobody listens on: recomputed after the timeout, output exact."""
     body = {"input_ids": [3, 1, 4, 1, 5, 9, 2, 6], "sampling_params": GREEDY_8,
-            "bootstrap_host": "127.0.0.1", "bootstrap_port": free_port(), "bootstrap_room": 99}  # fmt: skip
+            "bootstrap_host": "127.0.0.1", "bootstrap_port": free_port(),
+            "bootstrap_room": 99}  # fmt: skip
     start = time.monotonic()
     got = _post(servers["decode"].url, "/generate", body)
     assert time.monotonic() - start < TIMEOUT_S + 10
