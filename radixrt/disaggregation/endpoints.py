@@ -19,6 +19,7 @@ from radixrt.disaggregation.messages import (
     KVCancel,
     KVPages,
     KVPull,
+    KVWait,
     decode_to_decode,
     decode_to_prefill,
     encode,
@@ -70,7 +71,7 @@ class PrefillEndpoint:
                 logger.warning("dropped a disaggregation message that does not decode: %s", e)
         return got
 
-    def send(self, peer: bytes, header: KVPages, frames: Frames = ()) -> bool:
+    def send(self, peer: bytes, header: KVPages | KVWait, frames: Frames = ()) -> bool:
         """Send one answer; False if the peer is gone (or its queue stayed full for 1 s)."""
         try:
             self.sock.send_multipart([peer, encode(header), *frames], copy=False)
@@ -105,7 +106,7 @@ class DecodeEndpoint:
         except zmq.ZMQError as e:  # its queue is full: the peer has not read for a long time
             logger.warning("room %d: cannot queue a message to %s:%d: %s", msg.room, host, port, e)
 
-    def receive(self) -> list[tuple[KVPages, list[zmq.Frame]]]:
+    def receive(self) -> list[tuple[KVPages | KVWait, list[zmq.Frame]]]:
         """Every answer waiting now, as (header, K/V frames)."""
         got = []
         for sock in self.peers.values():

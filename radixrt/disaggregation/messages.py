@@ -4,7 +4,8 @@ of one request's KV pages), encoded with msgspec: never a pickle.
 A decode server asks with `KVPull` (after matching the prompt in its own radix cache: it asks
 only for positions `skip` onwards), or gives a room up with `KVCancel`. The prefill server
 answers a pull with one `KVPages` header followed by the raw pages, or a header with `ok`
-false and the reason. Rooms are SGLang's `bootstrap_room`s: the gateway draws one per request
+false and the reason; while the room's prompt is still being computed, a `KVWait` now and
+then says it is alive. Rooms are SGLang's `bootstrap_room`s: the gateway draws one per request
 and gives it to both servers.
 """
 
@@ -69,9 +70,17 @@ class KVPages(msgspec.Struct, tag="pages"):
     ids_logprobs: list[tuple[float, int]] | None = None
 
 
+class KVWait(msgspec.Struct, tag="wait"):
+    """The prefill server has the room and is still computing it: the decode server's
+    timeout counts silence, so a long queue there is not taken for a dead peer."""
+
+    room: int
+
+
 ToPrefill = KVPull | KVCancel
+ToDecode = KVPages | KVWait
 _TO_PREFILL = msgspec.msgpack.Decoder(ToPrefill)
-_TO_DECODE = msgspec.msgpack.Decoder(KVPages)
+_TO_DECODE = msgspec.msgpack.Decoder(ToDecode)
 _ENCODER = msgspec.msgpack.Encoder()
 
 
@@ -83,7 +92,7 @@ def decode_to_prefill(data: bytes) -> KVPull | KVCancel:
     return _TO_PREFILL.decode(data)
 
 
-def decode_to_decode(data: bytes) -> KVPages:
+def decode_to_decode(data: bytes) -> KVPages | KVWait:
     return _TO_DECODE.decode(data)
 
 

@@ -22,7 +22,14 @@ from dataclasses import dataclass, field
 import zmq
 
 from radixrt.disaggregation.endpoints import DecodeEndpoint
-from radixrt.disaggregation.messages import KVCancel, KVPages, KVPoll, KVPull, prompt_digest
+from radixrt.disaggregation.messages import (
+    KVCancel,
+    KVPages,
+    KVPoll,
+    KVPull,
+    KVWait,
+    prompt_digest,
+)
 from radixrt.disaggregation.pages import layout_of, write_slots
 from radixrt.grammar.constraint import constraint_of
 from radixrt.protocol.messages import Bootstrap, ReqOutput
@@ -39,7 +46,7 @@ class _Pending:
     bootstrap: Bootstrap
     compiled: bool  # its grammar (if any) is ready
     state: KVPoll = KVPoll.Bootstrapping
-    asked_at: float = 0.0  # when the pull went out (monotonic)
+    asked_at: float = 0.0  # when the pull went out, or the prefill server last spoke
     frames: list[zmq.Frame] = field(default_factory=list)
 
 
@@ -86,13 +93,16 @@ class DecodeSide(DisaggSide):
             entry = self.pending.get(header.room)
             if entry is None or entry.state != KVPoll.WaitingForInput:
                 continue  # a room given up meanwhile
+            if isinstance(header, KVWait):  # the prefill server is alive and on it
+                entry.asked_at = time.monotonic()
+                continue
             out = self._receive(header, frames, entry, running, waiting)
             if out is not None:
                 outs.append(out)
         now = time.monotonic()
         for room, entry in list(self.pending.items()):
             if entry.state == KVPoll.WaitingForInput and now - entry.asked_at > self.timeout:
-                reason = f"no KV pages for room {room} within {self.timeout:g} s"
+                reason = f"no word from the prefill server on room {room} for {self.timeout:g} s"
                 self.endpoint.send(entry.bootstrap.host, entry.bootstrap.port, KVCancel(room))
                 out = self._fail(room, entry, reason, waiting)
                 if out is not None:
@@ -170,6 +180,7 @@ class DecodeSide(DisaggSide):
         del self.pending[room]
         self.count_transfer(header.count, nbytes, started)
         req.kv_len = prompt_len
+        self.kv.cache_unfinished(req)  # a waiting request with the same prompt hits it next
         req.first_token_at = time.time()
         top = header.top_logprobs or []
         logprob = None if header.logprob is None else (header.logprob, top, header.ids_logprobs)

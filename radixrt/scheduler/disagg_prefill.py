@@ -18,7 +18,14 @@ import time
 from dataclasses import dataclass
 
 from radixrt.disaggregation.endpoints import PrefillEndpoint
-from radixrt.disaggregation.messages import KVCancel, KVPages, KVPoll, KVPull, prompt_digest
+from radixrt.disaggregation.messages import (
+    KVCancel,
+    KVPages,
+    KVPoll,
+    KVPull,
+    KVWait,
+    prompt_digest,
+)
 from radixrt.disaggregation.pages import layout_of, read_slots
 from radixrt.protocol.messages import Bootstrap, ReqOutput
 from radixrt.scheduler.disaggregation import DisaggParts, DisaggSide
@@ -35,6 +42,7 @@ class _Room:
     held_since: float = 0.0  # when its prefill finished (monotonic)
     pull: tuple[bytes, KVPull] | None = None
     cancelled: bool = False  # the decode server gave it up while it was prefilling
+    told_at: float = 0.0  # when the decode server last heard of it (a KVWait; monotonic)
 
 
 class PrefillSide(DisaggSide):
@@ -92,6 +100,9 @@ class PrefillSide(DisaggSide):
             elif room.held_since and now - room.held_since > self.timeout:
                 reason = f"no decode server asked for room {number} within {self.timeout:g} s"
                 outs.append(self._end_held(number, room, reason))
+            elif room.pull is not None and now - room.told_at > self.timeout / 3:
+                self.endpoint.send(room.pull[0], KVWait(number))  # still computing it
+                room.told_at = now
         self._expire(now)
         return outs
 

@@ -158,15 +158,48 @@ def test_logprobs_n_and_streams(model_dir, reference):
         assert len(meta["output_top_logprobs"]) == len(want_meta["output_top_logprobs"])
         prompt_lp = prefill["meta_info"]["input_token_logprobs"]
         assert [t for _, t, *_ in prompt_lp] == prompt
-        n_params = dict(GREEDY, n=3)
-        _, decode_n = pair.generate(prompt, n_params)
-        assert [r["output_ids"] for r in decode_n] == [want["output_ids"]] * 3
+        sent = pair.decode.get_stats()["disagg_transfer_tokens"]
+        n_prompt = _prompts(1, seed=21, low=40, high=40)[0]
+        n_want = reference.generate(input_ids=n_prompt, sampling_params=GREEDY)["output_ids"]
+        _, decode_n = pair.generate(n_prompt, dict(GREEDY, n=3))
+        assert [r["output_ids"] for r in decode_n] == [n_want] * 3
+        # The prompt went once; the other two took its 32 whole pages from the cache.
+        assert pair.decode.get_stats()["disagg_transfer_tokens"] - sent == 40 + 2 * 8
         _, chunks = pair.generate(prompt, GREEDY, stream=True)
         assert len(chunks) > 1  # the decode side streams token by token
         assert [i for c in chunks for i in c["output_ids"]] == want["output_ids"]
         pair.check_idle()
     finally:
         pair.close()
+
+
+def test_a_prefill_queue_longer_than_the_timeout_is_not_a_failure(model_dir, reference):
+    """The prefill server says it is on the room while it waits behind other work there."""
+    port = _port()
+    args = dict(COMMON, disaggregation_bootstrap_port=port, disaggregation_transfer_timeout=0.2)
+    prefill = radixrt.Engine(
+        model_dir, disaggregation_mode="prefill", max_running_requests=1, **args
+    )
+    decode = radixrt.Engine(model_dir, disaggregation_mode="decode", **args)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            start = time.monotonic()
+            busy = pool.submit(prefill.generate, input_ids=[9] * 8,
+                               sampling_params=dict(GREEDY, max_new_tokens=480))  # fmt: skip
+            time.sleep(0.1)
+            boot = dict(bootstrap_host="127.0.0.1", bootstrap_port=port, bootstrap_room=3)
+            prompt = _prompts(1, seed=12)[0]
+            p, d = (pool.submit(e.generate, input_ids=prompt, sampling_params=GREEDY, **boot)
+                    for e in (prefill, decode))  # fmt: skip
+            assert busy.result(timeout=120)["meta_info"]["completion_tokens"] == 480
+            assert time.monotonic() - start > 3 * 0.2  # the room waited past the timeout
+            got, _ = d.result(timeout=120), p.result(timeout=120)
+        want = reference.generate(input_ids=prompt, sampling_params=GREEDY)["output_ids"]
+        assert got["output_ids"] == want
+        assert decode.get_stats()["disagg_transfer_failures"] == 0
+    finally:
+        prefill.shutdown()
+        decode.shutdown()
 
 
 def test_a_prefill_server_that_never_answers_is_recomputed(model_dir, reference):
