@@ -20,7 +20,6 @@ from radixrt.protocol.messages import (
     CLIENT_ABORT_MESSAGE,
     AbortReq,
     BatchOutput,
-    ControlReply,
     FlushCacheReq,
     GenerateReq,
     GetCacheTreeReq,
@@ -31,9 +30,9 @@ from radixrt.protocol.messages import (
     decode_to_scheduler,
     encode,
 )
+from radixrt.scheduler import control
 from radixrt.scheduler.admission import make_req
 from radixrt.scheduler.beam_search import BeamSearch
-from radixrt.scheduler.cache_snapshot import cache_snapshot
 from radixrt.scheduler.components import Components
 from radixrt.scheduler.disaggregation import DisaggParts, create_disagg_side
 from radixrt.scheduler.kv_manager import KVManager
@@ -129,9 +128,12 @@ class Scheduler:
         while not self.stopped:
             timeout: float | None = 0
             if not (self.running or self.waiting):
-                # Idle: sleep on the socket, briefly while grammars compile or rooms wait.
+                # Idle: sleep on the socket, briefly while grammars compile or rooms wait;
+                # a disaggregated server also looks at its peers' socket now and then.
                 waits = self.structured.compiling or (self.disagg and self.disagg.queued)
                 timeout = 0.002 if waits else (1.0 if orphaned else None)
+                if self.disagg is not None and not waits:
+                    timeout = 0.05
             self._take_turn(timeout)
             if self.disagg is not None:
                 self._emit(self.disagg.poll(self.running, self.waiting))
@@ -277,11 +279,11 @@ class Scheduler:
         elif isinstance(msg, AbortReq):
             self._abort(msg.rid)
         elif isinstance(msg, FlushCacheReq):
-            self._flush_cache()
+            self.transport.send(encode(control.flush_cache(self)))
         elif isinstance(msg, GetStatsReq):
-            self._send_stats(msg.check_kv)
+            self.transport.send(encode(control.stats_reply(self, msg.check_kv)))
         elif isinstance(msg, GetCacheTreeReq):
-            self._send_cache_tree(msg)
+            self.transport.send(encode(control.cache_tree_reply(self, msg)))
         elif isinstance(msg, ShutdownReq):
             self.stopped = True
 
@@ -314,28 +316,6 @@ class Scheduler:
             disagg_queue=self.disagg.queued if self.disagg else 0,
         )
         return self.stats.to_dict(now, p.cache.block_timings)
-
-    def _send_stats(self, check_kv: bool) -> None:
-        message = ""
-        if check_kv:
-            try:
-                self.check_kv()
-            except AssertionError as e:
-                message = f"KV accounting check failed: {e}"
-        reply = ControlReply("get_stats", not message, message, self.get_stats())
-        self.transport.send(encode(reply))
-
-    def _send_cache_tree(self, msg: GetCacheTreeReq) -> None:
-        """A bounded snapshot (cache_snapshot.py), taken here, between two steps."""
-        snapshot = cache_snapshot(
-            self.parts.cache,
-            self.running,
-            self.waiting,
-            self.get_stats(),
-            depth=msg.depth,
-            max_nodes=msg.max_nodes,
-        )
-        self.transport.send(encode(ControlReply("get_cache_tree", True, cache_tree=snapshot)))
 
     def _add_request(self, msg: GenerateReq) -> None:
         try:
@@ -396,19 +376,6 @@ class Scheduler:
     def _send_abort(self, rid: str, prompt_tokens: int, message: str) -> None:
         out = ReqOutput(rid, [], True, {"type": "abort", "message": message}, prompt_tokens, 0, 0)
         self.transport.send(encode(BatchOutput([out])))
-
-    def _flush_cache(self) -> None:
-        if self.running or self.waiting or (self.disagg and self.disagg.queued):
-            reply = ControlReply(
-                "flush_cache",
-                False,
-                "cannot flush the cache while "
-                f"{len(self.running) + len(self.waiting)} requests run",
-            )
-        else:
-            self.kv.flush_cache()
-            reply = ControlReply("flush_cache", True)
-        self.transport.send(encode(reply))
 
 
 def _speculator(args: ServerArgs, parts: Components, stats: SchedulerStats) -> Speculator | None:

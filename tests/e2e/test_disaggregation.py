@@ -278,3 +278,36 @@ def test_an_abort_on_the_decode_side_frees_both(model_dir):
         assert KVPoll.Success == 4  # SGLang's values
     finally:
         pair.close()
+
+
+def test_an_abort_on_the_prefill_side_frees_it_and_refuses_a_late_pull(model_dir, reference):
+    """A held prompt whose client gave up is freed at once; a decode server that asks for the
+    room afterwards is refused and recomputes (output exact)."""
+    port = _port()
+    args = dict(COMMON, disaggregation_bootstrap_port=port, disaggregation_transfer_timeout=30)
+    prefill = radixrt.Engine(model_dir, disaggregation_mode="prefill", **args)
+    boot = dict(bootstrap_host="127.0.0.1", bootstrap_port=port, bootstrap_room=8)
+    prompt = _prompts(1, seed=14)[0]
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            held = pool.submit(prefill.generate, input_ids=prompt, sampling_params=GREEDY,
+                               rid="gone", **boot)  # fmt: skip
+            deadline = time.monotonic() + 30
+            while prefill.get_stats()["disagg_queue"] == 0:  # its prefill is done, it waits
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            prefill.abort_request("gone")
+            assert held.result(timeout=30)["meta_info"]["finish_reason"]["type"] == "abort"
+        stats = prefill.get_stats(check_kv=True)
+        assert stats["disagg_queue"] == 0
+        assert stats["free_tokens"] + stats["evictable_tokens"] == stats["pool_tokens"]
+        decode = radixrt.Engine(model_dir, disaggregation_mode="decode", **args)
+        try:
+            got = decode.generate(input_ids=prompt, sampling_params=GREEDY, **boot)
+            want = reference.generate(input_ids=prompt, sampling_params=GREEDY)
+            assert got["output_ids"] == want["output_ids"]
+            assert decode.get_stats(check_kv=True)["disagg_transfer_failures"] == 1
+        finally:
+            decode.shutdown()
+    finally:
+        prefill.shutdown()
