@@ -13,13 +13,17 @@ One seeded workload, sent identically to two setups:
 Both use --page-size 16 (the transfer moves whole pages) and the same model (default: the
 default model). The workload: --chats chat streams (~30-100 prompt tokens, ignore_eos, greedy)
 arriving as a Poisson process at --chat-rate, and --docs long documents (completions of
---doc-tokens prompt tokens of shuffled local words, 1-16 output tokens) arriving at seeded
-times among them. Everything streams (bench_serving.send: SSE, TTFT/ITL per chunk).
+--doc-tokens prompt tokens of random words from local text, fitted with the first server's
+/tokenize; --doc-output tokens) arriving at seeded times among them. Defaults: 120 chats at
+1.5/s with 64-128 output tokens, 4 documents of 4,000-8,000 tokens with 1-16. Everything
+streams (bench_serving.send: SSE, TTFT/ITL per chunk); (b) keeps the servers' own
+--disaggregation-transfer-timeout unless --transfer-timeout says otherwise.
 
 Reported from the chat streams only: TTFT p50/p99, TPOT p50, ITL p50/p99 (and split into the
 gaps that overlap some document's prefill window, from its send to its first token, and the
 rest), output throughput, and goodput: chats with TTFT < --slo-ttft and their own ITL p99 <
---slo-itl, as a fraction and a rate. The documents' TTFT p50 is given for context.
+--slo-itl (default: TTFT < 2 s and ITL p99 < 200 ms), as a fraction and a rate. The
+documents' TTFT p50 is given for context.
 
 Transfer against recompute: the servers' /server_info counters over the run
 (disagg_transfer_seconds is the time each side spent moving pages: gather and send on the
@@ -27,6 +31,8 @@ prefill side, store once received on the decode side; wire and queue time are in
 per 1,000 tokens and per page, against the prefill cost of a document of the mean length
 measured on an idle server: (a) with 2 threads, and the prefill server directly (1 thread,
 what recomputing on the decode core would cost); plus one document through SMG while idle.
+Then the CPU time other processes took during each run (the figures assume a quiet machine),
+and the warnings, errors and aborts in every child's log (the logs stay in a temp folder).
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import bench_pd_launch as pl
 import bench_serving_launch as launch
@@ -59,8 +66,8 @@ DOC_WORDS = sorted(
     | set("the of and to in is was for on that with as by at from it an are were".split())
 )
 QUICK = {
-    "chats": 12,
-    "chat_rate": 1.0,
+    "chats": 16,
+    "chat_rate": 2.0,
     "chat_output": "32,64",
     "docs": 1,
     "doc_tokens": "3000,4000",
@@ -82,16 +89,18 @@ def chat_requests(args: argparse.Namespace, rng: random.Random) -> list[tuple[fl
     return out
 
 
-def doc_texts(args: argparse.Namespace, rng: random.Random, n: int, tag: str) -> list[list[str]]:
-    """n documents as word lists, each a distinct heading then shuffled words, the lengths
-    drawn from --doc-tokens (a word is about a token; `fit_docs` makes it exact)."""
+def doc_texts(
+    args: argparse.Namespace, rng: random.Random, n: int, tag: str
+) -> tuple[list[list[str]], list[int]]:
+    """n documents as word lists, each a distinct heading then random words, and their token
+    targets drawn from --doc-tokens (a word is about a token; `fit_docs` makes it exact)."""
     lo, hi = args.doc_tokens
-    docs = []
+    docs, targets = [], []
     for i in range(n):
-        target = rng.randint(lo, hi)
-        body = [rng.choice(DOC_WORDS) for _ in range(target)]
-        docs.append([f"Report {tag}-{i}:", *body[: target - 3], "\nSummary:"])
-    return docs
+        targets.append(rng.randint(lo, hi))
+        body = [rng.choice(DOC_WORDS) for _ in range(targets[-1] - 8)]
+        docs.append([f"Report {tag}-{i}:", *body, "\nSummary:"])
+    return docs, targets
 
 
 def fit_docs(url: str, docs: list[list[str]], targets: list[int]) -> list[str]:
@@ -121,8 +130,7 @@ def build_workload(args: argparse.Namespace, url: str) -> list[tuple[float, str,
     rng = random.Random(f"bench-pd-{args.seed}")
     chats = chat_requests(args, rng)
     span = chats[-1][0] if chats else 60.0
-    words = doc_texts(args, rng, args.docs, f"{args.seed}")
-    texts = fit_docs(url, words, [len(w) for w in words])
+    texts = fit_docs(url, *doc_texts(args, rng, args.docs, f"{args.seed}"))
     lo, hi = args.doc_output
     timeline = [(at, "chat", r) for at, r in chats]
     for i, text in enumerate(texts):
@@ -149,7 +157,7 @@ async def run_timeline(
     return list(done), time.perf_counter() - start
 
 
-def measure_prefill(url: str, model: str, text: str) -> dict[str, float]:
+def measure_prefill(url: str, model: str, text: str) -> dict[str, Any]:
     """One document, alone, 1 output token: its TTFT is (about) its prefill."""
     res = asyncio.run(_send_one(url, model, Request(1, prompt=text)))
     if not res.ok:
@@ -195,7 +203,7 @@ def chat_metrics(args: argparse.Namespace, runs: list, duration: float) -> dict:
         if r.ok and r.ttft < args.slo_ttft and (not r.itl or percentile(r.itl, 99) < args.slo_itl)
     ]
     inside, outside = split_itl(runs, prefill_windows(runs))
-    d = summarize(docs, duration)
+    d: dict[str, Any] = summarize(docs, duration)
     return {
         **s,
         "chats": len(chats),
@@ -211,7 +219,14 @@ def chat_metrics(args: argparse.Namespace, runs: list, duration: float) -> dict:
         "chat_prompt_tokens": _span([r.prompt_tokens for r in chats if r.ok]),
         "chat_output_tokens": _span([r.output_tokens for r in chats if r.ok]),
         "errors": sorted({r.error for _, _, r in runs if not r.ok})[:5],
+        "requests": [_raw(kind, sent, r) for kind, sent, r in runs],
     }
+
+
+def _raw(kind: str, sent: float, r: Result) -> dict:
+    """One request's record for --out (seconds from the run's start; ITL gaps in order)."""
+    keep = ("ok", "error", "prompt_tokens", "output_tokens", "ttft", "latency", "itl")
+    return {"kind": kind, "sent": sent, **{k: getattr(r, k) for k in keep}}
 
 
 def _span(xs: list[int]) -> list[int]:
@@ -245,13 +260,18 @@ def prepare(args: argparse.Namespace, url: str, work: dict) -> str:
 
 
 def run_load(args: argparse.Namespace, url: str, model: str, work: dict, sides: list) -> dict:
-    """The timeline against `url`; chat metrics, and the counters each server moved."""
-    before = [pl.counters(c.url) for c in sides]
+    """The timeline against `url` (`sides`: the servers and gateway behind it); the chat
+    metrics, the counters each server moved, and the CPU time others took meanwhile."""
+    servers = [c for c in sides if c.name != "smg"]
+    before, cpu = [pl.counters(c.url) for c in servers], pl.cpu_seconds(sides)
     n = len(work["timeline"])
     print(f"  sending {n} requests to {url}", file=sys.stderr, flush=True)
     runs, duration = asyncio.run(run_timeline(url, model, work["timeline"], args.timeout))
-    moved = {c.name: pl.delta(pl.counters(c.url), b) for c, b in zip(sides, before, strict=True)}
-    return {**chat_metrics(args, runs, duration), "counters": moved}
+    machine, ours = (b - a for a, b in zip(cpu, pl.cpu_seconds(sides), strict=True))
+    moved = {c.name: pl.delta(pl.counters(c.url), b) for c, b in zip(servers, before, strict=True)}
+    others = {"busy_s": machine, "ours_s": ours, "others_s": max(0.0, machine - ours)}
+    others["others_pct"] = 100 * others["others_s"] / (len(os.sched_getaffinity(0)) * duration)
+    return {**chat_metrics(args, runs, duration), "counters": moved, "cpu": others}
 
 
 def bench_single(args: argparse.Namespace, log_dir: str, work: dict) -> dict:
@@ -266,7 +286,8 @@ def bench_single(args: argparse.Namespace, log_dir: str, work: dict) -> dict:
 
 def bench_disaggregated(args: argparse.Namespace, log_dir: str, work: dict) -> dict:
     bootstrap = launch._free_port()
-    pd = ["--disaggregation-transfer-timeout", str(args.transfer_timeout)]
+    timeout = args.transfer_timeout
+    pd = [] if timeout is None else ["--disaggregation-transfer-timeout", str(timeout)]
     prefill_flags = ["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port"]
     specs = [
         ("prefill", pl.server_cmd("0", 1, launch._free_port(), server_flags(args))),
@@ -287,7 +308,7 @@ def bench_disaggregated(args: argparse.Namespace, log_dir: str, work: dict) -> d
             c.name: pl.delta(pl.counters(c.url), b)
             for c, b in zip((prefill, decode), before, strict=True)
         }
-        out = run_load(args, smg.url, model, work, [prefill, decode])
+        out = run_load(args, smg.url, model, work, [prefill, decode, smg])
         out["logs"] = {c.name: pl.notable_lines(c) for c in (prefill, decode, smg)}
     commands = {c: shlex.join(cmd) for c, cmd in specs} | {"smg": shlex.join(smg.cmd)}
     return {**out, "prefill_idle": direct, "via_smg_idle": via_smg, "commands": commands}
@@ -302,10 +323,10 @@ def _pair(text: str) -> tuple[int, int]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="a ~1 minute smoke: " + str(QUICK))
-    p.add_argument("--chats", type=int, default=60, help="chat streams")
-    p.add_argument("--chat-rate", type=float, default=0.6, help="chat arrivals per second")
+    p.add_argument("--chats", type=int, default=120, help="chat streams")
+    p.add_argument("--chat-rate", type=float, default=1.5, help="chat arrivals per second")
     p.add_argument("--chat-output", default="64,128", help="output tokens, min,max")
-    p.add_argument("--docs", type=int, default=5, help="long documents among the chats")
+    p.add_argument("--docs", type=int, default=4, help="long documents among the chats")
     p.add_argument("--doc-tokens", default="4000,8000", help="document prompt tokens, min,max")
     p.add_argument("--doc-output", default="1,16", help="document output tokens, min,max")
     p.add_argument("--slo-ttft", type=float, default=2.0, help="goodput: TTFT below, seconds")
@@ -316,9 +337,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--transfer-timeout",
         type=float,
-        default=600.0,
-        help="--disaggregation-transfer-timeout of (b): a decode room waits this long for "
-        "its pages, which come only after queueing and prefill on the prefill core",
+        default=None,
+        help="--disaggregation-transfer-timeout of both (b) servers; default: the servers' own "
+        "(the decode side counts silence: the prefill server's KVWait keeps a queued room alive)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per request")
@@ -350,7 +371,10 @@ def _exit_on_sigterm(signum: int, _frame: object) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    log_dir, work = pl.new_log_dir(), {}
+    # Ctrl-C too, even where the shell that started us ignores it (a background job).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    log_dir = pl.new_log_dir()
+    work: dict[str, Any] = {}  # the workload, built on the first server
     print(f"logs: {log_dir}", file=sys.stderr, flush=True)
     started = time.monotonic()
     single = bench_single(args, log_dir, work)

@@ -25,9 +25,12 @@ import httpx
 from bench_dp import _all_workers_healthy
 
 STOP_WAIT_S = 60.0
-# Lines of a child's log worth showing after the run: errors, tracebacks, aborted requests,
-# failed transfers, SMG's warnings (it logs at warn).
-NOTABLE = re.compile(r"ERROR|CRITICAL|Traceback|abort|fail|timed out|WARN", re.IGNORECASE)
+# Lines of a child's log worth showing after the run: its warnings and errors, tracebacks,
+# aborted requests and failed or timed-out transfers. uvicorn's logger is named "error" even
+# for its INFO lines; SMG warns at every start that it runs without authentication.
+LEVELS = re.compile(r"\b(WARN|WARNING|ERROR|CRITICAL)\b|Traceback")
+EVENTS = re.compile(r"abort|fail|timed out", re.IGNORECASE)
+NOISE = re.compile(r"uvicorn\.error|SECURITY POSTURE|\x1b\[[0-9;]*m")
 
 
 @dataclass
@@ -120,7 +123,8 @@ def tail(child: Child, lines: int = 30) -> str:
 def notable_lines(child: Child, limit: int = 8) -> tuple[int, list[str]]:
     """How many lines of the child's log look like trouble, and the first `limit` of them."""
     with open(child.log, errors="replace") as f:
-        hits = [line.rstrip() for line in f if NOTABLE.search(line)]
+        lines = (NOISE.sub("", line).rstrip() for line in f if "SECURITY POSTURE" not in line)
+        hits = [line for line in lines if LEVELS.search(line) or EVENTS.search(line)]
     return len(hits), hits[:limit]
 
 
@@ -156,3 +160,23 @@ def cpu_header() -> str:
                 flags |= set(line.split(":", 1)[1].split())
     wanted = ("amx_tile", "avx2", "avx512_bf16", "avx512_vnni", "avx512f")
     return f"{model}, {os.cpu_count()} CPUs; flags: {' '.join(f for f in wanted if f in flags)}"
+
+
+def cpu_seconds(children: list[Child]) -> tuple[float, float]:
+    """(busy CPU seconds of the whole machine, of the children's process groups and this
+    benchmark): the difference of two calls says how much of the cores someone else took."""
+    tick = os.sysconf("SC_CLK_TCK")
+    with open("/proc/stat") as f:
+        t = [int(x) for x in f.readline().split()[1:9]]  # user .. steal (guest is in user)
+    machine = (sum(t) - t[3] - t[4]) / tick  # not idle, not iowait
+    groups, ours = {c.proc.pid for c in children}, 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            with open(f"/proc/{entry.name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # from the state field on
+            if int(fields[2]) in groups:
+                ours += int(fields[11]) + int(fields[12])  # utime + stime
+    me = os.times()
+    return machine, ours / tick + me.user + me.system

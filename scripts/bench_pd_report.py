@@ -37,6 +37,7 @@ def chat_rows(args: argparse.Namespace, a: dict, b: dict) -> list[Row]:
         ("ITL p99 ms", *pick("itl_ms", 2)),
         ("ITL p99 ms, gaps overlapping a document's prefill", *pick("itl_during_prefill_ms", 1)),
         ("ITL p99 ms, all other gaps", *pick("itl_outside_prefill_ms", 1)),
+        ("gaps overlapping a document's prefill", *pick("itl_gaps_during_prefill")),
         ("output throughput, chat tok/s", *pick("output_throughput")),
         (f"goodput % ({slo})", 100 * a["goodput_fraction"], 100 * b["goodput_fraction"]),
         ("goodput, chats/s", *pick("goodput_rps")),
@@ -46,7 +47,11 @@ def chat_rows(args: argparse.Namespace, a: dict, b: dict) -> list[Row]:
 
 
 def chat_table(args: argparse.Namespace, a: dict, b: dict) -> str:
-    rows = [[label, _num(x), _num(y), _ratio(x, y)] for label, x, y in chat_rows(args, a, b)]
+    rows = [
+        [label, _num(x, 0 if isinstance(x, int) else 1), _num(y, 0 if isinstance(y, int) else 1)]
+        + [_ratio(x, y)]
+        for label, x, y in chat_rows(args, a, b)
+    ]
     done = [
         f"{s['completed']}/{s['chats']} chats, {s['docs_completed']} docs"
         + (f", {s['failed'] + s['docs_failed']} failed" if s["failed"] + s["docs_failed"] else "")
@@ -73,7 +78,11 @@ def transfer_table(args: argparse.Namespace, a: dict, b: dict) -> str:
     rows: list[tuple[str, float, str]] = [
         ("prefill side: gather + send (run)", send, ""),
         ("decode side: store (run)", store, ""),
-        ("both sides (run)", send + store, _ratio(one["ms_per_1k"], send + store) + " of 1-thread"),
+        (
+            "both sides (run)",
+            send + store,
+            _ratio(one["ms_per_1k"], send + store) + " of recomputing, 1 thread",
+        ),
         (f"recompute: (a), 2 threads, idle, {two['tokens']} tokens", two["ms_per_1k"], ""),
         (
             f"recompute: prefill server, 1 thread, idle, {one['tokens']} tokens",
@@ -123,6 +132,18 @@ def log_lines(run: dict) -> list[str]:
     return out
 
 
+def contention(a: dict, b: dict) -> str:
+    """Whether someone else used the cores while the runs ran (the figures assume not)."""
+    parts = [
+        f"{name}: {run['cpu']['others_s']:.1f} core-s ({run['cpu']['others_pct']:.0f}% of the "
+        "cores)"
+        for name, run in (("(a)", a), ("(b)", b))
+    ]
+    worst = max(a["cpu"]["others_pct"], b["cpu"]["others_pct"])
+    warn = " -- the machine was not quiet: rerun before trusting these figures" if worst > 5 else ""
+    return f"CPU used by other processes during the runs: {', '.join(parts)}{warn}"
+
+
 def report(args: argparse.Namespace, a: dict, b: dict, cpu: str, command: str) -> str:
     workload = (
         f"{args.chats} chat streams at {args.chat_rate:g}/s (outputs "
@@ -136,6 +157,7 @@ def report(args: argparse.Namespace, a: dict, b: dict, cpu: str, command: str) -
         f"CPU: {cpu}",
         f"Command: `{command}`",
         f"Workload: {workload}",
+        contention(a, b),
         "",
         chat_table(args, a, b),
         "",
