@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import zmq
 
@@ -47,7 +47,6 @@ class _Pending:
     compiled: bool  # its grammar (if any) is ready
     state: KVPoll = KVPoll.Bootstrapping
     asked_at: float = 0.0  # when the pull went out, or the prefill server last spoke
-    frames: list[zmq.Frame] = field(default_factory=list)
 
 
 class DecodeSide(DisaggSide):
@@ -204,7 +203,6 @@ class DecodeSide(DisaggSide):
         if req.table_row >= 0:
             self.kv.release(req, publish=False)
         if self.recompute:
-            req.admitted_at = None
             waiting.append(req)
             return None
         req.fail(reason)

@@ -133,8 +133,7 @@ class PrefillSide(DisaggSide):
         req = room.req
         problem = self._mismatch(req, pull)
         if problem:
-            self.endpoint.send(peer, KVPages(number, False, problem))
-            return self._end_held(number, room, problem)
+            return self._end_held(number, room, problem)  # which tells the decode server
         started = time.perf_counter()
         prompt_len = len(req.origin_input_ids)
         frames = read_slots(self.parts.pool, self.kv.slots(req, pull.skip, prompt_len))
