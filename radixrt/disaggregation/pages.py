@@ -39,13 +39,14 @@ def write_slots(pool: KVPool, slots: torch.Tensor, frames: Sequence[bytes | memo
     expected = shape[0] * shape[1] * shape[2] * itemsize
     if expected == 0:
         return 0
-    total = 0
+    layers = []
     for i, frame in enumerate(frames):
         if len(frame) != expected:
             raise ValueError(f"K/V frame {i} holds {len(frame)} bytes, expected {expected}")
         with warnings.catch_warnings():  # a received frame is read-only: it is only read
             warnings.simplefilter("ignore", UserWarning)
-            rows = torch.frombuffer(frame, dtype=pool.dtype).view(shape)
-        pool.get_kv(i // 2)[i % 2][slots.to(pool.device)] = rows.to(pool.device)
-        total += expected
-    return total
+            layers.append(torch.frombuffer(frame, dtype=pool.dtype).view(shape).to(pool.device))
+    loc = slots.to(device=pool.device, dtype=torch.int64).contiguous()
+    for layer in range(pool.num_layers):  # the pool's own store (one native call on the CPU)
+        pool.set_kv(layer, loc, layers[2 * layer], layers[2 * layer + 1])
+    return expected * len(frames)

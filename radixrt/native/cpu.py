@@ -39,9 +39,16 @@ def forced_isa() -> str:
     return isa
 
 
+# What RADIXRT_CPU_ISA=avx2 turns off on top of -march=native: AVX-512 and AMX (no CPU has
+# AMX without AVX-512; left on, the kernels would take this CPU's bf16 units for granted and
+# oneDNN, held to AVX2, would emulate them: prefill 3.9x slower on an AMX Xeon). AVX-VNNI
+# stays: laptops with AVX2 and no AVX-512 have had it since 2021.
+AVX2_CFLAGS = ["-mno-avx512f", "-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16"]
+
+
 def isa_cflags() -> list[str]:
     """Compiler flags for the chosen instruction sets on top of -march=native."""
-    return ["-mno-avx512f"] if forced_isa() == "avx2" else []
+    return list(AVX2_CFLAGS) if forced_isa() == "avx2" else []
 
 
 def missing_baseline() -> list[str]:
