@@ -3,9 +3,9 @@ sets radixrt's native kernels are built for.
 
 The kernels are compiled for the machine (-march=native) and pick their paths at compile time
 (AVX-512 where the CPU has it, else AVX2 + FMA). RADIXRT_CPU_ISA=avx2 builds them as for a
-CPU without AVX-512 (and reports no bf16 units, so `dtype auto` decides as it would there), so
-that one machine can run, test and measure every path it supports. A CPU without AVX2, FMA
-and F16C gets no native kernels: the torch paths run instead (native/build.py).
+CPU without AVX-512 and AMX (and reports no bf16 units, so `dtype auto` decides as it would
+there), so that one machine can run, test and measure every path it supports. A CPU without
+AVX2, FMA and F16C gets no native kernels: the torch paths run instead (native/build.py).
 """
 
 from __future__ import annotations
