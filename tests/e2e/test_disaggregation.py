@@ -311,3 +311,41 @@ def test_an_abort_on_the_prefill_side_frees_it_and_refuses_a_late_pull(model_dir
             decode.shutdown()
     finally:
         prefill.shutdown()
+
+
+def test_a_constrained_request_through_the_pair_equals_one_engine(model_dir):
+    """The prefill server samples the first token under the grammar; the decode server's
+    matcher takes it, then constrains the rest."""
+    args = dict(COMMON, skip_tokenizer_init=False)
+    reference = radixrt.Engine(model_dir, **args)
+    port = _port()
+    pd = dict(args, disaggregation_bootstrap_port=port)
+    prefill = radixrt.Engine(model_dir, disaggregation_mode="prefill", **pd)
+    decode = radixrt.Engine(model_dir, disaggregation_mode="decode", **pd)
+    try:
+        params = {"temperature": 0, "max_new_tokens": 24, "regex": r"(yes|no), [a-z]{3,8}\."}
+        want = reference.generate("Answer: ", params)
+        boot = dict(bootstrap_host="127.0.0.1", bootstrap_port=port, bootstrap_room=31)
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            p, d = (pool.submit(e.generate, "Answer: ", params, **boot) for e in (prefill, decode))
+            got, _ = d.result(timeout=120), p.result(timeout=120)
+        assert got["text"] == want["text"] and got["output_ids"] == want["output_ids"]
+        assert decode.get_stats(check_kv=True)["disagg_transfers"] == 1
+    finally:
+        for engine in (reference, prefill, decode):
+            engine.shutdown()
+
+
+def test_speculative_decoding_on_the_decode_side(model_dir, reference):
+    """NGRAM drafts start from the transferred first token; the output stays exact."""
+    pair = Pair(model_dir, {}, {"speculative_algorithm": "NGRAM"})
+    try:
+        prompt = [5, 6, 7, 8] * 4
+        params = dict(GREEDY, max_new_tokens=40)
+        want = reference.generate(input_ids=prompt, sampling_params=params)["output_ids"]
+        _, got = pair.generate(prompt, params)
+        assert got["output_ids"] == want
+        assert pair.decode.get_stats()["spec_draft_tokens"] > 0
+        pair.check_idle()
+    finally:
+        pair.close()
