@@ -363,6 +363,14 @@ class ServerArgs:
                 "disaggregation_bootstrap_port must be in 1..65535, got "
                 f"{self.disaggregation_bootstrap_port}"
             )
+        if (
+            self.disaggregation_mode == "prefill"
+            and self.disaggregation_bootstrap_port == self.port
+        ):
+            raise ValueError(
+                "disaggregation_bootstrap_port must differ from port (the HTTP server's), both "
+                f"are {self.port}"
+            )
         if self.disaggregation_transfer_timeout <= 0:
             raise ValueError(
                 "disaggregation_transfer_timeout must be > 0, got "

@@ -110,6 +110,17 @@ def test_generate_help_has_its_own_group_and_the_server_groups():
             ["--speculative-ngram-min-match-window-size", "13"],
             ["speculative_ngram_min_match_window_size", "<= speculative_ngram_max"],
         ),
+        (["--disaggregation-mode", "both"], ["--disaggregation-mode", "'prefill'"]),
+        (["--disaggregation-mode", "decode", "--tp-size", "2"], ["tp_size must be 1"]),
+        (
+            ["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", "30000"],
+            ["disaggregation_bootstrap_port must differ from port"],
+        ),
+        (
+            ["--disaggregation-mode", "decode", "--disaggregation-transfer-timeout", "0"],
+            ["disaggregation_transfer_timeout must be > 0"],
+        ),
+        (["--disaggregation-failure-policy", "retry"], ["'recompute', 'fail'"]),
     ],
 )
 def test_generate_reports_a_bad_flag_in_one_line_before_loading(args, names):
