@@ -142,7 +142,7 @@ def test_a_routers_model_field_is_ignored():
 
 
 def test_smgs_re_serialized_generate_body_is_accepted():
-    # The body SMG 1.13 forwarded to both servers of a pair (notes: /work/notes, capture run1).
+    # The body SMG 1.13 forwarded to both servers of a pair, as captured from a live SMG.
     body = {
         "text": "Hello",
         "model": "unknown",
