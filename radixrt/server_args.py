@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixrt.server_args_checks import validate_args
+
 
 def _f(
     default: Any,
@@ -271,117 +273,8 @@ class ServerArgs:
         self.validate()
 
     def validate(self) -> None:
-        for f in dataclasses.fields(self):
-            choices = f.metadata.get("choices")
-            value = getattr(self, f.name)
-            if choices and value is not None and value not in choices:
-                raise ValueError(f"{f.name} must be one of {list(choices)}, got {value!r}")
-        if self.page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
-        if self.max_total_tokens is not None and self.max_total_tokens < self.page_size:
-            raise ValueError(
-                f"max_total_tokens must be >= page_size ({self.page_size}), "
-                f"got {self.max_total_tokens}"
-            )
-        if self.chunked_prefill_size != -1 and self.chunked_prefill_size < 1:
-            raise ValueError(
-                f"chunked_prefill_size must be -1 (off) or >= 1, got {self.chunked_prefill_size}"
-            )
-        if self.max_prefill_tokens is not None and self.max_prefill_tokens < 1:
-            raise ValueError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
-        if self.cpu_gguf_int8_rows is not None and self.cpu_gguf_int8_rows < -1:
-            raise ValueError(
-                f"cpu_gguf_int8_rows must be -1 (every step) or >= 0, got {self.cpu_gguf_int8_rows}"
-            )
-        if self.cpu_dense_copy_gb < 0:
-            raise ValueError(f"cpu_dense_copy_gb must be >= 0, got {self.cpu_dense_copy_gb}")
-        if self.max_running_requests < 1:
-            raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
-        if self.max_queued_requests is not None and self.max_queued_requests < 0:
-            raise ValueError(f"max_queued_requests must be >= 0, got {self.max_queued_requests}")
-        self._validate_speculative()
-        self._validate_disaggregation()
-        for name in ("tp_size", "dp_size", "nnodes", "torch_compile_max_bs"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not 0 <= self.node_rank < self.nnodes:
-            raise ValueError(
-                f"node_rank must be in 0..{self.nnodes - 1} (nnodes - 1), got {self.node_rank}"
-            )
-        if self.dist_timeout <= 0:
-            raise ValueError(f"dist_timeout must be > 0, got {self.dist_timeout}")
-        if not 0 < self.port < 65536:
-            raise ValueError(f"port must be in 1..65535, got {self.port}")
-        for name in (
-            "max_request_bytes",
-            "max_prompt_chars",
-            "max_request_batch_size",
-            "max_logprob_entries",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_logprobs < 0:
-            raise ValueError(f"max_logprobs must be >= 0, got {self.max_logprobs}")
-        if self.grammar_compile_timeout <= 0 or self.graceful_shutdown_timeout < 0:
-            raise ValueError(
-                "grammar_compile_timeout must be > 0 and graceful_shutdown_timeout "
-                f">= 0, got {self.grammar_compile_timeout} and "
-                f"{self.graceful_shutdown_timeout}"
-            )
-        if not 0 < self.mem_fraction_static <= 1:
-            raise ValueError(
-                f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}"
-            )
-        if self.chat_template is not None:  # a bad one fails now, not after the model loads
-            from radixrt.frontend.chat_template_loader import load_chat_template
-
-            load_chat_template(self.chat_template)
-        if self.kv_events_config is not None:  # likewise: a bad config fails at the flags
-            from radixrt.observability.kv_events import parse_kv_events_config
-
-            parse_kv_events_config(self.kv_events_config)
-
-    def _validate_speculative(self) -> None:
-        if self.speculative_num_draft_tokens < 2:
-            raise ValueError(
-                "speculative_num_draft_tokens must be >= 2 (one draft and the token after it), "
-                f"got {self.speculative_num_draft_tokens}"
-            )
-        low = self.speculative_ngram_min_match_window_size
-        high = self.speculative_ngram_max_match_window_size
-        if not 1 <= low <= high:
-            raise ValueError(
-                "speculative_ngram_min_match_window_size must be >= 1 and <= "
-                f"speculative_ngram_max_match_window_size, got {low} and {high}"
-            )
-
-    def _validate_disaggregation(self) -> None:
-        if self.disaggregation_mode == "null":
-            return
-        if not 0 < self.disaggregation_bootstrap_port < 65536:
-            raise ValueError(
-                "disaggregation_bootstrap_port must be in 1..65535, got "
-                f"{self.disaggregation_bootstrap_port}"
-            )
-        if (
-            self.disaggregation_mode == "prefill"
-            and self.disaggregation_bootstrap_port == self.port
-        ):
-            raise ValueError(
-                "disaggregation_bootstrap_port must differ from port (the HTTP server's), both "
-                f"are {self.port}"
-            )
-        if self.disaggregation_transfer_timeout <= 0:
-            raise ValueError(
-                "disaggregation_transfer_timeout must be > 0, got "
-                f"{self.disaggregation_transfer_timeout}"
-            )
-        for name in ("tp_size", "dp_size"):
-            if getattr(self, name) != 1:
-                raise ValueError(
-                    f"{name} must be 1 with disaggregation_mode {self.disaggregation_mode!r}: "
-                    "each side runs one rank for now (docs/disaggregation.md)"
-                )
+        """ValueError naming the first field out of its range (server_args_checks.py)."""
+        validate_args(self)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> ServerArgs:

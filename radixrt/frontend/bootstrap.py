@@ -28,6 +28,7 @@ from radixrt.protocol.request_limits import (
     validate_bootstrap_host,
     validate_bootstrap_port,
     validate_bootstrap_room,
+    validate_disaggregated,
 )
 
 FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
@@ -49,14 +50,7 @@ def plan_bootstraps(
     given = [name for name in FIELDS if _given(getattr(req, name))]
     if not given:
         return None
-    if args.disaggregation_mode == "null":
-        raise ParamError(
-            given[0],
-            f"{given[0]} is for prefill/decode disaggregation, and this server is not "
-            "disaggregated (--disaggregation-mode null): start the servers with "
-            "--disaggregation-mode prefill and decode, or leave out bootstrap_host, "
-            "bootstrap_port and bootstrap_room",
-        )
+    validate_disaggregated(given[0], args.disaggregation_mode)
     for name in ("bootstrap_host", "bootstrap_room"):
         if name not in given:
             raise ParamError(
@@ -67,16 +61,6 @@ def plan_bootstraps(
     plan = [[_bootstrap(columns, j * len(ns) + i, args) for j in range(n)] for i in range(len(ns))]
     _check_distinct(plan, len(ns) * n)
     return plan
-
-
-def check_no_beam_search(width: int) -> None:
-    """Beam search keeps its beams on one server: it cannot be split over a pair."""
-    if width > 1:
-        raise ParamError(
-            "beam_width",
-            f"beam search (beam_width {width}) does not run on a disaggregated server: "
-            "send it without bootstrap_host, bootstrap_port and bootstrap_room",
-        )
 
 
 def _given(value: Any) -> bool:

@@ -1,10 +1,9 @@
 """The offline engine: `radixrt.Engine().generate(...)`, SGLang's offline API.
 
-The engine tokenizes and validates in the caller's process; the scheduler loop (the same one the
-server runs) owns the model and runs in a child process behind a Transport, and its outputs
-reach the engine through the detokenizer process, which adds their text. In-process (tests,
-notebooks) both run on threads behind the same transport interface: one path for the text.
-"""
+The engine tokenizes and validates in the caller's process; the scheduler loop (the server's)
+owns the model in a child process behind a Transport, and its outputs reach the engine through
+the detokenizer process, which adds their text. In-process (tests, notebooks) both run on
+threads behind the same transport interface: one path for the text."""
 
 from __future__ import annotations
 
@@ -116,9 +115,8 @@ class Engine:
     ) -> Any:
         """SGLang's Engine.generate. `fields` are the other fields of GenerateReqInput
         (radixrt/protocol/request_input.py: return_logprob, logprob_start_len, top_logprobs_num,
-        token_ids_logprob, return_text_in_logprobs, rid, stream, lora_path, image_data, ...;
-        an unsupported one raises ValueError unless it carries its null/default value).
-        bootstrap_host/_port/_room: a P/D pair's KV transfer, as SGLang's (frontend/bootstrap.py).
+        token_ids_logprob, return_text_in_logprobs, rid, stream, bootstrap_host/_port/_room,
+        ...; an unsupported one raises ValueError unless it carries its null/default value).
 
         One prompt → one dict (a list of n when n > 1); a list of prompts → a list of dicts
         in order. With stream=True, an iterator of chunks whose "text" is the new text (with
@@ -312,9 +310,8 @@ class Engine:
 
     def _new_state(self, planned: PlannedReq, loop, index: int, queues) -> ReqState:
         msg, params = planned.msg, planned.params
-        token_text = None
-        if planned.return_text_in_logprobs and self.tokenizer is not None:
-            token_text = self._token_text
+        wants_text = planned.return_text_in_logprobs and self.tokenizer is not None
+        token_text = self._token_text if wants_text else None
         return ReqState(
             msg.rid,
             msg.return_logprob,

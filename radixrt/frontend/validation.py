@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixrt.errors import ParamError
-from radixrt.frontend.bootstrap import check_no_beam_search, plan_bootstraps
+from radixrt.frontend.bootstrap import plan_bootstraps
 from radixrt.protocol.messages import GenerateReq
 from radixrt.protocol.request_input import GenerateReqInput, check_supported, check_types
 from radixrt.protocol.request_limits import (
     validate_beam_search,
     validate_logprobs,
+    validate_no_beam_search_disaggregated,
     validate_request_size,
     validate_token_ids,
 )
@@ -85,7 +86,7 @@ def build_requests(engine: Any, req: GenerateReqInput) -> tuple[list[PlannedReq]
         _check_constraint(engine, params)
         beams = (params.beam_width or 1) > 1
         if boots is not None:
-            check_no_beam_search(params.beam_width or 1)
+            validate_no_beam_search_disaggregated(params.beam_width or 1)
         validate_beam_search(
             params.beam_width or 1,
             len(ids),

@@ -179,12 +179,35 @@ def validate_beam_search(
 BOOTSTRAP_ROOM_MAX = (1 << 63) - 1
 
 
-def validate_bootstrap(host: object, port: object, room: object, where: str = "") -> None:
-    """One request's bootstrap (a scheduler message's): the three checks below. `where` is
-    the index the messages add to the field names ("[1]" for a list's second entry)."""
-    validate_bootstrap_host(host, where)
-    validate_bootstrap_port(port, where)
-    validate_bootstrap_room(room, where)
+def validate_bootstrap(host: object, port: object, room: object, mode: str) -> None:
+    """One request's bootstrap as a scheduler message carries it, on a server in
+    --disaggregation-mode `mode`: the checks below."""
+    validate_disaggregated("bootstrap_room", mode)
+    validate_bootstrap_host(host)
+    validate_bootstrap_port(port)
+    validate_bootstrap_room(room)
+
+
+def validate_disaggregated(field: str, mode: str) -> None:
+    """Bootstrap fields (`field`, the first one given) need a prefill or decode server."""
+    if mode == "null":
+        raise ParamError(
+            field,
+            f"{field} is for prefill/decode disaggregation, and this server is not "
+            "disaggregated (--disaggregation-mode null): start the servers with "
+            "--disaggregation-mode prefill and decode, or leave out bootstrap_host, "
+            "bootstrap_port and bootstrap_room",
+        )
+
+
+def validate_no_beam_search_disaggregated(width: int) -> None:
+    """Beam search keeps its beams on one server: it cannot be split over a pair."""
+    if width > 1:
+        raise ParamError(
+            "beam_width",
+            f"beam search (beam_width {width}) does not run on a disaggregated server: "
+            "send it without bootstrap_host, bootstrap_port and bootstrap_room",
+        )
 
 
 def validate_bootstrap_host(host: object, where: str = "") -> None:

@@ -13,6 +13,7 @@ from radixrt.protocol.request_limits import (
     validate_beam_search,
     validate_bootstrap,
     validate_logprobs,
+    validate_no_beam_search_disaggregated,
     validate_request_size,
     validate_token_ids,
 )
@@ -53,9 +54,8 @@ def make_req(msg: GenerateReq, args: ServerArgs, parts: Components, arrivals: It
     validate_token_ids(msg.input_ids, vocab)
     if msg.bootstrap is not None:
         boot = msg.bootstrap
-        validate_bootstrap(boot.host, boot.port, boot.room)
-        if (params.beam_width or 1) > 1:
-            raise ValueError("beam_width > 1 cannot run disaggregated (bootstrap fields given)")
+        validate_bootstrap(boot.host, boot.port, boot.room, args.disaggregation_mode)
+        validate_no_beam_search_disaggregated(params.beam_width or 1)
     validate_token_ids(msg.token_ids_logprob or [], vocab, "token_ids_logprob")
     validate_logprobs(
         top_logprobs_num=msg.top_logprobs_num,

@@ -52,12 +52,16 @@ class _Pending:
 class DecodeSide(DisaggSide):
     mode = "decode"
 
-    def __init__(self, parts: DisaggParts, endpoint: DecodeEndpoint | None = None) -> None:
+    def __init__(
+        self, parts: DisaggParts, endpoint: DecodeEndpoint, recompute: bool, max_running: int
+    ) -> None:
+        """`recompute`: --disaggregation-failure-policy recompute (else fail);
+        `max_running`: --max-running-requests."""
         super().__init__(parts)
-        self.endpoint = endpoint or DecodeEndpoint()
+        self.endpoint = endpoint
         self.layout = layout_of(parts.pool)
-        self.recompute = parts.args.disaggregation_failure_policy == "recompute"
-        self.max_running = parts.args.max_running_requests
+        self.recompute = recompute
+        self.max_running = max_running
         self.pending: dict[int, _Pending] = {}  # by room, in arrival order
 
     def adopt(self, req: Req, bootstrap: Bootstrap) -> bool:
@@ -98,6 +102,8 @@ class DecodeSide(DisaggSide):
             out = self._receive(header, frames, entry, running, waiting)
             if out is not None:
                 outs.append(out)
+        if not self.pending:  # the step loop's usual case: nothing to time out or admit
+            return outs
         now = time.monotonic()
         for room, entry in list(self.pending.items()):
             if entry.state == KVPoll.WaitingForInput and now - entry.asked_at > self.timeout:
@@ -127,11 +133,18 @@ class DecodeSide(DisaggSide):
     def _admit(self, running: list[Req]) -> None:
         """Admit waiting rooms in arrival order while rows and KV last; each asks for its
         pages at once."""
-        receiving = [p.req.origin_input_ids for p in self.pending.values() if p.state > 1]
+        admissible = [
+            (room, entry)
+            for room, entry in self.pending.items()
+            if entry.state == KVPoll.Bootstrapping and entry.compiled
+        ]
+        if not admissible:
+            return
+        receiving = [
+            p.req.origin_input_ids for p in self.pending.values() if p.state != KVPoll.Bootstrapping
+        ]
         reserved = self.parts.reserved_tokens(running + self.holding())
-        for room, entry in self.pending.items():
-            if entry.state != KVPoll.Bootstrapping or not entry.compiled:
-                continue
+        for room, entry in admissible:
             req = entry.req
             if len(running) + len(receiving) >= self.max_running:
                 break
@@ -147,8 +160,8 @@ class DecodeSide(DisaggSide):
             req.admitted_at = time.time()
             self.stats.admitted(len(req.origin_input_ids), req.cached_tokens)
             self.stats.disagg_reused_tokens += req.kv_len
-            pull = KVPull(room, len(req.origin_input_ids), req.kv_len, "", self.layout)
-            pull.digest = prompt_digest(req.origin_input_ids)
+            digest = prompt_digest(req.origin_input_ids)
+            pull = KVPull(room, len(req.origin_input_ids), req.kv_len, digest, self.layout)
             self.endpoint.send(entry.bootstrap.host, entry.bootstrap.port, pull)
             entry.state, entry.asked_at = KVPoll.WaitingForInput, time.monotonic()
             receiving.append(req.origin_input_ids)

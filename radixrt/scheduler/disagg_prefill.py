@@ -21,7 +21,6 @@ from radixrt.disaggregation.endpoints import PrefillEndpoint
 from radixrt.disaggregation.messages import (
     KVCancel,
     KVPages,
-    KVPoll,
     KVPull,
     KVWait,
     prompt_digest,
@@ -38,7 +37,6 @@ logger = logging.getLogger(__name__)
 @dataclass
 class _Room:
     req: Req
-    state: KVPoll = KVPoll.Bootstrapping
     held_since: float = 0.0  # when its prefill finished (monotonic)
     pull: tuple[bytes, KVPull] | None = None
     cancelled: bool = False  # the decode server gave it up while it was prefilling
@@ -48,12 +46,12 @@ class _Room:
 class PrefillSide(DisaggSide):
     mode = "prefill"
 
-    def __init__(self, parts: DisaggParts, endpoint: PrefillEndpoint | None = None) -> None:
+    def __init__(self, parts: DisaggParts, endpoint: PrefillEndpoint) -> None:
         super().__init__(parts)
-        args = parts.args
-        self.endpoint = endpoint or PrefillEndpoint(args.host, args.disaggregation_bootstrap_port)
+        self.endpoint = endpoint
         self.layout = layout_of(parts.pool)
         self.rooms: dict[int, _Room] = {}
+        self.room_of_rid: dict[str, int] = {}  # every request in `rooms`, by its rid
         # Pulls for rooms whose request has not arrived yet (the gateway sends both requests
         # at once), and rooms that ended badly, so a late pull is answered at once.
         self.early: dict[int, tuple[bytes, KVPull, float]] = {}
@@ -62,12 +60,15 @@ class PrefillSide(DisaggSide):
     def adopt(self, req: Req, bootstrap: Bootstrap) -> bool:
         if bootstrap.room in self.rooms:
             raise ValueError(f"bootstrap_room {bootstrap.room} is already in use here")
+        if req.rid in self.room_of_rid:
+            raise ValueError(f"request {req.rid} already holds a bootstrap_room here")
         req.sampling_params.max_new_tokens = 1  # the decode server generates the rest
         room = _Room(req)
         self.rooms[bootstrap.room] = room
+        self.room_of_rid[req.rid] = bootstrap.room
         early = self.early.pop(bootstrap.room, None)
         if early is not None:
-            room.pull, room.state = (early[0], early[1]), KVPoll.WaitingForInput
+            room.pull = (early[0], early[1])
         return False
 
     def hold(self, req: Req) -> bool:
@@ -107,11 +108,13 @@ class PrefillSide(DisaggSide):
         return outs
 
     def abort(self, rid: str) -> list[ReqOutput]:
-        for number, room in list(self.rooms.items()):
-            if room.req.rid == rid:
-                if room.held_since:
-                    return [self._end_held(number, room, "aborted by the client")]
-                self._forget(room.req, "aborted by the client")
+        number = self.room_of_rid.get(rid)
+        if number is None:
+            return []
+        room = self.rooms[number]
+        if room.held_since:
+            return [self._end_held(number, room, "aborted by the client")]
+        self._forget(room.req, "aborted by the client")  # the scheduler ends the request
         return []
 
     def close(self) -> None:
@@ -121,7 +124,7 @@ class PrefillSide(DisaggSide):
     def _take_pull(self, peer: bytes, pull: KVPull) -> None:
         room = self.rooms.get(pull.room)
         if room is not None:
-            room.pull, room.state = (peer, pull), KVPoll.WaitingForInput
+            room.pull = (peer, pull)
         elif pull.room in self.ended:
             self.endpoint.send(peer, KVPages(pull.room, False, self.ended[pull.room][0]))
         else:
@@ -146,8 +149,7 @@ class PrefillSide(DisaggSide):
         if not self.endpoint.send(peer, header, frames):
             return self._end_held(number, room, f"the decode server of room {number} is gone")
         self.count_transfer(header.count, sum(len(f) for f in frames), started)
-        room.state = KVPoll.Success
-        del self.rooms[number]
+        self._drop(number)
         return self._release(req)
 
     def _mismatch(self, req: Req, pull: KVPull) -> str:
@@ -166,9 +168,9 @@ class PrefillSide(DisaggSide):
         """A held request that will not be sent: fail it, free its pages, answer its pull."""
         logger.warning("room %d (request %s): %s", number, room.req.rid, reason)
         self.stats.disagg_transfer_failures += 1
-        if room.pull is not None and room.state != KVPoll.Success:
+        if room.pull is not None:
             self.endpoint.send(room.pull[0], KVPages(number, False, reason))
-        del self.rooms[number]
+        self._drop(number)
         self.ended[number] = (reason, time.monotonic())
         room.req.finish_reason = {"type": "abort", "message": reason}
         return self._release(room.req)
@@ -191,15 +193,23 @@ class PrefillSide(DisaggSide):
         return []
 
     def _forget(self, req: Req, reason: str) -> None:
+        """A request with a room ends without being sent: a pull, now or later, is refused."""
         found = self._room_of(req)
         if found is not None:
-            del self.rooms[found[0]]
-            self.ended[found[0]] = (reason, time.monotonic())
-            if found[1].pull is not None:
-                self.endpoint.send(found[1].pull[0], KVPages(found[0], False, reason))
+            number, room = found
+            self._drop(number)
+            self.ended[number] = (reason, time.monotonic())
+            if room.pull is not None:
+                self.endpoint.send(room.pull[0], KVPages(number, False, reason))
 
     def _room_of(self, req: Req) -> tuple[int, _Room] | None:
-        return next(((n, r) for n, r in self.rooms.items() if r.req is req), None)
+        number = self.room_of_rid.get(req.rid)
+        if number is None or self.rooms[number].req is not req:
+            return None
+        return number, self.rooms[number]
+
+    def _drop(self, number: int) -> None:
+        del self.room_of_rid[self.rooms.pop(number).req.rid]
 
     def _expire(self, now: float) -> None:
         """Pulls for rooms that never came are refused; old endings are forgotten."""

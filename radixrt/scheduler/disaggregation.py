@@ -26,14 +26,15 @@ from radixrt.server_args import ServerArgs
 @dataclass
 class DisaggParts:
     """What either side works with: the scheduler's KV manager, pool, output processor and
-    stats, the server's settings, and the KV a new decode must leave for the running ones."""
+    stats, the KV a new decode must leave for the running ones, and how long a room may wait
+    for its peer (--disaggregation-transfer-timeout)."""
 
-    args: ServerArgs
     kv: KVManager
     pool: KVPool
     outputs: OutputProcessor
     stats: SchedulerStats
     reserved_tokens: Callable[[list[Req]], int]
+    timeout: float
 
 
 class DisaggSide:
@@ -45,7 +46,7 @@ class DisaggSide:
         self.parts = parts
         self.kv = parts.kv
         self.stats = parts.stats
-        self.timeout = parts.args.disaggregation_transfer_timeout
+        self.timeout = parts.timeout
 
     def adopt(self, req: Req, bootstrap: Bootstrap) -> bool:
         """Take a request that carries a room. True: this side queues it (the scheduler
@@ -87,15 +88,17 @@ class DisaggSide:
         self.stats.disagg_transfer_seconds += time.perf_counter() - started
 
 
-def create_disagg_side(parts: DisaggParts) -> DisaggSide | None:
-    """The side for --disaggregation-mode (None: not disaggregated)."""
-    mode = parts.args.disaggregation_mode
-    if mode == "prefill":
+def create_disagg_side(args: ServerArgs, parts: DisaggParts) -> DisaggSide | None:
+    """The side for --disaggregation-mode (None: not disaggregated), with its endpoint."""
+    if args.disaggregation_mode == "prefill":
+        from radixrt.disaggregation.endpoints import PrefillEndpoint
         from radixrt.scheduler.disagg_prefill import PrefillSide
 
-        return PrefillSide(parts)
-    if mode == "decode":
+        return PrefillSide(parts, PrefillEndpoint(args.host, args.disaggregation_bootstrap_port))
+    if args.disaggregation_mode == "decode":
+        from radixrt.disaggregation.endpoints import DecodeEndpoint
         from radixrt.scheduler.disagg_decode import DecodeSide
 
-        return DecodeSide(parts)
+        recompute = args.disaggregation_failure_policy == "recompute"
+        return DecodeSide(parts, DecodeEndpoint(), recompute, args.max_running_requests)
     return None

@@ -108,10 +108,11 @@ class Scheduler:
         )
         self.beams = BeamSearch(self.kv, cfg.eos_token_ids, self.stats, parts.tokenizer)
         self.disagg = create_disagg_side(
+            args,
             DisaggParts(
-                args, self.kv, parts.runner.kv_pool, self.outputs, self.stats,
-                self.planner.reserved_tokens,
-            )
+                self.kv, parts.runner.kv_pool, self.outputs, self.stats,
+                self.planner.reserved_tokens, args.disaggregation_transfer_timeout,
+            ),
         )  # fmt: skip
         self.running: list[Req] = []
         self.waiting: list[Req] = []
@@ -126,15 +127,8 @@ class Scheduler:
         """Loop until a ShutdownReq arrives, or, while idle, until `orphaned()` says the
         frontend is gone."""
         while not self.stopped:
-            timeout: float | None = 0
-            if not (self.running or self.waiting):
-                # Idle: sleep on the socket, briefly while grammars compile or rooms wait;
-                # a disaggregated server also looks at its peers' socket now and then.
-                waits = self.structured.compiling or (self.disagg and self.disagg.queued)
-                timeout = 0.002 if waits else (1.0 if orphaned else None)
-                if self.disagg is not None and not waits:
-                    timeout = 0.05
-            self._take_turn(timeout)
+            busy = self.running or self.waiting
+            self._take_turn(0 if busy else self._idle_timeout(orphaned is not None))
             if self.disagg is not None:
                 self._emit(self.disagg.poll(self.running, self.waiting))
             if self.running or self.waiting:
@@ -147,6 +141,16 @@ class Scheduler:
         self.parts.cache.close_events()
         if self.disagg is not None:
             self.disagg.close()
+
+    def _idle_timeout(self, watched: bool) -> float | None:
+        """How long an idle loop sleeps on the socket: briefly while grammars compile or rooms
+        wait for a peer; a disaggregated server looks at its peers' socket now and then; one
+        whose parent is `watched` wakes each second to see it is still there."""
+        if self.structured.compiling or (self.disagg is not None and self.disagg.queued):
+            return 0.002
+        if self.disagg is not None:
+            return 0.05
+        return 1.0 if watched else None
 
     def _take_turn(self, timeout: float | None) -> None:
         """Handle what arrived and admit compiled requests; with tensor parallelism rank 0
@@ -329,14 +333,11 @@ class Scheduler:
             return
         if (req.sampling_params.beam_width or 1) > 1:
             self.beams.adopt(req, msg.beam_rids)
-        queued = False  # by its side of prefill/decode disaggregation
-        if msg.bootstrap is not None:
+        queued = False  # by its side of prefill/decode disaggregation (make_req checked one runs)
+        if msg.bootstrap is not None and self.disagg is not None:
             try:
-                if self.disagg is None:
-                    raise ValueError("bootstrap fields given, but this server is not "
-                                     "disaggregated (--disaggregation-mode null)")  # fmt: skip
                 queued = self.disagg.adopt(req, msg.bootstrap)
-            except ValueError as e:
+            except ValueError as e:  # its room (or rid) is in use here
                 self._refuse(msg, str(e))
                 return
         self.stats.accepted(len(req.origin_input_ids))

@@ -15,7 +15,6 @@ import time
 import pytest
 
 import radixrt
-from radixrt.disaggregation.messages import KVPoll
 
 TINY_VOCAB = 320
 COMMON = dict(dtype="float32", enable_kv_checks=True, skip_tokenizer_init=True, in_process=True)
@@ -153,9 +152,9 @@ def test_logprobs_n_and_streams(model_dir, reference):
         meta, want_meta = decode["meta_info"], want["meta_info"]
         assert decode["output_ids"] == want["output_ids"]
         assert meta["input_token_logprobs"] == []  # the prefill server's, as SMG merges them
-        got_lp = [(round(v, 4), t) for v, t, *_ in meta["output_token_logprobs"]]
-        assert got_lp == [(round(v, 4), t) for v, t, *_ in want_meta["output_token_logprobs"]]
-        assert len(meta["output_top_logprobs"]) == len(want_meta["output_top_logprobs"])
+        # The first token's entries come from the prefill server: float32 makes them equal.
+        assert meta["output_token_logprobs"] == want_meta["output_token_logprobs"]
+        assert meta["output_top_logprobs"] == want_meta["output_top_logprobs"]
         prompt_lp = prefill["meta_info"]["input_token_logprobs"]
         assert [t for _, t, *_ in prompt_lp] == prompt
         sent = pair.decode.get_stats()["disagg_transfer_tokens"]
@@ -275,7 +274,6 @@ def test_an_abort_on_the_decode_side_frees_both(model_dir):
             out = d.result(timeout=60)
         assert out["meta_info"]["finish_reason"]["type"] == "abort"
         pair.check_idle()
-        assert KVPoll.Success == 4  # SGLang's values
     finally:
         pair.close()
 

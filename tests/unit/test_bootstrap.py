@@ -189,12 +189,13 @@ def test_each_bad_bootstrap_is_a_param_error_naming_its_field(fields, param, wor
 
 
 def test_the_scheduler_side_check_takes_one_bootstrap():
-    validate_bootstrap(HOST, PORT, ROOM_MAX)
-    for host, port, room, param in [
-        (None, PORT, 1, "bootstrap_host"),
-        (HOST, True, 1, "bootstrap_port"),
-        (HOST, PORT, 1.0, "bootstrap_room"),
+    validate_bootstrap(HOST, PORT, ROOM_MAX, "decode")
+    for host, port, room, mode, param in [
+        (None, PORT, 1, "prefill", "bootstrap_host"),
+        (HOST, True, 1, "decode", "bootstrap_port"),
+        (HOST, PORT, 1.0, "decode", "bootstrap_room"),
+        (HOST, PORT, 1, "null", "bootstrap_room"),
     ]:
         with pytest.raises(ParamError) as err:
-            validate_bootstrap(host, port, room)
+            validate_bootstrap(host, port, room, mode)
         assert err.value.param == param

@@ -1,0 +1,121 @@
+"""ServerArgs' checks: each field's range and the rules between fields, as ValueErrors that
+name the field and its allowed values. Kept beside server_args.py, which declares the fields."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from radixrt.server_args import ServerArgs
+
+
+def validate_args(args: ServerArgs) -> None:
+    """Every field's range, then the groups' own checks; ValueError naming the field."""
+    for f in dataclasses.fields(args):
+        choices = f.metadata.get("choices")
+        value = getattr(args, f.name)
+        if choices and value is not None and value not in choices:
+            raise ValueError(f"{f.name} must be one of {list(choices)}, got {value!r}")
+    if args.page_size < 1:
+        raise ValueError(f"page_size must be >= 1, got {args.page_size}")
+    if args.max_total_tokens is not None and args.max_total_tokens < args.page_size:
+        raise ValueError(
+            f"max_total_tokens must be >= page_size ({args.page_size}), got {args.max_total_tokens}"
+        )
+    if args.chunked_prefill_size != -1 and args.chunked_prefill_size < 1:
+        raise ValueError(
+            f"chunked_prefill_size must be -1 (off) or >= 1, got {args.chunked_prefill_size}"
+        )
+    if args.max_prefill_tokens is not None and args.max_prefill_tokens < 1:
+        raise ValueError(f"max_prefill_tokens must be >= 1, got {args.max_prefill_tokens}")
+    if args.cpu_gguf_int8_rows is not None and args.cpu_gguf_int8_rows < -1:
+        raise ValueError(
+            f"cpu_gguf_int8_rows must be -1 (every step) or >= 0, got {args.cpu_gguf_int8_rows}"
+        )
+    if args.cpu_dense_copy_gb < 0:
+        raise ValueError(f"cpu_dense_copy_gb must be >= 0, got {args.cpu_dense_copy_gb}")
+    if args.max_running_requests < 1:
+        raise ValueError(f"max_running_requests must be >= 1, got {args.max_running_requests}")
+    if args.max_queued_requests is not None and args.max_queued_requests < 0:
+        raise ValueError(f"max_queued_requests must be >= 0, got {args.max_queued_requests}")
+    _validate_speculative(args)
+    _validate_disaggregation(args)
+    for name in ("tp_size", "dp_size", "nnodes", "torch_compile_max_bs"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(args, name)}")
+    if not 0 <= args.node_rank < args.nnodes:
+        raise ValueError(
+            f"node_rank must be in 0..{args.nnodes - 1} (nnodes - 1), got {args.node_rank}"
+        )
+    if args.dist_timeout <= 0:
+        raise ValueError(f"dist_timeout must be > 0, got {args.dist_timeout}")
+    if not 0 < args.port < 65536:
+        raise ValueError(f"port must be in 1..65535, got {args.port}")
+    for name in (
+        "max_request_bytes",
+        "max_prompt_chars",
+        "max_request_batch_size",
+        "max_logprob_entries",
+    ):
+        if getattr(args, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(args, name)}")
+    if args.max_logprobs < 0:
+        raise ValueError(f"max_logprobs must be >= 0, got {args.max_logprobs}")
+    if args.grammar_compile_timeout <= 0 or args.graceful_shutdown_timeout < 0:
+        raise ValueError(
+            "grammar_compile_timeout must be > 0 and graceful_shutdown_timeout "
+            f">= 0, got {args.grammar_compile_timeout} and "
+            f"{args.graceful_shutdown_timeout}"
+        )
+    if not 0 < args.mem_fraction_static <= 1:
+        raise ValueError(f"mem_fraction_static must be in (0, 1], got {args.mem_fraction_static}")
+    if args.chat_template is not None:  # a bad one fails now, not after the model loads
+        from radixrt.frontend.chat_template_loader import load_chat_template
+
+        load_chat_template(args.chat_template)
+    if args.kv_events_config is not None:  # likewise: a bad config fails at the flags
+        from radixrt.observability.kv_events import parse_kv_events_config
+
+        parse_kv_events_config(args.kv_events_config)
+
+
+def _validate_speculative(args: ServerArgs) -> None:
+    if args.speculative_num_draft_tokens < 2:
+        raise ValueError(
+            "speculative_num_draft_tokens must be >= 2 (one draft and the token after it), "
+            f"got {args.speculative_num_draft_tokens}"
+        )
+    low = args.speculative_ngram_min_match_window_size
+    high = args.speculative_ngram_max_match_window_size
+    if not 1 <= low <= high:
+        raise ValueError(
+            "speculative_ngram_min_match_window_size must be >= 1 and <= "
+            f"speculative_ngram_max_match_window_size, got {low} and {high}"
+        )
+
+
+def _validate_disaggregation(args: ServerArgs) -> None:
+    if args.disaggregation_mode == "null":
+        return
+    if not 0 < args.disaggregation_bootstrap_port < 65536:
+        raise ValueError(
+            "disaggregation_bootstrap_port must be in 1..65535, got "
+            f"{args.disaggregation_bootstrap_port}"
+        )
+    if args.disaggregation_mode == "prefill" and args.disaggregation_bootstrap_port == args.port:
+        raise ValueError(
+            "disaggregation_bootstrap_port must differ from port (the HTTP server's), both "
+            f"are {args.port}"
+        )
+    if args.disaggregation_transfer_timeout <= 0:
+        raise ValueError(
+            "disaggregation_transfer_timeout must be > 0, got "
+            f"{args.disaggregation_transfer_timeout}"
+        )
+    for name in ("tp_size", "dp_size"):
+        if getattr(args, name) != 1:
+            raise ValueError(
+                f"{name} must be 1 with disaggregation_mode {args.disaggregation_mode!r}: "
+                "each side runs one rank for now (docs/disaggregation.md)"
+            )
