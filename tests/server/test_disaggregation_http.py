@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from smg_bodies import SMG_ROOM, smg_generate_body
 from starlette.testclient import TestClient
 
 from radixrt.entrypoints import metrics_scheduler
@@ -169,24 +170,12 @@ def test_completions_lists_per_prompt_and_a_null_port(decode):
 
 def test_generate_takes_smgs_body_and_counts_a_scalar_room_over_n(decode):
     http, engine = decode
-    body = {
-        "text": "Hello",
-        "model": "unknown",
-        "sampling_params": {"max_new_tokens": 1, "n": 2},
-        "return_text_in_logprobs": False,
-        "stream": False,
-        "log_metrics": True,
-        "background": False,
-        "no_logs": False,
-        "return_bytes": False,
-        "return_entropy": False,
-        "bootstrap_host": HOST,
-        "bootstrap_port": PORT,
-        "bootstrap_room": 7328172079049744638,
-    }
+    body = smg_generate_body(
+        sampling_params={"max_new_tokens": 1, "n": 2}, bootstrap_host=HOST, bootstrap_port=PORT
+    )
     r = http.post("/generate", json=body)
     assert r.status_code == 200, r.text
-    assert [b.room for b in boots(engine) if b] == [7328172079049744638, 7328172079049744639]
+    assert [b.room for b in boots(engine) if b] == [SMG_ROOM, SMG_ROOM + 1]
     # Without bootstrap fields (a health check), the same server serves it plainly.
     r = http.post("/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 1}})
     assert r.status_code == 200 and boots(engine) == [None]

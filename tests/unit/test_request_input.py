@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from smg_bodies import SMG_ROOM, smg_generate_body
 
 from radixrt.errors import ParamError
 from radixrt.protocol import request_input as ri
@@ -142,26 +143,11 @@ def test_a_routers_model_field_is_ignored():
 
 
 def test_smgs_re_serialized_generate_body_is_accepted():
-    # The body SMG 1.13 forwarded to both servers of a pair, as captured from a live SMG.
-    body = {
-        "text": "Hello",
-        "model": "unknown",
-        "sampling_params": {"max_new_tokens": 8},
-        "return_text_in_logprobs": False,
-        "stream": False,
-        "log_metrics": True,
-        "background": False,
-        "no_logs": False,
-        "return_bytes": False,
-        "return_entropy": False,
-        "bootstrap_host": "127.0.0.1",
-        "bootstrap_port": 38998,
-        "bootstrap_room": 7328172079049744638,
-    }
+    body = smg_generate_body()  # what SMG 1.13 forwarded to both servers of a pair
     req = ri.check_types(ri.from_dict(body))
     ri.check_supported(req)
     assert (req.bootstrap_host, req.bootstrap_port) == ("127.0.0.1", 38998)
-    assert req.bootstrap_room == 7328172079049744638
+    assert req.bootstrap_room == SMG_ROOM
 
 
 @pytest.mark.parametrize(
