@@ -10,6 +10,9 @@ milliseconds per step, the best of --repeats; the kernels take turns within each
 machine shared with other jobs slows them alike:
 - dense fp32: F.linear on float32 weights (today's `--quantization none` on this CPU);
 - gguf blocks: radixrt's native kernel on Q4_1 blocks (Q8_0 for the LM head), read as stored;
+- gguf int8 x: the same blocks times x rounded to int8 per block (--cpu-gguf-int8-rows; bf16
+  models' default below 32 rows); gguf int8 tiles: the same with the tiles the loader adds
+  to Q4_0 / Q4_1 / Q8_0 weights (native/csrc/gguf_tiles.cpp);
 - gguf expand + BLAS: the same blocks expanded to float32 per call, then the BLAS matmul
   (what radixrt does from `DENSE_FROM_ROWS` rows on);
 - aten int4pack / int8pack: torch's `_weight_int4pack_mm_for_cpu` (group 32) and
@@ -58,8 +61,11 @@ def _kernel(kind: str, w: torch.Tensor, lm_head: bool) -> Callable[[torch.Tensor
     if kind.startswith("gguf"):
         fmt = "int8" if lm_head else "int4"
         packed = GGUFWeight(quantize(w, fmt), fmt, k)
-        dense_from = 1 << 30 if kind == "gguf blocks" else 0
-        return lambda x: torch.ops.radixrt.gguf_linear(x, packed.packed, n, dense_from)
+        dense_from = 0 if kind == "gguf expand + BLAS" else 1 << 30
+        int8_rows = 1 << 30 if "int8" in kind else 0
+        if kind == "gguf int8 tiles":
+            packed.keep_tiles()
+        return lambda x: torch.ops.radixrt.gguf_linear(x, packed.packed, n, dense_from, int8_rows)
     if kind == "aten int4pack":
         codes = torch.randint(0, 16, (n, k), dtype=torch.int32)
         packed4 = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
@@ -73,8 +79,8 @@ def _kernel(kind: str, w: torch.Tensor, lm_head: bool) -> Callable[[torch.Tensor
 
 
 KINDS = [
-    "dense fp32", "gguf blocks", "gguf expand + BLAS", "aten int4pack", "aten int8pack",
-    "bf16 copy", "int8 copy (W8A8)",
+    "dense fp32", "gguf blocks", "gguf int8 x", "gguf int8 tiles", "gguf expand + BLAS",
+    "aten int4pack", "aten int8pack", "bf16 copy", "int8 copy (W8A8)",
 ]  # fmt: skip
 Matmuls = dict[str, list[tuple[int, Callable[[torch.Tensor], torch.Tensor]]]]
 

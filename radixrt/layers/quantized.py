@@ -46,6 +46,11 @@ DENSE_FROM_ROWS = 32
 # rows on the copies (bf16 or int8) beat the block kernel (scripts/bench_gguf_linear.py --rows
 # 4,8,12,16: level at 8 rows, 0.69-0.75x its time at 12, 0.57-0.72x at 16).
 COPY_FROM_ROWS = 12
+# Weights with tiles (keep_tiles) multiply in integers up to this many rows instead: there the
+# tiles beat the copies (default model, AVX-512 Xeon: 8.7 against 14.8 ms a step at 12 rows,
+# 16.3 against 17.0 at 24, 20.7 against 17.7 at 31; scripts/bench_gguf_linear.py).
+TILED_COPY_FROM_ROWS = 24
+TILED_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # the block types native/csrc/gguf_tiles.cpp lays out
 
 
 class GGUFWeight(nn.Module):
@@ -79,6 +84,7 @@ class GGUFWeight(nn.Module):
         self.in_features, self.out_features = in_features, sum(b.shape[0] for _, b in parts)
         # Decided here, not per call: torch.compile must not trace the loader's file checks.
         self.native = native_ops_loaded()
+        self.copy_from_rows = COPY_FROM_ROWS  # TILED_COPY_FROM_ROWS once every part has tiles
         self.dense: torch.Tensor | None = None  # keep_dense(): bf16 (oneDNN's layout) or int8
         self.dense_scale: torch.Tensor | None = None  # the int8 copy's per-channel scales
 
@@ -93,11 +99,24 @@ class GGUFWeight(nn.Module):
         weight = self.dequantize().bfloat16()
         self.dense = torch.ops.mkldnn._reorder_linear_weight(weight, 64)
 
+    def keep_tiles(self) -> None:
+        """Add the int8 kernel's tiles to the TILED_TYPES parts (native/csrc/gguf_tiles.cpp):
+        steps of 2-16 rows multiply them at 0.3-0.5x the blocks' time, for as many bytes
+        again as those parts take. A no-op without the native build or such parts."""
+        if not self.native:
+            return
+        tiled = torch.ops.radixrt.gguf_tile.default(self.packed)
+        if tiled.data_ptr() == self.packed.data_ptr():
+            return
+        self.packed = tiled
+        if all(t in TILED_TYPES for t in self.types):
+            self.copy_from_rows = TILED_COPY_FROM_ROWS
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] -> x @ W.T [..., out], in x's dtype (computed in float32, except that
         the native op multiplies a bfloat16 prefill chunk in bfloat16: see gguf_linear.cpp)."""
         native_dtype = x.dtype in (torch.float32, torch.bfloat16)
-        if self.dense is not None and uses_dense_copy(x, COPY_FROM_ROWS):
+        if self.dense is not None and uses_dense_copy(x, self.copy_from_rows):
             return dense_copy_linear(x, self.dense, self.dense_scale)
         if self.native and x.dim() == 2 and native_dtype and x.device.type == "cpu":
             # The common case without the reshapes and casts: ~5 dispatches per call add up

@@ -88,6 +88,8 @@ def load_model(
     for weight in model.modules():
         if isinstance(weight, GGUFWeight):
             weight.int8_rows = rows
+            if rows > 0 and torch.device(device).type == "cpu":
+                weight.keep_tiles()  # the int8 steps' layout (a no-op for other block types)
     every_step_int8 = rows == INT8_EVERY_STEP and native_ops_loaded()  # no copy would be read
     if resolved == torch.bfloat16 and torch.device(device).type == "cpu" and not every_step_int8:
         keep_dense_copies(model, dense_copy_gb, dense_copy_dtype)

@@ -68,6 +68,8 @@ class SandwichLayerStack:
         self.quantized = any(kind != DENSE for kind in self.kinds)
         packed = [p.packed for layer in layers for p in _projections(layer) if p.packed]
         self.int8_rows = packed[0].int8_rows if packed else INT8_ROWS
+        # One row count for every projection: the copies' from the first that lacks tiles.
+        self.copy_from_rows = min((p.copy_from_rows for p in packed), default=COPY_FROM_ROWS)
         self.windows = [layer.self_attn.window for layer in layers]
         self.num_heads = layers[0].self_attn.num_heads
         self.scaling = layers[0].self_attn.scaling
@@ -104,7 +106,7 @@ class SandwichLayerStack:
             plan.qo_indptr, plan.kv_indptr, plan.kv_indices,
             [c.rows for c in plan.cascades], [c.prefix_slots for c in plan.cascades],
             batch.kv_indptr, batch.kv_indices, self.windows, self.num_heads, self.eps,
-            self.scaling, DENSE_FROM_ROWS, COPY_FROM_ROWS, self.int8_rows,
+            self.scaling, DENSE_FROM_ROWS, self.copy_from_rows, self.int8_rows,
         )  # fmt: skip
 
 

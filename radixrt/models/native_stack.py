@@ -62,6 +62,8 @@ class NativeLayerStack:
         self.quantized = any(kind != DENSE for kind in self.kinds)
         packed = [p.packed for layer in layers for p in _projections(layer) if p.packed]
         self.int8_rows = packed[0].int8_rows if packed else INT8_ROWS  # one value per model
+        # One row count for every projection: the copies' from the first that lacks tiles.
+        self.copy_from_rows = min((p.copy_from_rows for p in packed), default=COPY_FROM_ROWS)
         self.num_heads = layers[0].self_attn.num_heads
         self.scaling = layers[0].self_attn.scaling
         self.eps = final_norm.eps
@@ -96,7 +98,8 @@ class NativeLayerStack:
             pool.k_buffer, pool.v_buffer,
             batch.out_cache_loc, plan.qo_indptr, plan.kv_indptr, plan.kv_indices,
             [c.rows for c in plan.cascades], [c.prefix_slots for c in plan.cascades],
-            self.num_heads, self.eps, self.scaling, DENSE_FROM_ROWS, COPY_FROM_ROWS, self.int8_rows,
+            self.num_heads, self.eps, self.scaling,
+            DENSE_FROM_ROWS, self.copy_from_rows, self.int8_rows,
         )  # fmt: skip
 
 

@@ -1,8 +1,8 @@
 """Every GGUF block type the kernels multiply as stored (radixrt/layers/gguf_blocks.py,
 radixrt/native/csrc/gguf_linear.cpp): dequantization bit for bit against gguf-py's, on random
 blocks with zero and extreme scales and on a real file's tensors; each matmul against float64
-on the dequantized weights; merged weights of several types; and the AVX2 paths of a CPU with
-AVX-512, through RADIXRT_CPU_ISA=avx2 in a child process."""
+on the dequantized weights; merged weights of several types; the int8 kernel's tiles; and the
+AVX2 paths of a CPU with AVX-512, through RADIXRT_CPU_ISA=avx2 in a child process."""
 
 from __future__ import annotations
 
@@ -15,7 +15,14 @@ import pytest
 import torch
 
 from radixrt.layers.gguf_blocks import BLOCK_TYPES, block_type, dequantize_part
-from radixrt.layers.quantized import DENSE_FROM_ROWS, INT8_EVERY_STEP, GGUFWeight
+from radixrt.layers.quantized import (
+    COPY_FROM_ROWS,
+    DENSE_FROM_ROWS,
+    INT8_EVERY_STEP,
+    TILED_COPY_FROM_ROWS,
+    TILED_TYPES,
+    GGUFWeight,
+)
 from radixrt.native.build import load_native
 from radixrt.native.cpu import ISA_ENV, cpu_flags, forced_isa
 
@@ -193,6 +200,57 @@ def test_a_merged_weight_of_several_types_is_its_parts_side_by_side(rows):
                 assert torch.equal(merged(x), torch.cat([a(x) for a in alone], dim=1))
         y = merged(x)  # float32 activations
     assert bool(((y.double() - x.double() @ w.double().T).abs() <= dot_bound(x, w)).all())
+
+
+@needs_native
+@pytest.mark.parametrize("name", TILED_TYPES)
+@pytest.mark.parametrize("k", [576, 1792])
+def test_tiles_multiply_within_the_int8_bound_whatever_the_batch(name, k):
+    # 45 columns: two whole tiles of 16 and a partial one; 576 inputs: 18 blocks.
+    blocks = random_blocks(name, 45, k, seed=k)
+    weight = GGUFWeight(blocks, name, k)
+    weight.int8_rows = INT8_EVERY_STEP
+    x = torch.randn(19, k, generator=torch.Generator().manual_seed(k))
+    x[0, 5] = 40.0
+    with torch.inference_mode():
+        plain = weight(x)
+        weight.keep_tiles()
+        assert weight.copy_from_rows == TILED_COPY_FROM_ROWS
+        tiled = weight(x)
+        alone = torch.cat([weight(x[i : i + 1]) for i in range(19)])
+    w = dequantize_part(BLOCK_TYPES[name], blocks, k)
+    assert torch.equal(tiled, alone)  # a row's result does not depend on its batch
+    assert bool(((tiled.double() - x.double() @ w.double().T).abs() <= int8_bound(x, w, 32)).all())
+    # The same integer sums as the block kernel, added up per column in block order instead
+    # of eight lanes at a time: equal up to float32 rounding, but not bit for bit.
+    assert not torch.equal(tiled, plain)
+    # Each within the float32 bound of the same sum (doubled for x rounded), so apart by twice it.
+    assert bool(((tiled - plain).abs() <= dot_bound(x, w).float() * 4).all())
+    # The rows stay: dequantization and embedding lookups read them as before.
+    assert torch.equal(weight.dequantize(), w)
+    assert torch.equal(weight.rows(torch.tensor([44, 0])), w[[44, 0]])
+
+
+@needs_native
+@pytest.mark.parametrize("rows", [3, 12])
+def test_a_merged_weight_tiles_only_the_parts_it_can(rows):
+    parts = [
+        (n, random_blocks(n, r, 512, seed=r)) for n, r in [("Q4_1", 20), ("Q6_K", 8), ("Q8_0", 24)]
+    ]
+    merged = GGUFWeight.merged(parts)
+    alone = [GGUFWeight(b, n, 512) for n, b in parts]
+    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
+    before = merged.packed
+    for weight in (merged, *alone):
+        weight.int8_rows = INT8_EVERY_STEP
+        weight.keep_tiles()
+    assert merged.packed.data_ptr() != before.data_ptr()
+    assert merged.copy_from_rows == COPY_FROM_ROWS  # its Q6_K part multiplies blocks
+    k_quant = alone[1].packed
+    alone[1].keep_tiles()
+    assert alone[1].packed is k_quant  # nothing to tile: the same tensor
+    with torch.inference_mode():
+        assert torch.equal(merged(x), torch.cat([a(x) for a in alone], dim=1))
 
 
 def test_the_torch_fallback_reads_every_type(monkeypatch):

@@ -286,7 +286,7 @@ void quantize_block(const float* xb, int64_t group, int8_t* q, float* d, int16_t
 Q8Rows quantize_rows(const float* x, int64_t M, int64_t K, int64_t group, bool transposed) {
   Q8Rows a;
   const int64_t nb = K / group;
-  a.K = K, a.group = group;
+  a.K = K, a.group = group, a.transposed = transposed;
   a.row_blocks = group == 32 ? (nb + 7) / 8 * 8 : nb;
   a.q.resize(M * a.row_blocks * group);  // zeros: the padding blocks stay zero
   a.d.resize(M * a.row_blocks);
@@ -319,11 +319,15 @@ void int8_columns(const Q8Rows& by32, const Q8Rows& by256, const Layout& l, int6
   for (const Part& p : l.parts) {
     const int64_t lo = std::max(n0, p.row0) - p.row0, hi = std::min(n1, p.row0 + p.rows) - p.row0;
     if (lo >= hi) continue;
+    if (p.tiles != nullptr) {
+      tiled_columns(by32, p, lo, hi, M, y, l.N);
+      continue;
+    }
     dispatch(p.type, [&]<int64_t T>() {
       constexpr bool kGroups = Traits<T>::weights == 32;
       const Q8Rows& a = kGroups ? by32 : by256;
       // Several row passes: each column's codes decoded once for all of them.
-      const bool keep = kGroups && M > kRowsPerPass;
+      const bool keep = kGroups && a.transposed;
       std::vector<Group32> groups(keep ? kColumnsPerTile * a.row_blocks / 8 : 0);
       for (int64_t c0 = lo; c0 < hi; c0 += kColumnsPerTile) {
         const int64_t c1 = std::min(hi, c0 + kColumnsPerTile);
@@ -343,12 +347,14 @@ void int8_columns(const Q8Rows& by32, const Q8Rows& by256, const Layout& l, int6
 at::Tensor int8_linear(const at::Tensor& x, const Layout& l) {
   const int64_t M = x.size(0);
   at::Tensor y = at::empty({M, l.N}, x.options());
-  bool small = false, large = false;
+  bool small = false, large = false, tiled = false;
   for (const Part& p : l.parts) {
     dispatch(p.type, [&]<int64_t T>() { (Traits<T>::weights == 32 ? small : large) = true; });
+    tiled = tiled || p.tiles != nullptr;
   }
   const float* xp = x.data_ptr<float>();
-  const bool passes = M > kRowsPerPass;  // then the 32-weight types' codes are transposed
+  // Several row passes transpose the 32-weight types' codes, unless tiles read x as it is.
+  const bool passes = M > kRowsPerPass && !tiled;
   const Q8Rows by32 = small ? quantize_rows(xp, M, l.K, 32, passes) : Q8Rows{};
   const Q8Rows by256 = large ? quantize_rows(xp, M, l.K, 256, false) : Q8Rows{};
   float* yp = y.data_ptr<float>();

@@ -36,6 +36,7 @@ constexpr bool kSigned = T == Q8_0 || T == IQ4_NL || T == IQ4_XS;
 // row is padded with zero blocks to a whole group (`row_blocks` blocks a row).
 struct Q8Rows {
   int64_t K = 0, group = 0, row_blocks = 0;
+  bool transposed = false;
   std::vector<int8_t> q;
   std::vector<float> d;
   std::vector<int16_t> sums;
@@ -43,6 +44,11 @@ struct Q8Rows {
 };
 
 Q8Rows quantize_rows(const float* x, int64_t M, int64_t K, int64_t group, bool transposed);
+
+// Part-local columns [lo, hi) of a part with tiles (gguf_tiles.cpp) for the M rows of x (blocks
+// of 32, not transposed) into y's rows (ldy floats apart), at the part's first column.
+void tiled_columns(const Q8Rows& a, const Part& p, int64_t lo, int64_t hi, int64_t M, float* y,
+                   int64_t ldy);
 
 // ---- Raw codes of a sub-block as 32 bytes ---------------------------------------------------
 inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256((const __m256i*)p); }

@@ -1,7 +1,6 @@
 // y = x @ W.T for W kept in llama.cpp's GGUF block types (gguf_types.h), read as stored.
 //
-// A packed weight is one uint8 tensor: an int64 header [magic, K, N, parts, then per part:
-// type, rows, byte offset, bytes per row], then each part's rows (layers/gguf_blocks.py). A
+// A packed weight is one uint8 tensor: a header, then each part's rows (gguf_layout.cpp). A
 // merged projection whose pieces have different types (Q4_K_M) is one weight of several parts.
 // Narrow inputs: the int8 kernel (gguf_dot8.cpp) or the float one here, which widens each
 // sub-block in registers for up to 8 (AVX-512) or 4 (AVX2) rows. Wide inputs: tiles expanded
@@ -16,6 +15,7 @@
 #include <cstring>
 #include <vector>
 
+#include "gguf_layout.h"
 #include "gguf_types.h"
 #include "ops.h"
 
@@ -30,69 +30,18 @@
 #endif
 
 namespace radixrt::gguf {
-bool int8_supported();                                         // gguf_dot8.cpp
-at::Tensor int8_linear(const at::Tensor& x, const Layout& l);  // x float32 [M, K]
+at::Tensor int8_linear(const at::Tensor& x, const Layout& l);  // gguf_dot8.cpp; x float32 [M, K]
 }  // namespace radixrt::gguf
 
 namespace {
 
 using namespace radixrt::gguf;
 
-constexpr int64_t kMagic = 0x57515852;  // "RXQW"
-constexpr int64_t kHeaderFields = 4, kPartFields = 4;
 #ifdef RADIXRT_AVX512
 constexpr int64_t kRowsPerPass = 8;  // input rows sharing each widened sub-block
 #else
 constexpr int64_t kRowsPerPass = 4;
 #endif
-
-int64_t block_weights(int64_t type) {
-  int64_t w = 0;
-  dispatch(type, [&]<int64_t T>() { w = Traits<T>::weights; });
-  return w;
-}
-
-int64_t block_bytes(int64_t type) {
-  int64_t b = 0;
-  dispatch(type, [&]<int64_t T>() { b = Traits<T>::bytes; });
-  return b;
-}
-
-Layout read_layout(const at::Tensor& packed) {
-  TORCH_CHECK(packed.dtype() == at::kByte && packed.dim() == 1 && packed.is_contiguous() &&
-                  packed.numel() >= kHeaderFields * 8,
-              "gguf_linear: the weight must be a packed uint8 tensor (GGUFWeight.packed)");
-  const uint8_t* base = packed.data_ptr<uint8_t>();
-  auto field = [&](int64_t i) {
-    int64_t v;
-    std::memcpy(&v, base + 8 * i, 8);
-    return v;
-  };
-  TORCH_CHECK(field(0) == kMagic, "gguf_linear: not a packed weight (bad magic)");
-  Layout l;
-  l.K = field(1);
-  l.N = field(2);
-  const int64_t parts = field(3);
-  TORCH_CHECK(parts >= 1 && (kHeaderFields + parts * kPartFields) * 8 <= packed.numel(),
-              "gguf_linear: bad part count ", parts);
-  int64_t row0 = 0;
-  for (int64_t p = 0; p < parts; ++p) {
-    int64_t v[kPartFields];
-    for (int64_t i = 0; i < kPartFields; ++i) v[i] = field(kHeaderFields + p * kPartFields + i);
-    const int64_t type = v[0], rows = v[1], offset = v[2], row_bytes = v[3];
-    const int64_t bw = block_weights(type);
-    TORCH_CHECK(bw > 0, "gguf_linear: unsupported GGUF type ", type);
-    TORCH_CHECK(l.K % bw == 0 && row_bytes == l.K / bw * block_bytes(type),
-                "gguf_linear: part ", p, " has ", row_bytes, " bytes per row for ", l.K,
-                " inputs of type ", type);
-    TORCH_CHECK(offset >= 0 && offset + rows * row_bytes <= packed.numel(),
-                "gguf_linear: part ", p, " runs past the tensor");
-    l.parts.push_back({type, rows, row0, base + offset, row_bytes});
-    row0 += rows;
-  }
-  TORCH_CHECK(row0 == l.N, "gguf_linear: parts hold ", row0, " rows, expected ", l.N);
-  return l;
-}
 
 // ---- Sub-blocks as floats ------------------------------------------------------------------
 // w = a q + b per 16 weights; fma rounds once, as gguf-py's product-then-sum does (a q exact).

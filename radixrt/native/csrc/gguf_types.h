@@ -233,6 +233,7 @@ struct Part {
   int64_t type, rows, row0;  // row0: its first output column
   const uint8_t* data;
   int64_t row_bytes;
+  const uint8_t* tiles = nullptr;  // the int8 kernel's copy (gguf_tiles.cpp), if it has one
 };
 
 struct Layout {

@@ -1,0 +1,23 @@
+// A packed weight's header as the kernels read it (gguf_layout.cpp), and the int8 kernel's
+// tiles (gguf_tiles.cpp), which gguf_tile appends to it.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+#include "gguf_types.h"
+
+namespace radixrt::gguf {
+
+int64_t block_weights(int64_t type);  // weights per block of a type (0: unsupported)
+int64_t block_bytes(int64_t type);
+Layout read_layout(const at::Tensor& packed);
+
+bool int8_supported();  // gguf_dot8.cpp: this build runs the int8 kernel
+// Whether parts of `type` get tiles here, how many bytes they take, and writing them.
+bool tiles_supported(int64_t type);
+int64_t tiles_bytes(int64_t type, int64_t rows, int64_t K);
+void build_tiles(const Part& part, int64_t K, uint8_t* out);
+
+}  // namespace radixrt::gguf
