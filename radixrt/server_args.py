@@ -78,7 +78,8 @@ class ServerArgs:
     cpu_dense_copy_gb: float = _f(
         1.0,
         "GiB for bfloat16 copies of packed weights that steps of 12+ rows multiply with "
-        "oneDNN on a bf16 CPU (all or none; 0: off; see the README)",
+        "oneDNN on a bf16 CPU, and, counted apart, for the int8 kernel's tiles of Q4_0/Q4_1/"
+        "Q8_0 weights (each all or none; 0: off; see docs/quantization.md)",
     )
     cpu_dense_copy_dtype: str = _f(
         "bfloat16",

@@ -20,6 +20,7 @@ from radixrt.loader.quantize import (
     Checkpoint,
     apply_quantization,
     keep_dense_copies,
+    keep_int8_tiles,
     pack_file_weights,
     packs_weights,
 )
@@ -48,7 +49,8 @@ def load_model(
 
     `dtype` may also be a name or "auto" (see `resolve_dtype`). `dense_copy_gb`: the GiB that
     copies of packed weights in `dense_copy_dtype` (bfloat16 or int8) may take for wide batches
-    on the CPU (see `keep_dense_copies`; 0: none). Packed weights multiply steps of up to
+    on the CPU (see `keep_dense_copies`; 0: none), and, counted apart, the int8 kernel's tiles
+    (`keep_int8_tiles`). Packed weights multiply steps of up to
     `int8_rows` rows with int8 activations (`int8_rows_for`: None picks by dtype; -1: every
     step, and then no dense copies are kept, as no step would use them; 0: never). Returns the
     model in eval mode, without gradients. With a tensor-parallel `group` of more than one
@@ -88,8 +90,8 @@ def load_model(
     for weight in model.modules():
         if isinstance(weight, GGUFWeight):
             weight.int8_rows = rows
-            if rows > 0 and torch.device(device).type == "cpu":
-                weight.keep_tiles()  # the int8 steps' layout (a no-op for other block types)
+    if rows > 0 and torch.device(device).type == "cpu":
+        keep_int8_tiles(model, dense_copy_gb)
     every_step_int8 = rows == INT8_EVERY_STEP and native_ops_loaded()  # no copy would be read
     if resolved == torch.bfloat16 and torch.device(device).type == "cpu" and not every_step_int8:
         keep_dense_copies(model, dense_copy_gb, dense_copy_dtype)

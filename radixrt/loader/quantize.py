@@ -24,7 +24,7 @@ from torch import nn
 from radixrt.layers.embedding import LMHead, VocabParallelEmbedding
 from radixrt.layers.gguf_blocks import BLOCK_TYPES
 from radixrt.layers.linear import MergedLinear, PackableLinear
-from radixrt.layers.quantized import BLOCK, GGUFWeight, can_keep_dense, quantize
+from radixrt.layers.quantized import BLOCK, TILED_TYPES, GGUFWeight, can_keep_dense, quantize
 from radixrt.layers.sharding import CheckpointTensor
 from radixrt.server_args import DENSE_COPY_DTYPES, QUANTIZATIONS
 
@@ -129,6 +129,23 @@ def keep_dense_copies(model: nn.Module, budget_gb: float, dtype: str = "bfloat16
         "dense %s copies for wide batches: %d weights, %.0f MiB", dtype, len(packed), need / 2**20
     )
     return len(packed)
+
+
+def keep_int8_tiles(model: nn.Module, budget_gb: float) -> int:
+    """The int8 kernel's tiles (GGUFWeight.keep_tiles) for every packed weight with Q4_0, Q4_1
+    or Q8_0 parts, made only if they all fit in `budget_gb` GiB (the dense copies' budget,
+    counted apart): they take as many bytes again as those weights. Returns how many."""
+    packed = [m for m in model.modules() if isinstance(m, GGUFWeight)]
+    tileable = [w for w in packed if any(t in TILED_TYPES for t in w.types)]
+    need = sum(w.packed.numel() for w in tileable)
+    if not tileable or need > budget_gb * 2**30:
+        return 0
+    for weight in tileable:
+        weight.keep_tiles()
+    logger.info(
+        "int8 tiles for steps of a few rows: %d weights, %.0f MiB", len(tileable), need / 2**20
+    )
+    return len(tileable)
 
 
 def packs_weights(method: str, path: Path, device: torch.device, tp_size: int) -> bool:

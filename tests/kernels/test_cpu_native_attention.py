@@ -119,6 +119,27 @@ def test_decode_batch_of_unequal_lengths(paged_kv):
 
 
 @needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("hq,hkv", [(9, 3), (4, 1)])
+@pytest.mark.parametrize("new", [1, 2, 7])
+def test_one_long_sequence_split_along_its_keys(paged_kv, dtype, hq, hkv, new):
+    """Batch 1 with too few tiles for the threads (one per kv head): each tile's keys are cut
+    into chunks the threads share, then merged (attention_split.h). 1,500 keys: chunks of
+    320 and more; 7 new tokens: the last chunk holds the diagonal. Checked with 2 threads."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        check(
+            paged_kv(
+                [(1500 - new, new)], hq, hkv, 64, page_size=16, seed=new, device=CPU, dtype=dtype
+            ),
+            dtype,
+        )
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_native
 def test_mismatched_dtypes_are_refused(paged_kv):
     kv = paged_kv([(3, 1)], 4, 2, 64, page_size=4, device=CPU)
     with pytest.raises(RuntimeError, match="share one dtype"):

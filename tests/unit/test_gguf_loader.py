@@ -168,3 +168,25 @@ def test_qwen3_gguf_forward_matches_transformers(qwen3_gguf, prefill_logits):
     with torch.no_grad():
         theirs = hf_model(torch.tensor([tokens])).logits[0].float()
     torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("budget_gb,tiled", [(1.0, True), (0.05, False)])
+def test_int8_tiles_are_kept_where_they_fit_the_budget(gguf_path, budget_gb, tiled):
+    # The default file's Q4_1 layers and Q8_0 embedding take 92 MiB, and their tiles as much.
+    from radixrt.layers.quantized import COPY_FROM_ROWS, TILED_COPY_FROM_ROWS, GGUFWeight
+
+    model, _ = load_model(
+        gguf_path, torch.bfloat16, "cpu", quantization="auto", dense_copy_gb=budget_gb
+    )
+    weights = [m for m in model.modules() if isinstance(m, GGUFWeight)]
+    magic = {int(w.packed[:8].view(torch.int64)) for w in weights}
+    assert magic == {0x54515852 if tiled else 0x57515852}  # "RXQT" / "RXQW"
+    expected = TILED_COPY_FROM_ROWS if tiled else COPY_FROM_ROWS
+    assert {w.copy_from_rows for w in weights} == {expected}
+    # float32 takes no int8 steps, so no tiles whatever the budget.
+    plain, _ = load_model(gguf_path, torch.float32, "cpu", quantization="auto", dense_copy_gb=1)
+    assert all(
+        int(w.packed[:8].view(torch.int64)) == 0x57515852
+        for w in plain.modules()
+        if isinstance(w, GGUFWeight)
+    )

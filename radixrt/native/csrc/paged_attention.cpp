@@ -34,6 +34,7 @@
 
 #include "attention_bf16.h"
 #include "attention_f32.h"
+#include "attention_split.h"
 #include "paged_decode.h"
 #include "ops.h"
 #include "vec8.h"
@@ -156,9 +157,11 @@ void attend_tile(const Args& a, const Tile& tile, Scratch& s) {
   }
   std::fill(s.ot.begin(), s.ot.begin() + d_len * NR, splat<vtile>(0.0f));
 
-  const int64_t key_end = first_pos + token_step * (tile.tokens - 1) + 1;  // one past the last
-  // The first key the tile's first token sees; the band's other edge is masked per row.
-  const int64_t key_begin = a.window > 0 ? std::max<int64_t>(0, first_pos - a.window + 1) : 0;
+  // One past the last key, and the first key the tile's first token sees (the band's other
+  // edge is masked per row); a chunk of the keys only its range (attention_split.h).
+  const int64_t key_end = std::min(first_pos + token_step * (tile.tokens - 1) + 1, tile.k1);
+  const int64_t key_begin =
+      a.window > 0 ? std::max<int64_t>(0, first_pos - a.window + 1) : tile.k0;
   const vtile* band = a.window > 0 ? floor : nullptr;
   const T* kp[kKeyBlock];
   const T* vp[kKeyBlock];
@@ -273,11 +276,25 @@ std::tuple<at::Tensor, at::Tensor> attend_all(const at::Tensor& q_in, const at::
          q.size(1),              k_cache.size(1),            q.size(1) / k_cache.size(1),
          q.size(2),              static_cast<float>(scale),  causal,
          window};
-  const std::vector<Tile> tiles = plan_tiles(a, qo_indptr.numel() - 1);
-  const int64_t count = static_cast<int64_t>(tiles.size());
+  std::vector<Tile> tiles = plan_tiles(a, qo_indptr.numel() - 1);
   double cost = 0;
   for (const Tile& t : tiles) cost += t.cost;
   const int64_t most = cost < kMinParallelCost ? 1 : at::get_num_threads();
+  const int64_t chunks = key_chunks(static_cast<int64_t>(tiles.size()), most);
+  // Chunk c > 0 of a tile's keys writes its rows' partial results to part c - 1, whose rows
+  // start at lse -inf and out 0 (rows of a tile left whole merge unchanged).
+  std::vector<Args> args(chunks, a);
+  std::vector<at::Tensor> part_out, part_lse;
+  if (chunks > 1) {
+    tiles = split_keys(a, tiles, chunks);
+    for (int64_t c = 1; c < chunks; ++c) {
+      part_out.push_back(at::zeros_like(out));
+      part_lse.push_back(at::full_like(lse, -INFINITY));
+      args[c].out = part_out.back().data_ptr();
+      args[c].lse = part_lse.back().data_ptr<float>();
+    }
+  }
+  const int64_t count = static_cast<int64_t>(tiles.size());
   const int threads = static_cast<int>(std::clamp<int64_t>(count, 1, most));
   auto run = [&](auto tag) {
     using T = decltype(tag);
@@ -285,7 +302,7 @@ std::tuple<at::Tensor, at::Tensor> attend_all(const at::Tensor& q_in, const at::
     {
       Scratch s;
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t i = 0; i < count; ++i) attend<T>(a, tiles[i], s);
+      for (int64_t i = 0; i < count; ++i) attend<T>(args[tiles[i].chunk], tiles[i], s);
     }
   };
   switch (q.scalar_type()) {
@@ -294,34 +311,11 @@ std::tuple<at::Tensor, at::Tensor> attend_all(const at::Tensor& q_in, const at::
     case at::kHalf: run(c10::Half{}); break;
     default: TORCH_CHECK(false, "paged_attention: dtype must be float32, bfloat16 or float16");
   }
+  if (chunks > 1) {
+    const at::Tensor all = at::arange(q.size(0), qo_indptr.options());
+    for (int64_t c = 1; c < chunks; ++c) merge_any(out, lse, all, part_out[c - 1], part_lse[c - 1]);
+  }
   return {out, lse};
-}
-
-// Row i of (out, lse) becomes the attention over the union of its keys and the prefix's:
-// out = out * exp(lse - lse') + o_pre * exp(lse_pre - lse'), lse' = logaddexp(lse, lse_pre).
-template <typename T>
-void merge_rows(at::Tensor& out, at::Tensor& lse, const at::Tensor& rows, const at::Tensor& o_pre,
-                const at::Tensor& lse_pre) {
-  const int64_t n = rows.numel(), hq = out.size(1), d_len = out.size(2);
-  const int64_t* row = rows.data_ptr<int64_t>();
-  T* o = out.data_ptr<T>();
-  float* l = lse.data_ptr<float>();
-  const T* p = o_pre.data_ptr<T>();
-  const float* lp = lse_pre.data_ptr<float>();
-  at::parallel_for(0, n * hq, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t own = row[i / hq] * hq + i % hq;  // (token, head) in out and lse
-      const float a = l[own], b = lp[i];
-      const float hi = std::max(a, b);
-      const float merged = hi + std::log1p(std::exp(-std::abs(a - b)));
-      const float wa = std::exp(a - merged), wb = std::exp(b - merged);
-      T* dst = o + own * d_len;
-      const T* src = p + i * d_len;
-      for (int64_t d = 0; d < d_len; ++d)
-        dst[d] = static_cast<T>(static_cast<float>(dst[d]) * wa + static_cast<float>(src[d]) * wb);
-      l[own] = merged;
-    }
-  });
 }
 
 }  // namespace
@@ -355,11 +349,7 @@ void cascade_attention(const at::Tensor& q, const at::Tensor& k_cache, const at:
   const auto [o_pre, lse_pre] =
       attend_all(q.index_select(0, rows), k_cache, v_cache, bounds, keys, prefix_slots, scale,
                  false, 0);
-  switch (q.scalar_type()) {
-    case at::kFloat: merge_rows<float>(out, lse, rows, o_pre, lse_pre); break;
-    case at::kBFloat16: merge_rows<c10::BFloat16>(out, lse, rows, o_pre, lse_pre); break;
-    default: merge_rows<c10::Half>(out, lse, rows, o_pre, lse_pre); break;
-  }
+  merge_any(out, lse, rows, o_pre, lse_pre);
 }
 
 }  // namespace radixrt

@@ -49,9 +49,13 @@ struct Args {
 
 // Rows of one tile: tokens t0..t0+tokens-1 of sequence seq, query heads h0..h0+heads-1 of
 // kv head kv_head's group; row r = (token t0 + r / heads, head h0 + r % heads).
+// A tile may take only keys [k0, k1) (attention_split.h): chunk `chunk` of its keys.
+constexpr int64_t kAllKeys = INT64_MAX;
 struct Tile {
   int64_t seq, kv_head, h0, heads, t0, tokens;
   double cost;
+  int64_t k0 = 0, k1 = kAllKeys;
+  int chunk = 0;
 };
 
 // Decode tiles (one new token, the G <= 8 query heads of one kv head) go another way: scores
@@ -63,8 +67,8 @@ constexpr int kMaxDecodeHeads = 8;
 // A decode token's keys: its sequence's slots and their count, the last `window` of them with
 // a sliding window.
 std::pair<const int64_t*, int64_t> decode_keys(const Args& a, const Tile& tile) {
-  const int64_t len = a.kv_indptr[tile.seq + 1] - a.kv_indptr[tile.seq];
-  const int64_t skip = a.window > 0 ? std::max<int64_t>(0, len - a.window) : 0;
+  const int64_t len = std::min(a.kv_indptr[tile.seq + 1] - a.kv_indptr[tile.seq], tile.k1);
+  const int64_t skip = a.window > 0 ? std::max<int64_t>(0, len - a.window) : tile.k0;
   return {a.kv_indices + a.kv_indptr[tile.seq] + skip, len - skip};
 }
 
