@@ -5,10 +5,14 @@ batch-64 decode and a 1,000-token prefill, in milliseconds (docs/cpu_kernels.md)
                                      [--compile] [--dense-copy-gb 0,1]
                                      [--dense-copy-dtype bfloat16,int8] [--rounds 1]
                                      [--copy-from-rows 12,32]
+                                     [--positions 1,2,4,8,12 --context 800]
 
 Each setting's runner is built once; with --rounds N every setting is timed N times, in turn.
 --copy-from-rows sets COPY_FROM_ROWS (radixrt/layers/quantized.py) per setting: from how many
 rows a step multiplies the dense copies instead of the blocks (the batch-16 decode shows it).
+
+--positions times, instead, one request's step of k query positions after --context cached
+keys for each k: what a speculative verification of k - 1 drafts costs against a decode (k = 1).
 
 Run it under other OpenMP settings (GOMP_SPINCOUNT=0 ...) or beside a busy process to see how
 a step degrades under contention. The model load is not timed.
@@ -78,6 +82,8 @@ def main() -> None:
     p.add_argument(
         "--copy-from-rows", default=str(quantized.COPY_FROM_ROWS), help="comma-separated"
     )
+    p.add_argument("--positions", help="comma-separated k: one request's k-position steps")
+    p.add_argument("--context", type=int, default=800, help="cached keys before --positions")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     decode_1 = SimpleStep([0], [100], [1], [5], [0])
@@ -95,6 +101,9 @@ def main() -> None:
     runners = [
         make_runner(q, args.compile, getattr(torch, args.dtype), g, c) for q, g, c, _ in settings
     ]
+    if args.positions:
+        time_positions(runners, settings, args)
+        return
     for _ in range(args.rounds):
         for (q, gb, copy_dtype, copy_from), runner in zip(settings, runners, strict=True):
             quantized.COPY_FROM_ROWS = native_stack.COPY_FROM_ROWS = copy_from
@@ -107,6 +116,19 @@ def main() -> None:
                 f"prefill 1000 {ms(runner, prefill, 2):.0f} ms",
                 flush=True,
             )
+
+
+def time_positions(runners: list[ModelRunner], settings: list, args: argparse.Namespace) -> None:
+    """Per setting, ms of one request's step of k positions after args.context keys."""
+    ks = [int(k) for k in args.positions.split(",")]
+    for _ in range(args.rounds):
+        for setting, runner in zip(settings, runners, strict=True):
+            times = [
+                ms(runner, SimpleStep([0], [args.context], [k], [5] * k, list(range(k))), 20)
+                for k in ks
+            ]
+            cells = ", ".join(f"{k}: {t:.1f}" for k, t in zip(ks, times, strict=True))
+            print(f"{setting} dtype={args.dtype} context={args.context}: {cells} ms", flush=True)
 
 
 if __name__ == "__main__":

@@ -194,7 +194,8 @@ class Scheduler:
         """Tell the speculator what a step of decodes and drafts cost, forward and sampling
         (prefills say nothing of it)."""
         if self.speculator is not None and batch.num_decodes == len(batch.reqs):
-            self.speculator.record_step(sum(batch.extend_lens), seconds)
+            tokens = sum(batch.extend_lens)
+            self.speculator.record_step(tokens, seconds, tokens > len(batch.reqs))
 
     def _maybe_log_stats(self, every_s: float = 5.0) -> None:
         """One line every few seconds of activity, as SGLang and vLLM operators expect."""

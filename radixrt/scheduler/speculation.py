@@ -27,7 +27,7 @@ from radixrt.speculative.adaptive import (
     SERVER_WEIGHT,
     Acceptance,
     StepCost,
-    draft_length,
+    draft_size,
 )
 from radixrt.speculative.ngram import TokenHistory, prompt_lookup
 
@@ -88,9 +88,10 @@ class Speculator:
         self.server_long = Acceptance(LONG_PRIOR, SERVER_WEIGHT)
         self.server_short = Acceptance(PRIOR_RATE, SERVER_WEIGHT)
 
-    def record_step(self, tokens: int, seconds: float) -> None:
-        """A step of decodes and verifications only: `tokens` query tokens in `seconds`."""
-        self.cost.record(tokens, seconds)
+    def record_step(self, tokens: int, seconds: float, drafted: bool) -> None:
+        """A step of decodes and verifications only: `tokens` query tokens in `seconds`;
+        `drafted`: whether any request verified drafts."""
+        self.cost.record(tokens, seconds, drafted)
 
     def verified(self, req: Req, drafted: int, kept: int) -> None:
         """A decode step of the request verified `drafted` drafts (maybe none) and kept
@@ -111,9 +112,7 @@ class Speculator:
         draft, state.from_long = self._draft(req, state)
         if not draft:
             return
-        limit = draft_length(
-            state.acceptance.rate, self.cost.threshold(self.batch_size), len(draft)
-        )
+        limit = draft_size(self.cost, state.acceptance.rate, len(draft), self.batch_size)
         if limit == 0:
             state.shadow, state.shadow_at = draft, len(state.history)
             return

@@ -16,18 +16,26 @@ the ones before them found. The scheduler keeps two rates per request, for draft
 and from a short one (speculation.py): a tail of one or two tokens that occurred before is
 weaker evidence than a tail of ten.
 
-Cost. A step's forward time is fitted as T(n) = a + b n over its n query tokens, from the
-steps just run (decodes and verifications; prefill chunks are left out). One more drafted
-token costs b; a step of B one-token decodes costs a + b B for B tokens. Draft token i of a
-request pays off when its chance rate^i of being kept is worth more than it costs:
-rate^i * (a + b B) / B > b. At batch 1 on a CPU a decode reads every weight for one token (a
-is large, b small) and drafts go deep; at a large, compute-bound batch few drafts pass.
+Cost. A step's forward time is fitted as T(n) = a + b n + j [drafts] over its n query tokens,
+from the steps just run (decodes and verifications; prefill chunks are left out): j is what a
+step pays once for verifying at all (its attention runs the extend tiles instead of the decode
+ones: on the AVX-512 Xeon of docs/speculative.md a second position costs a batch-1 step about
+40%, each one after it about 10%). One more drafted token costs b; a step of B one-token
+decodes costs a + b B for B tokens. Draft token i of a request pays off when its chance
+rate^i of being kept is worth more than it costs: rate^i * (a + b B) / B > b; and the draft as a
+whole must pay for the jump too: sum_i rate^i * (a + b B) / B > j + b k for its k tokens. At
+batch 1 on a CPU a decode reads every weight for one token (a is large, b small) and drafts go
+deep; at a large, compute-bound batch few drafts pass; a weak draft of one or two tokens does
+not pay for the jump.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
 
 # The weight of each verification's estimate in a request's moving average, and in the
 # server's (the rates a new request starts from: those of the requests before it).
@@ -37,8 +45,9 @@ ACCEPTANCE_WEIGHT, SERVER_WEIGHT = 0.5, 0.05
 PRIOR_RATE = 0.3
 # The cost fit's prior, as pseudo-steps: one more token costs PRIOR_TOKEN_COST of a one-token
 # step (measured on the CPU: a 2,000-token prefill runs ~15x the tokens per second of a
-# batch-1 decode), worth PRIOR_STEPS steps.
-PRIOR_TOKEN_COST, PRIOR_STEPS = 0.07, 4.0
+# batch-1 decode), verifying at all PRIOR_JUMP (the Xeon's 0.31 at 800 keys, less the
+# scheduler's share of a step), worth PRIOR_STEPS steps.
+PRIOR_TOKEN_COST, PRIOR_JUMP, PRIOR_STEPS = 0.07, 0.25, 4.0
 COST_DECAY = 0.98  # per step: the last ~50 steps fit the cost
 
 
@@ -57,45 +66,71 @@ class Acceptance:
         self.rate += self.weight * (estimate - self.rate)
 
 
+class Fit(NamedTuple):
+    a: float  # a step's fixed cost
+    b: float  # per query token
+    jump: float  # once for a step that verifies drafts
+
+
 class StepCost:
-    """T(n) = a + b n fitted by decayed least squares over recent steps, from a prior."""
+    """T(n) = a + b n + jump [drafts], fitted by decayed least squares over recent steps, from
+    a prior."""
 
     def __init__(self) -> None:
-        # Sums of weight, n, T, n^2, n T over the steps (decayed) and over the prior's two
-        # pseudo-steps (kept: steps that all have one size say nothing of the slope). The prior
-        # goes in with the first real step, in its unit of time (seconds on this machine).
-        self._steps = [0.0] * 5
-        self._prior = [0.0] * 5
+        # Decayed sums of x x^T and x T over the steps, x = (1, n, drafted), and the same over
+        # the prior's three pseudo-steps (kept: steps that all have one size say nothing of the
+        # slope). The prior goes in with the first real step, in its unit of time.
+        self._steps = np.zeros((3, 4))
+        self._prior = np.zeros((3, 4))
+        self._fit: Fit | None = None  # solved once per step, read once per request
 
-    def record(self, tokens: int, seconds: float) -> None:
-        """A forward of `tokens` query tokens (decodes and drafts) took `seconds`."""
-        if self._prior[0] == 0.0:
-            unit = seconds / (1.0 + PRIOR_TOKEN_COST * (tokens - 1))
-            for n in (1.0, 11.0):
-                _add(self._prior, n, unit * (1.0 + PRIOR_TOKEN_COST * (n - 1)), PRIOR_STEPS / 2)
-        self._steps = [v * COST_DECAY for v in self._steps]
-        _add(self._steps, float(tokens), seconds, 1.0)
+    def record(self, tokens: int, seconds: float, drafted: bool | None = None) -> None:
+        """A forward of `tokens` query tokens (decodes and drafts) took `seconds`; `drafted`:
+        whether it verified drafts (by default: whether it had more than one token)."""
+        drafted = tokens > 1 if drafted is None else drafted
+        if not self._prior.any():
+            unit = seconds / _prior_time(tokens, drafted)
+            for n, d in ((1, False), (2, True), (11, True)):
+                _add(self._prior, n, d, unit * _prior_time(n, d), PRIOR_STEPS / 3)
+        self._steps *= COST_DECAY
+        _add(self._steps, tokens, drafted, seconds, 1.0)
+        self._fit = None
 
-    def fit(self) -> tuple[float, float]:
-        """(a, b) of T(n) = a + b n, with a > 0 and b >= 0."""
-        if self._prior[0] == 0.0:
-            return 1.0 - PRIOR_TOKEN_COST, PRIOR_TOKEN_COST
-        w, sn, st, snn, snt = (p + s for p, s in zip(self._prior, self._steps, strict=True))
-        b = max((w * snt - sn * st) / (w * snn - sn * sn), 0.0)
-        a = max((st - b * sn) / w, 1e-9)
-        return a, b
+    def fit(self) -> Fit:
+        """(a, b, jump), with a > 0 and b, jump >= 0."""
+        if not self._prior.any():
+            return Fit(1.0 - PRIOR_TOKEN_COST, PRIOR_TOKEN_COST, PRIOR_JUMP)
+        if self._fit is None:
+            sums = self._prior + self._steps
+            a, b, jump = np.linalg.solve(sums[:, :3], sums[:, 3])
+            self._fit = Fit(max(float(a), 1e-9), max(float(b), 0.0), max(float(jump), 0.0))
+        return self._fit
 
     def threshold(self, batch: int) -> float:
         """The least chance of being kept that makes one more drafted token worth its cost,
         in a step of `batch` requests."""
-        a, b = self.fit()
+        a, b, _ = self.fit()
         batch = max(batch, 1)
         return min(b * batch / (a + b * batch), 1.0)
 
+    def pays(self, rate: float, tokens: int, batch: int) -> bool:
+        """Whether a draft of `tokens` tokens, each kept with chance rate^i, is worth the
+        step's cost of verifying at all as well as its tokens' (in a step of `batch`)."""
+        a, b, jump = self.fit()
+        batch = max(batch, 1)
+        kept = sum(rate**i for i in range(1, tokens + 1))
+        return kept * (a + b * batch) / batch > jump + b * tokens
 
-def _add(sums: list[float], n: float, t: float, weight: float) -> None:
-    for i, v in enumerate((1.0, n, t, n * n, n * t)):
-        sums[i] += weight * v
+
+def _prior_time(tokens: int, drafted: bool) -> float:
+    """The prior's step time in units of a one-token decode."""
+    return 1.0 + PRIOR_TOKEN_COST * (tokens - 1) + (PRIOR_JUMP if drafted else 0.0)
+
+
+def _add(sums: np.ndarray, n: float, drafted: bool, t: float, weight: float) -> None:
+    x = np.array([1.0, n, 1.0 if drafted else 0.0])
+    sums[:, :3] += weight * np.outer(x, x)
+    sums[:, 3] += weight * x * t
 
 
 def draft_length(rate: float, threshold: float, limit: int) -> int:
@@ -106,3 +141,11 @@ def draft_length(rate: float, threshold: float, limit: int) -> int:
     if rate >= 1.0 or threshold <= 0.0:
         return limit
     return min(limit, int(math.log(threshold) / math.log(rate)))
+
+
+def draft_size(cost: StepCost, rate: float, limit: int, batch: int) -> int:
+    """How many of a draft's `limit` tokens to verify, for a request whose drafts are kept at
+    `rate`, in a step of `batch` requests: draft_length's count if the draft pays for the jump
+    too, else none."""
+    tokens = draft_length(rate, cost.threshold(batch), limit)
+    return tokens if tokens and cost.pays(rate, tokens, batch) else 0

@@ -113,7 +113,7 @@ def test_greedy_matches_transformers(model_case, setting, hf_loader, monkeypatch
     if setting.startswith("preempt") and name == "default":
         args["max_total_tokens"] = 64  # its text prompts are shorter than the tiny models'
     if speculates(name, setting):
-        monkeypatch.setattr(speculation, "draft_length", lambda rate, threshold, limit: limit)
+        monkeypatch.setattr(speculation, "draft_size", lambda cost, rate, limit, batch: limit)
         args.update(speculative_algorithm="NGRAM", speculative_num_draft_tokens=5)
     # The scheduler runs on a thread here (quicker to start); test_engine_api covers the
     # default child-process mode.

@@ -41,7 +41,7 @@ def engines():
     adaptive depth is tested in tests/unit/test_speculative_drafts.py), so that every step
     verifies drafts and many are rejected."""
     patch = pytest.MonkeyPatch()
-    patch.setattr(speculation, "draft_length", lambda rate, threshold, limit: limit)
+    patch.setattr(speculation, "draft_size", lambda cost, rate, limit, batch: limit)
     plain = _engine()
     spec = _engine(speculative_algorithm="NGRAM", speculative_num_draft_tokens=6)
     yield plain, spec

@@ -21,7 +21,7 @@ CATEGORIES = 8  # the 7 tokens most often seen at the position, and all others
 
 
 def _samples(path: str, spec: bool, patch: pytest.MonkeyPatch) -> list[list[int]]:
-    patch.setattr(speculation, "draft_length", lambda rate, threshold, limit: limit)
+    patch.setattr(speculation, "draft_size", lambda cost, rate, limit, batch: limit)
     kwargs = {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 5} if spec else {}
     engine = radixrt.Engine(
         model_path=path,

@@ -9,7 +9,7 @@ import torch
 
 from radixrt.cache.allocator import PageAllocator
 from radixrt.cache.radix_cache import RadixCache
-from radixrt.speculative.adaptive import Acceptance, StepCost, draft_length
+from radixrt.speculative.adaptive import PRIOR_JUMP, Acceptance, StepCost, draft_length
 from radixrt.speculative.ngram import TokenHistory, prompt_lookup
 
 
@@ -91,8 +91,11 @@ def test_the_cost_fit_finds_the_line_and_sizes_drafts_by_batch():
     assert cost.threshold(1) == pytest.approx(0.07)  # the prior before any step
     for n in [1, 5, 9, 2, 12, 7] * 20:
         cost.record(n, 0.010 + 0.001 * n)
-    a, b = cost.fit()
+    a, b, jump = cost.fit()
     assert a == pytest.approx(0.010, rel=0.05) and b == pytest.approx(0.001, rel=0.05)
+    # These steps cost nothing extra for verifying: what is left is the prior's pull (its 4
+    # pseudo-steps against ~46 decayed real ones), a fifth of the prior's jump at most.
+    assert jump < 0.2 * PRIOR_JUMP * 0.011
     assert cost.threshold(1) < cost.threshold(16) < cost.threshold(128) < 1
     assert draft_length(0.9, cost.threshold(1), 11) == 11  # 0.9^11 = 0.31 > 0.09
     assert draft_length(0.9, cost.threshold(16), 11) == 4  # 0.9^i > 0.61
@@ -100,10 +103,22 @@ def test_the_cost_fit_finds_the_line_and_sizes_drafts_by_batch():
     assert draft_length(1.0, 0.5, 7) == 7 and draft_length(0.0, 0.0, 7) == 0
 
 
+def test_the_cost_fit_finds_the_jump_and_weak_drafts_do_not_pay_for_it():
+    # A Xeon-like step: 10 ms to decode, 3 ms more to verify at all, 1 ms per drafted token.
+    cost = StepCost()
+    for n in [1, 1, 2, 5, 1, 9, 3, 12] * 20:
+        cost.record(n, 0.010 + (0.003 + 0.001 * (n - 1) if n > 1 else 0.0))
+    a, b, jump = cost.fit()
+    assert jump == pytest.approx(0.003, rel=0.1) and b == pytest.approx(0.001, rel=0.1)
+    # One token kept with chance 0.3 is worth 3 ms of a 10 ms step, less than its 3 + 1 ms.
+    assert draft_length(0.3, cost.threshold(1), 11) == 1 and not cost.pays(0.3, 1, 1)
+    assert cost.pays(0.6, draft_length(0.6, cost.threshold(1), 11), 1)  # 4 tokens, ~1.3 kept
+
+
 def test_steps_of_one_size_keep_the_priors_slope():
     cost = StepCost()
     for _ in range(500):
         cost.record(16, 0.030)
-    a, b = cost.fit()
+    a, b, _ = cost.fit()
     assert b > 0 and a > 0  # the slope does not collapse to 0 (which would draft anything)
     assert cost.threshold(16) > 0.3
