@@ -35,8 +35,6 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import numpy as np
-
 # The weight of each verification's estimate in a request's moving average, and in the
 # server's (the rates a new request starts from: those of the requests before it).
 ACCEPTANCE_WEIGHT, SERVER_WEIGHT = 0.5, 0.05
@@ -45,10 +43,12 @@ ACCEPTANCE_WEIGHT, SERVER_WEIGHT = 0.5, 0.05
 PRIOR_RATE = 0.3
 # The cost fit's prior, as pseudo-steps: one more token costs PRIOR_TOKEN_COST of a one-token
 # step (measured on the CPU: a 2,000-token prefill runs ~15x the tokens per second of a
-# batch-1 decode), verifying at all PRIOR_JUMP (the Xeon's 0.31 at 800 keys, less the
-# scheduler's share of a step), worth PRIOR_STEPS steps.
-PRIOR_TOKEN_COST, PRIOR_JUMP, PRIOR_STEPS = 0.07, 0.25, 4.0
+# batch-1 decode), verifying at all PRIOR_JUMP (below the Xeon's 0.15-0.3 at 800 keys, so
+# that a new server's first weak drafts are still tried and the jump measured), worth
+# PRIOR_STEPS steps.
+PRIOR_TOKEN_COST, PRIOR_JUMP, PRIOR_STEPS = 0.07, 0.1, 4.0
 COST_DECAY = 0.98  # per step: the last ~50 steps fit the cost
+OUTLIER = 3.0  # a step counts as at most this many times what the fit expects of it
 
 
 @dataclass
@@ -77,33 +77,37 @@ class StepCost:
     a prior."""
 
     def __init__(self) -> None:
-        # Decayed sums of x x^T and x T over the steps, x = (1, n, drafted), and the same over
-        # the prior's three pseudo-steps (kept: steps that all have one size say nothing of the
-        # slope). The prior goes in with the first real step, in its unit of time.
-        self._steps = np.zeros((3, 4))
-        self._prior = np.zeros((3, 4))
+        # Decayed sums of x x^T and x T over the steps, x = (1, n, drafted). The prior's three
+        # pseudo-steps are added at each fit, in units of the fastest step seen (normalized by
+        # the prior's own shape): a step's first run pays one-time costs (oneDNN builds its
+        # kernels for each new row count), and a prior scaled by such a step would set the
+        # jump so high that no draft is made, and so measured, again.
+        self._steps = [[0.0] * 4 for _ in range(3)]
+        self._unit = math.inf
         self._fit: Fit | None = None  # solved once per step, read once per request
 
     def record(self, tokens: int, seconds: float, drafted: bool | None = None) -> None:
         """A forward of `tokens` query tokens (decodes and drafts) took `seconds`; `drafted`:
         whether it verified drafts (by default: whether it had more than one token)."""
         drafted = tokens > 1 if drafted is None else drafted
-        if not self._prior.any():
-            unit = seconds / _prior_time(tokens, drafted)
-            for n, d in ((1, False), (2, True), (11, True)):
-                _add(self._prior, n, d, unit * _prior_time(n, d), PRIOR_STEPS / 3)
-        self._steps *= COST_DECAY
+        if self._unit < math.inf:  # an outlier counts as at most OUTLIER times the fit's
+            a, b, jump = self.fit()
+            seconds = min(seconds, OUTLIER * (a + b * tokens + (jump if drafted else 0.0)))
+        self._unit = min(self._unit, seconds / _prior_time(tokens, drafted))
+        self._steps = [[v * COST_DECAY for v in row] for row in self._steps]
         _add(self._steps, tokens, drafted, seconds, 1.0)
         self._fit = None
 
     def fit(self) -> Fit:
         """(a, b, jump), with a > 0 and b, jump >= 0."""
-        if not self._prior.any():
+        if self._unit == math.inf:
             return Fit(1.0 - PRIOR_TOKEN_COST, PRIOR_TOKEN_COST, PRIOR_JUMP)
         if self._fit is None:
-            sums = self._prior + self._steps
-            a, b, jump = np.linalg.solve(sums[:, :3], sums[:, 3])
-            self._fit = Fit(max(float(a), 1e-9), max(float(b), 0.0), max(float(jump), 0.0))
+            sums = [row[:] for row in self._steps]
+            for n, d in ((1, False), (2, True), (11, True)):
+                _add(sums, n, d, self._unit * _prior_time(n, d), PRIOR_STEPS / 3)
+            a, b, jump = _solve3(sums)
+            self._fit = Fit(max(a, 1e-9), max(b, 0.0), max(jump, 0.0))
         return self._fit
 
     def threshold(self, batch: int) -> float:
@@ -127,10 +131,32 @@ def _prior_time(tokens: int, drafted: bool) -> float:
     return 1.0 + PRIOR_TOKEN_COST * (tokens - 1) + (PRIOR_JUMP if drafted else 0.0)
 
 
-def _add(sums: np.ndarray, n: float, drafted: bool, t: float, weight: float) -> None:
-    x = np.array([1.0, n, 1.0 if drafted else 0.0])
-    sums[:, :3] += weight * np.outer(x, x)
-    sums[:, 3] += weight * x * t
+def _add(sums: list[list[float]], n: float, drafted: bool, t: float, weight: float) -> None:
+    """Add weight * (x x^T | x t) for x = (1, n, drafted) to the normal equations."""
+    x = (1.0, float(n), 1.0 if drafted else 0.0)
+    for i in range(3):
+        for j in range(3):
+            sums[i][j] += weight * x[i] * x[j]
+        sums[i][3] += weight * x[i] * t
+
+
+def _solve3(m: list[list[float]]) -> tuple[float, float, float]:
+    """The 3x3 system [A | y] by Cramer's rule (plain floats: a step's fit in microseconds;
+    the prior keeps A well conditioned)."""
+
+    def det(c: list[list[float]]) -> float:
+        return (
+            c[0][0] * (c[1][1] * c[2][2] - c[1][2] * c[2][1])
+            - c[0][1] * (c[1][0] * c[2][2] - c[1][2] * c[2][0])
+            + c[0][2] * (c[1][0] * c[2][1] - c[1][1] * c[2][0])
+        )
+
+    a = [row[:3] for row in m]
+    d = det(a)
+    return tuple(  # type: ignore[return-value]
+        det([[m[i][3] if j == k else a[i][j] for j in range(3)] for i in range(3)]) / d
+        for k in range(3)
+    )
 
 
 def draft_length(rate: float, threshold: float, limit: int) -> int:

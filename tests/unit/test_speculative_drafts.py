@@ -122,3 +122,18 @@ def test_steps_of_one_size_keep_the_priors_slope():
     a, b, _ = cost.fit()
     assert b > 0 and a > 0  # the slope does not collapse to 0 (which would draft anything)
     assert cost.threshold(16) > 0.3
+
+
+def test_one_time_costs_do_not_set_the_jump():
+    # A first step (and a first verification) pays one-time costs (oneDNN builds kernels per
+    # row count): the prior follows the fastest step and an outlier counts 3x the fit at most,
+    # so one slow step cannot make drafts look too dear ever to be tried (and measured) again.
+    cost = StepCost()
+    cost.record(1, 0.050)  # 10x a normal decode
+    for _ in range(30):
+        cost.record(1, 0.005)
+    a, _, jump = cost.fit()
+    assert a < 0.01 and jump < 0.4 * PRIOR_JUMP * 0.050  # not the prior of a 50 ms unit
+    cost.record(2, 0.200, drafted=True)  # 40x: counted as 3x what the fit expects
+    assert cost.fit().jump < 1.5 * 0.005  # unclamped, this one step would make it 0.09
+    assert cost.pays(0.9, 8, 1)  # a copied run is still worth verifying
