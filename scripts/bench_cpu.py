@@ -11,13 +11,11 @@ Run it with the project's venv python (the radixrt worker runs there); each peer
 python of DIR/<peer>/ (made by scripts/bench_cpu_setup.sh). A peer without a venv is reported
 "not installed", one whose worker fails "failed: <reason>"; neither gets a figure.
 
---rounds N runs every engine N times, the order reversed every other round (radixrt's
-variants first, then the peers; then the peers first), so that neither side always runs on a
-fresher or a warmer machine; each workload's figure is the median of its N times.
-
-Below the tok/s rows, three load rows (lower is better; bench_common.LOAD_FIGURES): seconds
-from the engine's constructor to its return, ready for a request, and the resident memory of
-the engine's processes after that and after the last workload.
+--rounds N runs every engine N times, the order reversed every other round (radixrt's variants
+first, then the peers first), so that neither side always runs on a fresher or warmer machine;
+each workload's figure is the median of its N times. Below the tok/s rows, three load rows
+(lower is better; bench_common.LOAD_FIGURES): seconds from the constructor to its return, ready
+for a request, and the engine's processes' resident memory then and after the last workload.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The offline engine: `radixrt.Engine().generate(...)`, SGLang's offline API.
 
-The engine tokenizes and validates in the caller's process; the scheduler loop (the server's)
-owns the model in a child process behind a Transport, and its outputs reach the engine through
-the detokenizer process, which adds their text. In-process (tests, notebooks) both run on
-threads behind the same transport interface: one path for the text."""
+The engine tokenizes and validates in the caller's process; the scheduler loop owns the model in
+a child process behind a Transport, its outputs reaching the engine through the detokenizer
+process (their text); in-process (tests, notebooks) both run on threads behind the same one."""
 
 from __future__ import annotations
 

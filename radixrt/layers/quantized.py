@@ -101,7 +101,7 @@ class GGUFWeight(nn.Module):
 
     def keep_tiles(self) -> None:
         """Add the int8 kernel's tiles to the TILED_TYPES parts (native/csrc/gguf_tiles.cpp):
-        steps of 2-16 rows multiply them at 0.3-0.5x the blocks' time, for as many bytes
+        steps of 2-16 rows multiply them in 0.5-0.8x the blocks' time, for as many bytes
         again as those parts take. A no-op without the native build or such parts."""
         if not self.native:
             return

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Low to high; the names of one tuple are one layer. A top-level module or package of
 # radixrt/ (lang/ and kernels/ install as radixrt.lang and radixrt.kernels).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("server_args", "server_args_checks", "errors", "observability"),
+    ("server_args", "errors", "observability"),
     ("native", "kernels", "distributed"),
     ("grammar",),
     ("protocol",),
@@ -36,9 +36,9 @@ LEVEL = {name: level for level, names in enumerate(LAYERS) for name in names}
 
 # (importer, imported) pairs allowed against the order, each with its reason. Keep it short.
 ALLOWED: dict[tuple[str, str], str] = {
-    ("server_args_checks", "frontend"): (
-        "ServerArgs checks --chat-template with the frontend's loader (stdlib only), so a bad "
-        "value fails at the flags, before anything loads"
+    ("server_args", "frontend"): (
+        "server_args/checks.py checks --chat-template with the frontend's loader (stdlib "
+        "only), so a bad value fails at the flags, before anything loads"
     ),
 }
 

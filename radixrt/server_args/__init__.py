@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixrt.server_args_checks import validate_args
+from radixrt.server_args.checks import validate_args
 
 
 def _f(
@@ -274,7 +274,7 @@ class ServerArgs:
         self.validate()
 
     def validate(self) -> None:
-        """ValueError naming the first field out of its range (server_args_checks.py)."""
+        """ValueError naming the first field out of its range (server_args/checks.py)."""
         validate_args(self)
 
     @classmethod
