@@ -49,7 +49,7 @@ def load_model(
 
     `dtype` may also be a name or "auto" (see `resolve_dtype`). `dense_copy_gb`: the GiB that
     copies of packed weights in `dense_copy_dtype` (bfloat16 or int8) may take for wide batches
-    on the CPU (see `keep_dense_copies`; 0: none), and, counted apart, the int8 kernel's tiles
+    on the CPU (see `keep_dense_copies`; 0: none), and beside them the int8 kernel's tiles
     (`keep_int8_tiles`). Packed weights multiply steps of up to
     `int8_rows` rows with int8 activations (`int8_rows_for`: None picks by dtype; -1: every
     step, and then no dense copies are kept, as no step would use them; 0: never). Returns the

@@ -132,13 +132,17 @@ def keep_dense_copies(model: nn.Module, budget_gb: float, dtype: str = "bfloat16
 
 
 def keep_int8_tiles(model: nn.Module, budget_gb: float) -> int:
-    """The int8 kernel's tiles (GGUFWeight.keep_tiles) for every packed weight with Q4_0, Q4_1
-    or Q8_0 parts, made only if they all fit in `budget_gb` GiB (the dense copies' budget,
-    counted apart): they take as many bytes again as those weights. Returns how many."""
+    """The int8 kernel's tiles (GGUFWeight.keep_tiles) for every packed weight with parts of
+    the TILED_TYPES, made only if they fit in `budget_gb` GiB beside bfloat16 copies of every
+    packed weight (keep_dense_copies' budget, whether or not the copies are kept): they take
+    about as many bytes again as those weights, so a model too big for its copies keeps no
+    tiles either, and its resident memory stays near its file's size (issue 33's bound:
+    1.5x llama.cpp's). Returns how many."""
     packed = [m for m in model.modules() if isinstance(m, GGUFWeight)]
     tileable = [w for w in packed if any(t in TILED_TYPES for t in w.types)]
+    copies = sum(2 * w.in_features * w.out_features for w in packed)
     need = sum(w.packed.numel() for w in tileable)
-    if not tileable or need > budget_gb * 2**30:
+    if not tileable or copies + need > budget_gb * 2**30:
         return 0
     for weight in tileable:
         weight.keep_tiles()

@@ -206,7 +206,10 @@ def test_a_merged_weight_of_several_types_is_its_parts_side_by_side(rows):
 @pytest.mark.parametrize("name", TILED_TYPES)
 @pytest.mark.parametrize("k", [576, 1792])
 def test_tiles_multiply_within_the_int8_bound_whatever_the_batch(name, k):
-    # 45 columns: two whole tiles of 16 and a partial one; 576 inputs: 18 blocks.
+    # 45 columns: two whole tiles of 16 and a partial one; 576 inputs: 18 blocks of 32, or two
+    # super-blocks of 256 (512) for the K-quants, whose x is rounded per 256.
+    group = BLOCK_TYPES[name].weights
+    k -= k % group
     blocks = random_blocks(name, 45, k, seed=k)
     weight = GGUFWeight(blocks, name, k)
     weight.int8_rows = INT8_EVERY_STEP
@@ -220,9 +223,10 @@ def test_tiles_multiply_within_the_int8_bound_whatever_the_batch(name, k):
         alone = torch.cat([weight(x[i : i + 1]) for i in range(19)])
     w = dequantize_part(BLOCK_TYPES[name], blocks, k)
     assert torch.equal(tiled, alone)  # a row's result does not depend on its batch
-    assert bool(((tiled.double() - x.double() @ w.double().T).abs() <= int8_bound(x, w, 32)).all())
-    # The same integer sums as the block kernel, added up per column in block order instead
-    # of eight lanes at a time: equal up to float32 rounding, but not bit for bit.
+    error = (tiled.double() - x.double() @ w.double().T).abs()
+    assert bool((error <= int8_bound(x, w, group)).all())
+    # The same integer sums as the block kernel, added up per column instead of eight lanes at
+    # a time: equal up to float32 rounding, but not bit for bit.
     assert not torch.equal(tiled, plain)
     # Each within the float32 bound of the same sum (doubled for x rounded), so apart by twice it.
     assert bool(((tiled - plain).abs() <= dot_bound(x, w).float() * 4).all())
@@ -235,7 +239,7 @@ def test_tiles_multiply_within_the_int8_bound_whatever_the_batch(name, k):
 @pytest.mark.parametrize("rows", [3, 12])
 def test_a_merged_weight_tiles_only_the_parts_it_can(rows):
     parts = [
-        (n, random_blocks(n, r, 512, seed=r)) for n, r in [("Q4_1", 20), ("Q6_K", 8), ("Q8_0", 24)]
+        (n, random_blocks(n, r, 512, seed=r)) for n, r in [("Q4_1", 20), ("Q3_K", 8), ("Q6_K", 24)]
     ]
     merged = GGUFWeight.merged(parts)
     alone = [GGUFWeight(b, n, 512) for n, b in parts]
@@ -245,10 +249,10 @@ def test_a_merged_weight_tiles_only_the_parts_it_can(rows):
         weight.int8_rows = INT8_EVERY_STEP
         weight.keep_tiles()
     assert merged.packed.data_ptr() != before.data_ptr()
-    assert merged.copy_from_rows == COPY_FROM_ROWS  # its Q6_K part multiplies blocks
-    k_quant = alone[1].packed
+    assert merged.copy_from_rows == COPY_FROM_ROWS  # its Q3_K part multiplies blocks
+    untiled = alone[1].packed
     alone[1].keep_tiles()
-    assert alone[1].packed is k_quant  # nothing to tile: the same tensor
+    assert alone[1].packed is untiled  # nothing to tile: the same tensor
     with torch.inference_mode():
         assert torch.equal(merged(x), torch.cat([a(x) for a in alone], dim=1))
 

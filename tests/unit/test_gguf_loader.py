@@ -170,10 +170,17 @@ def test_qwen3_gguf_forward_matches_transformers(qwen3_gguf, prefill_logits):
     torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("budget_gb,tiled", [(1.0, True), (0.05, False)])
+@pytest.mark.parametrize("budget_gb,tiled", [(1.0, True), (0.3, False), (0.05, False)])
 def test_int8_tiles_are_kept_where_they_fit_the_budget(gguf_path, budget_gb, tiled):
-    # The default file's Q4_1 layers and Q8_0 embedding take 92 MiB, and their tiles as much.
-    from radixrt.layers.quantized import COPY_FROM_ROWS, TILED_COPY_FROM_ROWS, GGUFWeight
+    # The default file's Q4_1 layers and Q8_0 embedding take 92 MiB, and their tiles as much;
+    # bf16 copies of them take 258 MiB. At 0.3 GiB (307 MiB) the copies fit, and the tiles
+    # beside them do not.
+    from radixrt.layers.quantized import (
+        COPY_FROM_ROWS,
+        TILED_COPY_FROM_ROWS,
+        GGUFWeight,
+        can_keep_dense,
+    )
 
     model, _ = load_model(
         gguf_path, torch.bfloat16, "cpu", quantization="auto", dense_copy_gb=budget_gb
@@ -183,6 +190,7 @@ def test_int8_tiles_are_kept_where_they_fit_the_budget(gguf_path, budget_gb, til
     assert magic == {0x54515852 if tiled else 0x57515852}  # "RXQT" / "RXQW"
     expected = TILED_COPY_FROM_ROWS if tiled else COPY_FROM_ROWS
     assert {w.copy_from_rows for w in weights} == {expected}
+    assert all((w.dense is not None) == (budget_gb > 0.25 and can_keep_dense()) for w in weights)
     # float32 takes no int8 steps, so no tiles whatever the budget.
     plain, _ = load_model(gguf_path, torch.float32, "cpu", quantization="auto", dense_copy_gb=1)
     assert all(

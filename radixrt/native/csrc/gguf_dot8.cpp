@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "gguf_layout.h"
 #include "gguf_types.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -320,7 +321,8 @@ void int8_columns(const Q8Rows& by32, const Q8Rows& by256, const Layout& l, int6
     const int64_t lo = std::max(n0, p.row0) - p.row0, hi = std::min(n1, p.row0 + p.rows) - p.row0;
     if (lo >= hi) continue;
     if (p.tiles != nullptr) {
-      tiled_columns(by32, p, lo, hi, M, y, l.N);
+      if (is_ktile_type(p.type)) ktiled_columns(by256, p, lo, hi, M, y, l.N);
+      else tiled_columns(by32, p, lo, hi, M, y, l.N);
       continue;
     }
     dispatch(p.type, [&]<int64_t T>() {

@@ -49,6 +49,9 @@ Q8Rows quantize_rows(const float* x, int64_t M, int64_t K, int64_t group, bool t
 // of 32, not transposed) into y's rows (ldy floats apart), at the part's first column.
 void tiled_columns(const Q8Rows& a, const Part& p, int64_t lo, int64_t hi, int64_t M, float* y,
                    int64_t ldy);
+// The same for a K-quant part (gguf_ktiles.cpp), x in blocks of 256.
+void ktiled_columns(const Q8Rows& a, const Part& p, int64_t lo, int64_t hi, int64_t M, float* y,
+                    int64_t ldy);
 
 // ---- Raw codes of a sub-block as 32 bytes ---------------------------------------------------
 inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256((const __m256i*)p); }

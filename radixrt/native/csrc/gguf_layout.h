@@ -16,8 +16,14 @@ Layout read_layout(const at::Tensor& packed);
 
 bool int8_supported();  // gguf_dot8.cpp: this build runs the int8 kernel
 // Whether parts of `type` get tiles here, how many bytes they take, and writing them.
+constexpr int64_t kTileColumns = 16;  // output columns a tile interleaves
 bool tiles_supported(int64_t type);
 int64_t tiles_bytes(int64_t type, int64_t rows, int64_t K);
 void build_tiles(const Part& part, int64_t K, uint8_t* out);
+// The same for the K-quants' tiles (gguf_ktiles.cpp; Q4_K, Q5_K, Q6_K), which build_tiles and
+// tiles_bytes call.
+bool is_ktile_type(int64_t type);
+int64_t ktile_block_bytes(int64_t type);  // one super-block of one tile
+void build_ktiles(const Part& part, int64_t K, uint8_t* out);
 
 }  // namespace radixrt::gguf

@@ -24,15 +24,13 @@
 #include "gguf_types.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include "gguf_dot8.h"
+#include "tile_vectors.h"
 #define RADIXRT_TILES 1
 #endif
 
 namespace radixrt::gguf {
 
 namespace {
-
-constexpr int64_t kTileColumns = 16;
 
 // Bytes of one block of one tile: its scales, then its codes.
 constexpr int64_t scale_bytes(int64_t type) { return type == Q4_1 ? 64 : 32; }
@@ -63,14 +61,17 @@ void tile_block(const Part& p, int64_t n0, int64_t b, uint8_t* out) {
 }  // namespace
 
 bool tiles_supported(int64_t type) {
-  return int8_supported() && (type == Q4_0 || type == Q4_1 || type == Q8_0);
+  return int8_supported() && (type == Q4_0 || type == Q4_1 || type == Q8_0 || is_ktile_type(type));
 }
 
 int64_t tiles_bytes(int64_t type, int64_t rows, int64_t K) {
-  return (rows + kTileColumns - 1) / kTileColumns * (K / 32) * tile_block_bytes(type);
+  const int64_t tiles = (rows + kTileColumns - 1) / kTileColumns;
+  if (is_ktile_type(type)) return tiles * (K / 256) * ktile_block_bytes(type);
+  return tiles * (K / 32) * tile_block_bytes(type);
 }
 
 void build_tiles(const Part& p, int64_t K, uint8_t* out) {
+  if (is_ktile_type(p.type)) return build_ktiles(p, K, out);
   const int64_t nb = K / 32, step = tile_block_bytes(p.type);
   const int64_t tiles = (p.rows + kTileColumns - 1) / kTileColumns;
   at::parallel_for(0, tiles, 16, [&](int64_t t0, int64_t t1) {
@@ -81,87 +82,6 @@ void build_tiles(const Part& p, int64_t K, uint8_t* out) {
 
 #ifdef RADIXRT_TILES
 namespace {
-
-// Input rows per pass over a tile's blocks: their sums stay in registers (32 of them with
-// AVX-512's encoding, 16 without).
-#ifdef __AVX512F__
-constexpr int kTileRows = 8;
-#else
-constexpr int kTileRows = 4;
-#endif
-
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-// AVX-512: a vector holds all 16 columns of a tile.
-constexpr int kVectorColumns = 16;
-using VecI = __m512i;
-using VecF = __m512;
-inline VecI load_codes(const uint8_t* p) { return _mm512_loadu_si512(p); }
-inline VecI splat_word(int32_t w) { return _mm512_set1_epi32(w); }
-inline VecF splat(float f) { return _mm512_set1_ps(f); }
-inline VecF scales16(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
-inline VecI low_nibbles(VecI v) { return _mm512_and_si512(v, _mm512_set1_epi8(0xF)); }
-inline VecI high_nibbles(VecI v) { return low_nibbles(_mm512_srli_epi16(v, 4)); }
-inline VecI dot4(VecI sum, VecI codes, VecI x) {
-#ifdef __AVX512VNNI__
-  return _mm512_dpbusd_epi32(sum, codes, x);
-#else
-  return _mm512_add_epi32(sum, _mm512_madd_epi16(_mm512_maddubs_epi16(codes, x), _mm512_set1_epi16(1)));
-#endif
-}
-// Q8_0: |q| times x with q's sign (AVX-512 has no byte sign instruction: x negated by mask).
-struct Signs {
-  __mmask64 negative[8];
-};
-inline VecI absolute(VecI q, Signs& s, int v) {
-  s.negative[v] = _mm512_movepi8_mask(q);
-  return _mm512_abs_epi8(q);
-}
-inline VecI signed_x(VecI x, const Signs& s, int v) {
-  return _mm512_mask_sub_epi8(x, s.negative[v], _mm512_setzero_si512(), x);
-}
-inline void store_columns(VecF acc, float* out) { _mm512_storeu_ps(out, acc); }
-inline VecI zero_i() { return _mm512_setzero_si512(); }
-inline VecF zero_f() { return _mm512_setzero_ps(); }
-inline VecF to_float(VecI v) { return _mm512_cvtepi32_ps(v); }
-inline VecF fma(VecF a, VecF b, VecF c) { return _mm512_fmadd_ps(a, b, c); }
-inline VecF mul(VecF a, VecF b) { return _mm512_mul_ps(a, b); }
-#else
-// AVX2: a vector holds 8 columns, a tile's half.
-constexpr int kVectorColumns = 8;
-using VecI = __m256i;
-using VecF = __m256;
-inline VecI load_codes(const uint8_t* p) { return load32(p); }
-inline VecI splat_word(int32_t w) { return _mm256_set1_epi32(w); }
-inline VecF splat(float f) { return _mm256_set1_ps(f); }
-inline VecF scales16(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-inline VecI low_nibbles(VecI v) { return _mm256_and_si256(v, _mm256_set1_epi8(0xF)); }
-inline VecI high_nibbles(VecI v) { return low_nibbles(_mm256_srli_epi16(v, 4)); }
-// Exact either way: no pair of products passes int16 (15 * 127 or 128 * 127, twice).
-inline VecI dot4(VecI sum, VecI codes, VecI x) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(sum, codes, x);
-#elif defined(__AVXVNNI__)
-  return _mm256_dpbusd_avx_epi32(sum, codes, x);
-#else
-  return _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(codes, x), _mm256_set1_epi16(1)));
-#endif
-}
-struct Signs {
-  __m256i q[8];
-};
-inline VecI absolute(VecI q, Signs& s, int v) {
-  s.q[v] = q;
-  return _mm256_abs_epi8(q);
-}
-inline VecI signed_x(VecI x, const Signs& s, int v) { return _mm256_sign_epi8(x, s.q[v]); }
-inline void store_columns(VecF acc, float* out) { _mm256_storeu_ps(out, acc); }
-inline VecI zero_i() { return _mm256_setzero_si256(); }
-inline VecF zero_f() { return _mm256_setzero_ps(); }
-inline VecF to_float(VecI v) { return _mm256_cvtepi32_ps(v); }
-inline VecF fma(VecF a, VecF b, VecF c) { return _mm256_fmadd_ps(a, b, c); }
-inline VecF mul(VecF a, VecF b) { return _mm256_mul_ps(a, b); }
-#endif
-constexpr int kSlices = kTileColumns / kVectorColumns;  // vectors across a tile
 
 // One block of a slice of a tile's columns (slice h of kSlices), ready for the rows: codes
 // (|q| for Q8_0, its signs apart), scales d and offsets b as floats.
@@ -228,25 +148,10 @@ void tiled_columns(const Q8Rows& a, const Part& p, int64_t lo, int64_t hi, int64
                    int64_t ldy) {
   const int64_t nb = a.K / 32;
   auto run = [&]<int64_t T>() {
-    for (int64_t t = lo / kTileColumns; t * kTileColumns < hi; ++t) {
-      const uint8_t* tile = p.tiles + t * nb * tile_block_bytes(T);
-      for (int h = 0; h < kSlices; ++h) {
-        const int64_t c0 = t * kTileColumns + kVectorColumns * h;
-        const int64_t from = std::max(lo, c0), to = std::min(hi, c0 + kVectorColumns);
-        if (from >= to) continue;
-        for (int64_t r0 = 0; r0 < M; r0 += kTileRows) {
-          up_to<kTileRows>(M - r0, [&]<int kR>() {
-            VecF acc[kR];
-            slice_rows<kR, T>(a, r0, tile, nb, h, acc);
-            for (int r = 0; r < kR; ++r) {
-              float out[kVectorColumns];
-              store_columns(acc[r], out);
-              std::memcpy(y + (r0 + r) * ldy + p.row0 + from, out + (from - c0), (to - from) * 4);
-            }
-          });
-        }
-      }
-    }
+    tile_columns(p, lo, hi, M, y, ldy, nb * tile_block_bytes(T),
+                 [&]<int R>(int64_t r0, const uint8_t* tile, int h, VecF* acc) {
+                   slice_rows<R, T>(a, r0, tile, nb, h, acc);
+                 });
   };
   switch (p.type) {
     case Q4_0: run.template operator()<Q4_0>(); break;
