@@ -51,7 +51,7 @@ COPY_FROM_ROWS = 12
 # 16.3 against 17.0 at 24, 20.7 against 17.7 at 31; scripts/bench_gguf_linear.py).
 TILED_COPY_FROM_ROWS = 24
 # The block types native/csrc/gguf_tiles.cpp (and gguf_ktiles.cpp, the K-quants) lay out.
-TILED_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+TILED_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 
 
 class GGUFWeight(nn.Module):

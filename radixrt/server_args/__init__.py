@@ -78,9 +78,9 @@ class ServerArgs:
     cpu_dense_copy_gb: float = _f(
         1.0,
         "GiB for bfloat16 copies of packed weights that steps of 12+ rows multiply with "
-        "oneDNN on a bf16 CPU, and beside them for the int8 kernel's tiles of Q4_0/Q4_1/Q8_0/"
-        "Q4_K/Q5_K/Q6_K weights (each all or none; tiles only where bf16 copies of all the "
-        "weights would fit beside them; 0: off; see docs/quantization.md)",
+        "oneDNN on a bf16 CPU, and beside them for the int8 kernel's tiles of Q4_0/Q4_1/Q5_0/"
+        "Q5_1/Q8_0/Q4_K/Q5_K/Q6_K weights (each all or none; tiles only where bf16 copies of "
+        "all the weights would fit beside them; 0: off; see docs/quantization.md)",
     )
     cpu_dense_copy_dtype: str = _f(
         "bfloat16",

@@ -21,7 +21,6 @@
 
 #include <cstdint>
 #include <cstring>
-#include <utility>
 
 #include "gguf_layout.h"
 #include "gguf_types.h"
@@ -104,22 +103,7 @@ namespace {
 // Code vector v (codes 4v .. 4v + 3 of each column) of sub-block s of slice h.
 template <int64_t T>
 inline void load_codes8(const uint8_t* tb, int s, int h, VecI codes[8]) {
-  constexpr int64_t kH = high_vectors(T);
-  const uint8_t* at = tb + codes_at(T) + s * sub_block_bytes(T) + 4 * kVectorColumns * h;
-  for (int u = 0; u < 4; ++u) {
-    const VecI both = load_codes(at + 64 * u);
-    codes[u] = low_nibbles(both);
-    codes[u + 4] = high_nibbles(both);
-  }
-  if constexpr (kH > 0) {
-    constexpr int kPer = 8 / kH;
-    constexpr auto kMask = static_cast<int8_t>(((1 << kH) - 1) << 4);
-    VecI high[kH];
-    for (int w = 0; w < kH; ++w) high[w] = load_codes(at + 256 + 64 * w);
-    [&]<int... V>(std::integer_sequence<int, V...>) {
-      ((codes[V] = or_i(codes[V], and_bytes(shift16<4 - kH * (V % kPer)>(high[V / kPer]), kMask))), ...);
-    }(std::make_integer_sequence<int, 8>{});
-  }
+  load_nibble_codes<high_vectors(T)>(tb + codes_at(T) + s * sub_block_bytes(T) + 4 * kVectorColumns * h, codes);
 }
 
 // Sum of 4 code vectors from `v0` against one row's 16 codes of x at xq.

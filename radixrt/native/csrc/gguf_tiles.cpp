@@ -1,14 +1,16 @@
-// Tiles: the int8 kernel's copy of a Q4_0, Q4_1 or Q8_0 part, laid out for steps of a few rows
-// (speculative verification, small batches).
+// Tiles: the int8 kernel's copy of a Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 part, laid out for steps of
+// a few rows (speculative verification, small batches). The K-quants' are in gguf_ktiles.cpp.
 //
 // The block kernel (gguf_dot8.cpp) multiplies one weight row's block by a row of x: 32 products
 // in one vector, then a horizontal sum, which costs more than the products. A tile instead holds
 // 16 output columns' codes interleaved, 4 codes of each column per 32-bit lane, so that one
 // instruction adds 4 products into each of 8 columns' sums, against 4 codes of x broadcast; no
 // horizontal sums, and the codes are loaded once for all the rows of a step. Per block of 32
-// inputs a tile holds the columns' fp16 scales d (and Q4_1's minimums m), then their codes:
+// inputs a tile holds the columns' fp16 scales d (and Q4_1's and Q5_1's minimums m), then
+// their codes:
 //   Q4_0 / Q4_1: 4 x 64 bytes; byte 4c + i of vector u holds column c's code 4u + i in its
 //                low nibble and code 16 + 4u + i in its high one (Q4's own nibble split);
+//   Q5_0 / Q5_1: the same, then 64 bytes of fifth bits: bit v of byte 4c + i is code 4v + i's;
 //   Q8_0:        8 x 64 bytes; byte 4c + i of vector v is column c's code 4v + i.
 // Tiles go column tile by column tile, each tile's blocks in order (a thread streams them). A
 // tile past the part's last column holds zeros. The arithmetic is the block kernel's, per
@@ -33,8 +35,12 @@ namespace radixrt::gguf {
 namespace {
 
 // Bytes of one block of one tile: its scales, then its codes.
-constexpr int64_t scale_bytes(int64_t type) { return type == Q4_1 ? 64 : 32; }
-constexpr int64_t tile_block_bytes(int64_t type) { return scale_bytes(type) + (type == Q8_0 ? 512 : 256); }
+constexpr bool has_min(int64_t type) { return type == Q4_1 || type == Q5_1; }
+constexpr bool five_bit(int64_t type) { return type == Q5_0 || type == Q5_1; }
+constexpr int64_t scale_bytes(int64_t type) { return has_min(type) ? 64 : 32; }
+constexpr int64_t tile_block_bytes(int64_t type) {
+  return scale_bytes(type) + (type == Q8_0 ? 512 : 256) + (five_bit(type) ? 64 : 0);
+}
 
 // Code j (0..31) of a Q4 block's 16 nibble bytes: low nibbles first, then high ones.
 uint8_t nibble(const uint8_t* qs, int j) { return j < 16 ? qs[j] & 0xF : qs[j - 16] >> 4; }
@@ -49,19 +55,27 @@ void tile_block(const Part& p, int64_t n0, int64_t b, uint8_t* out) {
       for (int v = 0; v < 8; ++v) std::memcpy(codes + 64 * v + 4 * c, blk + 2 + 4 * v, 4);
       continue;
     }
-    if (p.type == Q4_1) std::memcpy(out + 32 + 2 * c, blk + 2, 2);  // m
-    const uint8_t* qs = blk + (p.type == Q4_1 ? 4 : 2);
+    if (has_min(p.type)) std::memcpy(out + 32 + 2 * c, blk + 2, 2);  // m
+    // Q4_0 [d][qs], Q4_1 [d][m][qs], Q5_0 [d][qh][qs], Q5_1 [d][m][qh][qs]
+    const uint8_t* qh = blk + scale_bytes(p.type) / 16;
+    const uint8_t* qs = qh + (five_bit(p.type) ? 4 : 0);
     for (int u = 0; u < 4; ++u)
       for (int i = 0; i < 4; ++i)
         codes[64 * u + 4 * c + i] =
             static_cast<uint8_t>(nibble(qs, 4 * u + i) | nibble(qs, 16 + 4 * u + i) << 4);
+    if (!five_bit(p.type)) continue;
+    uint32_t fifth;
+    std::memcpy(&fifth, qh, 4);
+    for (int v = 0; v < 8; ++v)
+      for (int i = 0; i < 4; ++i) codes[256 + 4 * c + i] |= static_cast<uint8_t>((fifth >> (4 * v + i) & 1) << v);
   }
 }
 
 }  // namespace
 
 bool tiles_supported(int64_t type) {
-  return int8_supported() && (type == Q4_0 || type == Q4_1 || type == Q8_0 || is_ktile_type(type));
+  return int8_supported() &&
+         (type == Q4_0 || type == Q4_1 || five_bit(type) || type == Q8_0 || is_ktile_type(type));
 }
 
 int64_t tiles_bytes(int64_t type, int64_t rows, int64_t K) {
@@ -95,17 +109,14 @@ template <int64_t T>
 inline void load_slice(const uint8_t* tb, int h, SliceBlock& g) {
   constexpr int64_t kScaleBytes = 2 * kVectorColumns;
   g.d = scales16(tb + kScaleBytes * h);
-  if constexpr (T == Q4_1) g.off = scales16(tb + 32 + kScaleBytes * h);
+  if constexpr (has_min(T)) g.off = scales16(tb + 32 + kScaleBytes * h);
   else if constexpr (T == Q4_0) g.off = mul(g.d, splat(-8.0f));  // w = d (q - 8)
+  else if constexpr (T == Q5_0) g.off = mul(g.d, splat(-16.0f));  // w = d (q - 16)
   const uint8_t* codes = tb + scale_bytes(T) + 4 * kVectorColumns * h;
   if constexpr (T == Q8_0) {
     for (int v = 0; v < 8; ++v) g.codes[v] = absolute(load_codes(codes + 64 * v), g.signs, v);
   } else {
-    for (int u = 0; u < 4; ++u) {
-      const VecI both = load_codes(codes + 64 * u);
-      g.codes[u] = low_nibbles(both);
-      g.codes[u + 4] = high_nibbles(both);
-    }
+    load_nibble_codes<five_bit(T) ? 1 : 0>(codes, g.codes);
   }
 }
 
@@ -156,6 +167,8 @@ void tiled_columns(const Q8Rows& a, const Part& p, int64_t lo, int64_t hi, int64
   switch (p.type) {
     case Q4_0: run.template operator()<Q4_0>(); break;
     case Q4_1: run.template operator()<Q4_1>(); break;
+    case Q5_0: run.template operator()<Q5_0>(); break;
+    case Q5_1: run.template operator()<Q5_1>(); break;
     default: run.template operator()<Q8_0>(); break;
   }
 }

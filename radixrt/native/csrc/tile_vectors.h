@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "gguf_dot8.h"
 #include "gguf_layout.h"
@@ -140,6 +141,28 @@ inline VecI dot2(VecI sum, VecI a, VecI b) {
 }
 inline VecF fnma(VecF a, VecF b, VecF c) { return _mm256_fnmadd_ps(a, b, c); }
 #endif
+
+// Code vectors 0-7 (codes 4v .. 4v + 3 of each column) of 32 inputs from 4 vectors of
+// nibbles at `at` (byte 4c + i of vector u: code 4u + i low, code 16 + 4u + i high), then kH
+// vectors of their high bits (byte 4c + i of vector w: those of code 4v + i at bit kH k,
+// v = w 8 / kH + k) put above the nibbles: Q5_0, Q5_1 and Q5_K take 1, Q6_K 2.
+template <int kH>
+inline void load_nibble_codes(const uint8_t* at, VecI codes[8]) {
+  for (int u = 0; u < 4; ++u) {
+    const VecI both = load_codes(at + 64 * u);
+    codes[u] = low_nibbles(both);
+    codes[u + 4] = high_nibbles(both);
+  }
+  if constexpr (kH > 0) {
+    constexpr int kPer = 8 / kH;
+    constexpr auto kMask = static_cast<int8_t>(((1 << kH) - 1) << 4);
+    VecI high[kH];
+    for (int w = 0; w < kH; ++w) high[w] = load_codes(at + 256 + 64 * w);
+    [&]<int... V>(std::integer_sequence<int, V...>) {
+      ((codes[V] = or_i(codes[V], and_bytes(shift16<4 - kH * (V % kPer)>(high[V / kPer]), kMask))), ...);
+    }(std::make_integer_sequence<int, 8>{});
+  }
+}
 
 // Part-local columns [lo, hi) of a tiled part (tiles of `tile_bytes`) for the M rows of x
 // into y's rows (ldy floats apart), a slice of a tile at a time through every pass of up to
