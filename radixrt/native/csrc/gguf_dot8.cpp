@@ -172,18 +172,6 @@ inline void add_blocks_in_order(const uint8_t* blocks, const Q8Rows& a, int64_t 
   }
 }
 
-// isum += pairs of products times their scales, two int16 products to each int32 lane: one
-// VNNI dpwssd where the CPU has it, else madd then add (the same exact integers).
-inline __m256i add_scaled(__m256i isum, __m256i pairs, __m256i scales) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpwssd_epi32(isum, pairs, scales);
-#elif defined(__AVXVNNI__)
-  return _mm256_dpwssd_avx_epi32(isum, pairs, scales);
-#else
-  return _mm256_add_epi32(isum, _mm256_madd_epi16(pairs, scales));
-#endif
-}
-
 // One 256-weight super-block: sums of sc u x8 in int32 over its 8 sub-blocks, then
 // d dx that - dmin dx sum(mn x8) in float.
 template <int M, int64_t T>

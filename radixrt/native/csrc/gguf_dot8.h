@@ -121,6 +121,18 @@ inline __m256i pair_products(__m256i codes, __m256i x) {
   return _mm256_maddubs_epi16(codes, x);
 }
 
+// isum += pairs of products times their scales, two int16 products to each int32 lane: one
+// VNNI dpwssd where the CPU has it, else madd then add (the same exact integers).
+inline __m256i add_scaled(__m256i isum, __m256i pairs, __m256i scales) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpwssd_epi32(isum, pairs, scales);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpwssd_avx_epi32(isum, pairs, scales);
+#else
+  return _mm256_add_epi32(isum, _mm256_madd_epi16(pairs, scales));
+#endif
+}
+
 // ---- Scales ---------------------------------------------------------------------------------
 // The fp16 at `at` bytes into each of `count` blocks of `stride` bytes (zeros after them) as 8
 // floats: gathered in two 64-bit integers (the integer units are idle in these kernels), then

@@ -180,17 +180,11 @@ void kslice_rows(const Q8Rows& a, int64_t r0, const uint8_t* tile, int64_t nb, i
 void ktiled_columns(const Q8Rows& a, const Part& p, int64_t lo, int64_t hi, int64_t M, float* y,
                     int64_t ldy) {
   const int64_t nb = a.K / 256;
-  auto run = [&]<int64_t T>() {
-    tile_columns(p, lo, hi, M, y, ldy, nb * ktile_block_bytes(T),
-                 [&]<int R>(int64_t r0, const uint8_t* tile, int h, VecF* acc) {
-                   kslice_rows<R, T>(a, r0, tile, nb, h, acc);
-                 });
-  };
-  switch (p.type) {
-    case Q4_K: run.template operator()<Q4_K>(); break;
-    case Q5_K: run.template operator()<Q5_K>(); break;
-    default: run.template operator()<Q6_K>(); break;
-  }
+  with_type<Q4_K, Q5_K, Q6_K>(p.type, [&]<int64_t T>() {
+    tile_columns(p, lo, hi, M, y, ldy, nb * ktile_block_bytes(T), [&]<int R>(int64_t r0, const uint8_t* t, int h, VecF* acc) {
+      kslice_rows<R, T>(a, r0, t, nb, h, acc);
+    });
+  });
 }
 #endif
 

@@ -158,19 +158,11 @@ void slice_rows(const Q8Rows& a, int64_t r0, const uint8_t* tile, int64_t nb, in
 void tiled_columns(const Q8Rows& a, const Part& p, int64_t lo, int64_t hi, int64_t M, float* y,
                    int64_t ldy) {
   const int64_t nb = a.K / 32;
-  auto run = [&]<int64_t T>() {
-    tile_columns(p, lo, hi, M, y, ldy, nb * tile_block_bytes(T),
-                 [&]<int R>(int64_t r0, const uint8_t* tile, int h, VecF* acc) {
-                   slice_rows<R, T>(a, r0, tile, nb, h, acc);
-                 });
-  };
-  switch (p.type) {
-    case Q4_0: run.template operator()<Q4_0>(); break;
-    case Q4_1: run.template operator()<Q4_1>(); break;
-    case Q5_0: run.template operator()<Q5_0>(); break;
-    case Q5_1: run.template operator()<Q5_1>(); break;
-    default: run.template operator()<Q8_0>(); break;
-  }
+  with_type<Q4_0, Q4_1, Q5_0, Q5_1, Q8_0>(p.type, [&]<int64_t T>() {
+    tile_columns(p, lo, hi, M, y, ldy, nb * tile_block_bytes(T), [&]<int R>(int64_t r0, const uint8_t* t, int h, VecF* acc) {
+      slice_rows<R, T>(a, r0, t, nb, h, acc);
+    });
+  });
 }
 #endif
 

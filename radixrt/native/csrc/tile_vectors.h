@@ -130,15 +130,7 @@ template <int S> inline VecI shift16(VecI v) {
   if constexpr (S >= 0) return _mm256_slli_epi16(v, S);
   else return _mm256_srli_epi16(v, -S);
 }
-inline VecI dot2(VecI sum, VecI a, VecI b) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpwssd_epi32(sum, a, b);
-#elif defined(__AVXVNNI__)
-  return _mm256_dpwssd_avx_epi32(sum, a, b);
-#else
-  return _mm256_add_epi32(sum, _mm256_madd_epi16(a, b));
-#endif
-}
+inline VecI dot2(VecI sum, VecI a, VecI b) { return add_scaled(sum, a, b); }
 inline VecF fnma(VecF a, VecF b, VecF c) { return _mm256_fnmadd_ps(a, b, c); }
 #endif
 
@@ -162,6 +154,12 @@ inline void load_nibble_codes(const uint8_t* at, VecI codes[8]) {
       ((codes[V] = or_i(codes[V], and_bytes(shift16<4 - kH * (V % kPer)>(high[V / kPer]), kMask))), ...);
     }(std::make_integer_sequence<int, 8>{});
   }
+}
+
+// f.template operator()<T>() for the one T among Types that is `type`.
+template <int64_t... Types, typename F>
+void with_type(int64_t type, F&& f) {
+  (void)((type == Types && (f.template operator()<Types>(), true)) || ...);
 }
 
 // Part-local columns [lo, hi) of a tiled part (tiles of `tile_bytes`) for the M rows of x
