@@ -50,7 +50,8 @@ COPY_FROM_ROWS = 12
 # tiles beat the copies (default model, AVX-512 Xeon: 8.7 against 14.8 ms a step at 12 rows,
 # 16.3 against 17.0 at 24, 20.7 against 17.7 at 31; scripts/bench_gguf_linear.py).
 TILED_COPY_FROM_ROWS = 24
-# The block types native/csrc/gguf_tiles.cpp (and gguf_ktiles.cpp, the K-quants) lay out.
+# The block types native/csrc/gguf_tiles.cpp (and gguf_ktiles.cpp, the K-quants) lay out
+# (Q4_K on AVX-512 builds only).
 TILED_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 
 
@@ -100,18 +101,24 @@ class GGUFWeight(nn.Module):
         weight = self.dequantize().bfloat16()
         self.dense = torch.ops.mkldnn._reorder_linear_weight(weight, 64)
 
-    def keep_tiles(self) -> None:
+    def keep_tiles(self) -> bool:
         """Add the int8 kernel's tiles to the TILED_TYPES parts (native/csrc/gguf_tiles.cpp):
         steps of 2-16 rows multiply them in 0.5-0.8x the blocks' time, for as many bytes
-        again as those parts take. A no-op without the native build or such parts."""
+        again as those parts take. A no-op without the native build or such parts. Returns
+        whether it added any."""
         if not self.native:
-            return
+            return False
         tiled = torch.ops.radixrt.gguf_tile.default(self.packed)
         if tiled.data_ptr() == self.packed.data_ptr():
-            return
+            return False
         self.packed = tiled
-        if all(t in TILED_TYPES for t in self.types):
+        # The header's last fields: each part's tile offset, 0 where it has none (on AVX2
+        # Q4_K keeps its blocks: gguf_tiles.cpp's tiles_supported).
+        parts = len(self.types)
+        offsets = tiled[8 * (4 + 4 * parts) : 8 * (4 + 5 * parts)].view(torch.int64)
+        if bool((offsets != 0).all()):
             self.copy_from_rows = TILED_COPY_FROM_ROWS
+        return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] -> x @ W.T [..., out], in x's dtype (computed in float32, except that

@@ -144,12 +144,9 @@ def keep_int8_tiles(model: nn.Module, budget_gb: float) -> int:
     need = sum(w.packed.numel() for w in tileable)
     if not tileable or copies + need > budget_gb * 2**30:
         return 0
-    for weight in tileable:
-        weight.keep_tiles()
-    logger.info(
-        "int8 tiles for steps of a few rows: %d weights, %.0f MiB", len(tileable), need / 2**20
-    )
-    return len(tileable)
+    tiled = sum(weight.keep_tiles() for weight in tileable)
+    logger.info("int8 tiles for steps of a few rows: %d weights, <= %.0f MiB", tiled, need / 2**20)
+    return tiled
 
 
 def packs_weights(method: str, path: Path, device: torch.device, tp_size: int) -> bool:
