@@ -93,8 +93,9 @@ Layout read_layout(const at::Tensor& packed) {
 
 namespace radixrt {
 
-// The packed weight with tiles for each part the int8 kernel reads from tiles (Q4_0, Q4_1,
-// Q8_0 where the CPU runs it); the weight itself where there is none or it has them already.
+// The packed weight with tiles for each part the int8 kernel reads from tiles (tiles_supported:
+// the 32-weight types but IQ4_NL, and Q4_K, Q5_K, Q6_K, where the CPU runs the int8 kernel);
+// the weight itself where there is none or it has them already.
 at::Tensor gguf_tile(const at::Tensor& packed) {
   using namespace radixrt::gguf;
   const Layout l = read_layout(packed);
