@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 MAGIC = 0x57515852  # "RXQW", checked by the kernel
+TILED_MAGIC = 0x54515852  # "RXQT": native/csrc/gguf_layout.cpp's gguf_tile appended tiles
 _HEADER_FIELDS, _PART_FIELDS, _ALIGN = 4, 4, 64
 
 
@@ -100,6 +101,18 @@ def unpack(packed: torch.Tensor) -> tuple[int, list[tuple[BlockType, torch.Tenso
     for type_id, rows, start, width in table.view(torch.int64).reshape(parts, 4).tolist():
         out.append((BY_ID[type_id], packed[start : start + rows * width].view(rows, width)))
     return in_features, out
+
+
+def tiled_parts(packed: torch.Tensor) -> list[bool]:
+    """Which parts of a packed tensor have the int8 kernel's tiles: a tiled header ends its
+    part table with one tile offset per part, 0 where that part has none."""
+    head = packed[: 8 * _HEADER_FIELDS].view(torch.int64).tolist()
+    parts = head[3]
+    if head[0] != TILED_MAGIC:
+        return [False] * parts
+    table_end = _HEADER_FIELDS + _PART_FIELDS * parts
+    offsets = packed[8 * table_end : 8 * (table_end + parts)].view(torch.int64)
+    return [bool(o) for o in offsets.tolist()]
 
 
 def dequantize_part(t: BlockType, blocks: torch.Tensor, in_features: int) -> torch.Tensor:

@@ -29,7 +29,14 @@ import torch
 from torch import nn
 
 from radixrt.layers.fused import dense_linear
-from radixrt.layers.gguf_blocks import BlockType, block_type, dequantize_part, pack, unpack
+from radixrt.layers.gguf_blocks import (
+    BlockType,
+    block_type,
+    dequantize_part,
+    pack,
+    tiled_parts,
+    unpack,
+)
 from radixrt.server_args import DENSE_COPY_DTYPES
 
 BLOCK = 32  # the block of `quantize`'s two formats
@@ -103,8 +110,8 @@ class GGUFWeight(nn.Module):
 
     def keep_tiles(self) -> bool:
         """Add the int8 kernel's tiles to the TILED_TYPES parts (native/csrc/gguf_tiles.cpp):
-        steps of 2-16 rows multiply them in 0.5-0.8x the blocks' time, for as many bytes
-        again as those parts take. A no-op without the native build or such parts. Returns
+        steps of 2-16 rows multiply them in 0.5-0.98x the blocks' time, for about as many
+        bytes again as those parts take. A no-op without the native build or such parts. Returns
         whether it added any."""
         if not self.native:
             return False
@@ -112,11 +119,7 @@ class GGUFWeight(nn.Module):
         if tiled.data_ptr() == self.packed.data_ptr():
             return False
         self.packed = tiled
-        # The header's last fields: each part's tile offset, 0 where it has none (on AVX2
-        # Q4_K keeps its blocks: gguf_tiles.cpp's tiles_supported).
-        parts = len(self.types)
-        offsets = tiled[8 * (4 + 4 * parts) : 8 * (4 + 5 * parts)].view(torch.int64)
-        if bool((offsets != 0).all()):
+        if all(tiled_parts(tiled)):  # not where a part keeps its blocks (Q4_K on AVX2)
             self.copy_from_rows = TILED_COPY_FROM_ROWS
         return True
 

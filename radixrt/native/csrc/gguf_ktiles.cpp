@@ -106,7 +106,7 @@ inline void load_codes8(const uint8_t* tb, int s, int h, VecI codes[8]) {
   load_nibble_codes<high_vectors(T)>(tb + codes_at(T) + s * sub_block_bytes(T) + 4 * kVectorColumns * h, codes);
 }
 
-// Sum of 4 code vectors from `v0` against one row's 16 codes of x at xq.
+// Sums of 4 code vectors (16 codes of each column) against one row's 16 codes of x at xq.
 inline VecI sums16(const VecI* codes, const int8_t* xq) {
   VecI sum = zero_i();
   for (int v = 0; v < 4; ++v) {
@@ -167,11 +167,11 @@ void kslice_rows(const Q8Rows& a, int64_t r0, const uint8_t* tile, int64_t nb, i
     VecI sums[R];
     scaled_sums<R, T>(a, r0, tb, b, h, sums);
     const VecF d = scales16(tb + kScaleBytes * h), dmin = scales16(tb + 32 + kScaleBytes * h);
-    for (int r = 0; r < R; ++r)
-      acc[r] = fma(to_float(sums[r]), mul(d, splat(a.d[(r0 + r) * a.row_blocks + b])), acc[r]);
+    float dx[R];  // x's scale of this super-block, per row
+    for (int r = 0; r < R; ++r) dx[r] = a.d[(r0 + r) * a.row_blocks + b];
+    for (int r = 0; r < R; ++r) acc[r] = fma(to_float(sums[r]), mul(d, splat(dx[r])), acc[r]);
     min_sums<R, T>(a, r0, tb, b, h, sums);
-    for (int r = 0; r < R; ++r)
-      acc[r] = fnma(to_float(sums[r]), mul(dmin, splat(a.d[(r0 + r) * a.row_blocks + b])), acc[r]);
+    for (int r = 0; r < R; ++r) acc[r] = fnma(to_float(sums[r]), mul(dmin, splat(dx[r])), acc[r]);
   }
 }
 
