@@ -66,7 +66,7 @@ def main() -> None:
 
     def step() -> None:
         for k, v in kv:
-            ops.paged_attention(q, k, v, qo, kv_indptr, slots, scale)
+            ops.paged_attention(q, k, v, qo, kv_indptr, slots, scale, 0, [], [])
 
     step()
     times = []

@@ -16,7 +16,7 @@ from radixrt.executor.model_runner import ModelRunner
 from radixrt.layers.config import TransformerConfig
 from radixrt.models.base import CausalLM
 
-ROW_SLOTS = 128  # table row r owns pool slots r*128 .. (except the shared prefix)
+ROW_SLOTS = 512  # table row r owns pool slots r*512 .. (except the shared prefix)
 SHARED = 16  # row 3's first 16 slots are row 0's: a prefix-cache hit of row 0's prompt
 
 

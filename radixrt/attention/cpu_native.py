@@ -3,10 +3,12 @@
 The kernel (native/csrc/paged_attention.cpp) reads each sequence's keys in place from the pool
 by slot, with a bottom-right causal mask, so decodes, short extends after a cached prefix and
 prefill chunks all go through it together, with no padding and no gathered copy of a prefix.
-A prefix shared by several sequences keeps the cascade of the torch path: the kernel covers each
-sequence's own keys (after the shared slots) and returns their log-sum-exp, and
-`radixrt::cascade_attention` runs the same tiles unmasked for those rows over the shared slots
-(each slot read once per tile of up to 64 rows, not once per sequence) and merges the two.
+A prefix shared by several sequences keeps the cascade of the torch path, in whole chunks of
+KEY_CHUNK keys: the kernel runs its tiles unmasked for those rows over the shared chunks (each
+slot read once per tile of up to 64 rows, not once per sequence), then each row's own keys
+(after them) fold on. A row's keys are cut into chunks at the same fixed positions whatever
+its batch, and the chunks' partial results fold in order, so a cascade changes no bit of what
+the row would get alone (docs/determinism.md).
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from typing import Any
 import torch
 
 from radixrt.attention.forward_batch import ForwardBatch
+
+# The kernel's chunk of keys (radixrt::attention_key_chunk, native/csrc/attention_chunks.h): a
+# cascade covers whole chunks of a shared prefix, the rest stays with each row's own keys.
+KEY_CHUNK = 256
 
 
 @dataclass(frozen=True)
@@ -41,13 +47,22 @@ class NativePlan:
 
 def plan_native(
     fb: ForwardBatch,
-    skip: list[int],
     cascades: list[tuple[list[int], torch.Tensor]],
     window: int = 0,
 ) -> NativePlan:
-    """skip[i]: leading slots of sequence i that a cascade covers instead of the kernel;
-    cascades: (its sequences, its shared slots), none with a sliding `window`."""
+    """cascades: (its sequences, its shared slots), none with a sliding `window`. Each cascade
+    keeps the whole chunks of its prefix (KEY_CHUNK keys each), which its sequences' own keys
+    then skip; the rest stays with their own keys."""
     assert window == 0 or not cascades, "a sliding window sees no shared prefix as a whole"
+    skip = [0] * fb.batch_size
+    whole = []
+    for ids, prefix in cascades:
+        n = prefix.numel() // KEY_CHUNK * KEY_CHUNK
+        if n > 0:
+            whole.append((ids, prefix[:n]))
+        for i in ids:
+            skip[i] = n
+    cascades = whole
     qo_starts = offsets(fb.extend_lens_cpu)
     rows = [
         Cascade(_rows(qo_starts, fb.extend_lens_cpu, ids, fb.qo_indptr.device), prefix)
@@ -86,15 +101,12 @@ def native_attention(
     plan: NativePlan,
     scaling: float,
 ) -> torch.Tensor:  # [T, Hq, D]
-    """Attention of every row of the batch: the kernel, then each cascade's shared prefix
-    merged in (the native layer stack makes the same calls)."""
-    out, lse = ops.paged_attention(
-        q, k_cache, v_cache, plan.qo_indptr, plan.kv_indptr, plan.kv_indices, scaling, plan.window
-    )
-    for cascade in plan.cascades:
-        ops.cascade_attention(
-            q, k_cache, v_cache, cascade.rows, cascade.prefix_slots, scaling, out, lse
-        )
+    """Attention of every row of the batch, each cascade's shared prefix folded in first (the
+    native layer stack makes the same call)."""
+    out, _ = ops.paged_attention(
+        q, k_cache, v_cache, plan.qo_indptr, plan.kv_indptr, plan.kv_indices, scaling,
+        plan.window, [c.rows for c in plan.cascades], [c.prefix_slots for c in plan.cascades],
+    )  # fmt: skip
     return out  # type: ignore[no-any-return]
 
 

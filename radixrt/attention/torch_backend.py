@@ -193,16 +193,12 @@ def _native_plan(
 ) -> NativePlan:
     """The same cascades as the torch path (a prefix shared by the decode-like sequences, one
     shared by the extends with a cached prefix); every other key goes to the kernel."""
-    skip = [0] * fb.batch_size
     cascades = []
     if decode is not None and decode.prefix_slots is not None:
         cascades.append((decode_ids, decode.prefix_slots))
     if shared is not None:
         cascades.append(([i for i in extend_ids if fb.prefix_lens_cpu[i] > 0], shared.prefix_slots))
-    for ids, prefix_slots in cascades:
-        for i in ids:
-            skip[i] = prefix_slots.numel()
-    return plan_native(fb, skip, cascades, window)
+    return plan_native(fb, cascades, window)
 
 
 def _decode_metadata(fb: ForwardBatch, ids: list[int], window: int) -> DecodeMetadata:

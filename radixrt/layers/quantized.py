@@ -208,16 +208,16 @@ def w8a8_reference(x: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor) -> 
 def int8_rows_for(setting: int | None, dtype: torch.dtype) -> int:
     """GGUFWeight.int8_rows for --cpu-gguf-int8-rows `setting` (-1: every step; None: auto).
 
-    Auto is by the exactness the dtype promises. float32 promises the same tokens whatever
-    the batching or caching: x stays float (0), because rounding it to int8 would turn the
-    last-bit differences between attention kernels (a prompt's last token after a radix hit
-    runs the decode tile, in a prefill the prefill tile) into different tokens. bfloat16 rounds
-    the activations to 8 bits between layers, which already makes a request's tokens depend on
-    its batch and on cache hits, so int8 rows add no new kind of difference there: steps below
-    DENSE_FROM_ROWS rows take them (2-3x faster K-quant matmuls at batch 1), wider ones the
-    dense copies or expanded tiles, which measure faster at prefill on bf16 matmul units."""
+    Auto keeps one arithmetic per weight whatever the step's row count, so that a row's result
+    never depends on its batch. bfloat16: int8 activations at every step, llama.cpp's
+    arithmetic (2-3x faster K-quant matmuls at batch 1, and exact integer sums whose float
+    steps run in a fixed order per row: docs/determinism.md). float32: float activations, the
+    products exactly the dequantized weights' (equal to transformers token for token; its
+    wide steps run oneDNN's matmul, so there the promise is the tokens, not the bits). A
+    setting from 1 up switches kernels by the row count again: faster prefill on a CPU with
+    bf16 matmul units (the dense copies), and a request's bits then depend on its batch."""
     if setting is None:
-        return DENSE_FROM_ROWS - 1 if dtype == torch.bfloat16 else 0
+        return INT8_EVERY_STEP if dtype == torch.bfloat16 else 0
     return INT8_EVERY_STEP if setting == -1 else setting
 
 

@@ -77,10 +77,11 @@ class ServerArgs:
     cpu_kv_cache_gb: float = _f(1.0, "KV pool budget in GiB when running on the CPU")
     cpu_dense_copy_gb: float = _f(
         1.0,
-        "GiB for bfloat16 copies of packed weights that steps of 12+ rows multiply with "
-        "oneDNN on a bf16 CPU, and beside them for the int8 kernel's tiles of Q4_0/Q4_1/Q5_0/"
-        "Q5_1/Q8_0/Q4_K/Q5_K/Q6_K weights (each all or none; tiles only where bf16 copies of "
-        "all the weights would fit beside them; 0: off; see docs/quantization.md)",
+        "GiB for the int8 kernel's tiles of Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K weights "
+        "and, where --cpu-gguf-int8-rows is 1 or more, bfloat16 copies of packed weights "
+        "that wider steps multiply with oneDNN on a bf16 CPU (each all or none; tiles only "
+        "where bf16 copies of all the weights would fit beside them; 0: off; see "
+        "docs/quantization.md)",
     )
     cpu_dense_copy_dtype: str = _f(
         "bfloat16",
@@ -92,10 +93,12 @@ class ServerArgs:
     cpu_gguf_int8_rows: int | None = _f(
         None,
         "steps of up to this many rows multiply packed GGUF weights as llama.cpp does: the "
-        "activations rounded to int8 per block, integer sums (2-3x faster batch-1 matmuls on "
-        "K-quants). Default: 31 under bfloat16 (whose rounding already makes tokens depend on "
-        "the batch), 0 under float32 (exact products, the same tokens in any batch). -1: "
-        "every step (no dense copies then). See docs/quantization.md",
+        "activations rounded to int8 per block, integer sums. Default: every step under "
+        "bfloat16 (one arithmetic per weight, so a request's bits never depend on its batch), "
+        "0 under float32 (exact products). -1: every step. A value from 1 up switches "
+        "kernels by the step's row count (the dense copies for wider steps): faster prefill "
+        "on bf16 CPUs, but a request's output then depends on its batch. See "
+        "docs/determinism.md",
     )
     disable_radix_cache: bool = _f(False, "turn the radix prefix cache off (for comparison)")
     schedule_policy: str = _f(
@@ -142,6 +145,14 @@ class ServerArgs:
         "torch or triton; default: triton on CUDA, torch on CPU",
         ("torch", "triton"),
         group="Execution",
+    )
+    enable_deterministic_inference: bool = _f(
+        False,
+        "SGLang's flag: a request's tokens and logprobs are bit for bit what it gets alone, "
+        "whatever its batch, prefill chunks, cache hits or speculation did. On the CPU this is "
+        "the default and only behaviour (the flag changes nothing; docs/determinism.md); it "
+        "refuses the settings that would break it (--cpu-gguf-int8-rows from 1, "
+        "--enable-torch-compile). Not yet on CUDA",
     )
     num_threads: int | None = _f(None, "torch CPU threads; default: torch's choice")
     enable_torch_compile: bool = _f(

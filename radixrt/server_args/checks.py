@@ -33,6 +33,7 @@ def validate_args(args: ServerArgs) -> None:
         raise ValueError(
             f"cpu_gguf_int8_rows must be -1 (every step) or >= 0, got {args.cpu_gguf_int8_rows}"
         )
+    _check_deterministic(args)
     if args.cpu_dense_copy_gb < 0:
         raise ValueError(f"cpu_dense_copy_gb must be >= 0, got {args.cpu_dense_copy_gb}")
     if args.max_running_requests < 1:
@@ -119,3 +120,26 @@ def _validate_disaggregation(args: ServerArgs) -> None:
                 f"{name} must be 1 with disaggregation_mode {args.disaggregation_mode!r}: "
                 "each side runs one rank for now (docs/disaggregation.md)"
             )
+
+
+def _check_deterministic(args: ServerArgs) -> None:
+    """--enable-deterministic-inference refuses what would make a request's bits depend on
+    its batch: kernels chosen by the step's row count, a compiled decode, CUDA."""
+    if not args.enable_deterministic_inference:
+        return
+    if args.cpu_gguf_int8_rows is not None and args.cpu_gguf_int8_rows > 0:
+        raise ValueError(
+            "enable_deterministic_inference needs cpu_gguf_int8_rows -1 (every step) or 0 "
+            f"(never) or unset, got {args.cpu_gguf_int8_rows}: other values choose the "
+            "matmul by the step's row count"
+        )
+    if args.enable_torch_compile:
+        raise ValueError(
+            "enable_deterministic_inference and enable_torch_compile cannot be combined: "
+            "compiled decode steps add up in another order than prefill steps"
+        )
+    if args.device is not None and args.device.startswith("cuda"):
+        raise ValueError(
+            "enable_deterministic_inference: device must be cpu (batch-invariant kernels "
+            "are not built for CUDA yet), got " + repr(args.device)
+        )

@@ -60,8 +60,9 @@ def random_specs(gen: torch.Generator, count: int, max_new: int) -> list[tuple[i
 def check(kv, dtype: torch.dtype, window: int = 0) -> None:
     scale = kv.q.shape[-1] ** -0.5
     out, lse = OPS.paged_attention(
-        kv.q, kv.k_buffer, kv.v_buffer, kv.qo_indptr, kv.kv_indptr, kv.kv_indices, scale, window
-    )
+        kv.q, kv.k_buffer, kv.v_buffer, kv.qo_indptr, kv.kv_indptr, kv.kv_indices, scale, window,
+        [], [],
+    )  # fmt: skip
     ref_out, ref_lse = reference(kv, scale, window)
     out_tol, lse_tol = TOLERANCE[dtype]
     assert out.dtype == dtype and lse.dtype == torch.float32
@@ -101,8 +102,9 @@ def test_window_refuses_a_negative_width(paged_kv):
     kv = paged_kv([(3, 1)], 2, 2, 64, page_size=1, dtype=torch.float32, seed=0, device=CPU)
     with pytest.raises(RuntimeError, match="window must be >= 0"):
         OPS.paged_attention(
-            kv.q, kv.k_buffer, kv.v_buffer, kv.qo_indptr, kv.kv_indptr, kv.kv_indices, 0.1, -1
-        )
+            kv.q, kv.k_buffer, kv.v_buffer, kv.qo_indptr, kv.kv_indptr, kv.kv_indices, 0.1, -1,
+            [], [],
+        )  # fmt: skip
 
 
 @needs_native
@@ -123,9 +125,9 @@ def test_decode_batch_of_unequal_lengths(paged_kv):
 @pytest.mark.parametrize("hq,hkv", [(9, 3), (4, 1)])
 @pytest.mark.parametrize("new", [1, 2, 7])
 def test_one_long_sequence_split_along_its_keys(paged_kv, dtype, hq, hkv, new):
-    """Batch 1 with too few tiles for the threads (one per kv head): each tile's keys are cut
-    into chunks the threads share, then merged (attention_split.h). 1,500 keys: chunks of
-    320 and more; 7 new tokens: the last chunk holds the diagonal. Checked with 2 threads."""
+    """Batch 1 with too few tiles for the threads (one per kv head): each chunk of a tile's
+    keys is a task of its own, the partials folded after (attention_chunks.h). 1,500 keys:
+    6 chunks; 7 new tokens: the last chunk holds the diagonal. Checked with 2 threads."""
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -145,7 +147,7 @@ def test_mismatched_dtypes_are_refused(paged_kv):
     with pytest.raises(RuntimeError, match="share one dtype"):
         OPS.paged_attention(
             kv.q.bfloat16(), kv.k_buffer, kv.v_buffer, kv.qo_indptr, kv.kv_indptr,
-            kv.kv_indices, 0.125,
+            kv.kv_indices, 0.125, 0, [], [],
         )  # fmt: skip
 
 
@@ -166,10 +168,11 @@ def cascade_reference(q, k_buffer, v_buffer, rows, own, prefix, scale):
 
 @needs_native
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows,prefix_len", [(64, 300), (1, 70), (23, 5)])
-def test_cascade_merges_a_shared_prefix_into_each_rows_own_keys(dtype, rows, prefix_len):
-    """Decode rows whose sequences share a prefix: paged_attention over their own keys, then
-    cascade_attention over the prefix, equals attention over both; rows outside stay put."""
+@pytest.mark.parametrize("rows,prefix_len", [(64, 512), (1, 256), (23, 256)])
+def test_cascade_folds_a_shared_prefix_into_each_rows_own_keys(dtype, rows, prefix_len):
+    """Decode rows whose sequences share a prefix of whole chunks: the cascade over it, then
+    each row's own keys, equals attention over both, and equals bit for bit each row alone
+    over all its keys; a row outside the cascade is unchanged."""
     gen = torch.Generator().manual_seed(rows + prefix_len)
     pool, hq, hkv, d = 2000, 9, 3, 64
     k_buffer = torch.randn(pool, hkv, d, generator=gen).to(dtype)
@@ -178,35 +181,41 @@ def test_cascade_merges_a_shared_prefix_into_each_rows_own_keys(dtype, rows, pre
     prefix, rest = perm[:prefix_len], perm[prefix_len:].tolist()
     own = [torch.tensor([rest.pop() for _ in range(1 + i % 7)]) for i in range(rows + 1)]
     q = torch.randn(rows + 1, hq, d, generator=gen).to(dtype)  # the last row shares nothing
-    lens = [len(o) for o in own]
     qo = torch.arange(rows + 2, dtype=torch.int64)
-    kv_indptr = torch.tensor([0, *lens], dtype=torch.int64).cumsum(0)
-    out, lse = OPS.paged_attention(q, k_buffer, v_buffer, qo, kv_indptr, torch.cat(own), 0.125)
-    alone = out[rows].clone()
+    kv_indptr = torch.tensor([0, *(len(o) for o in own)], dtype=torch.int64).cumsum(0)
     cascade_rows = torch.arange(rows, dtype=torch.int64)
-    OPS.cascade_attention(q, k_buffer, v_buffer, cascade_rows, prefix, 0.125, out, lse)
+    out, lse = OPS.paged_attention(
+        q, k_buffer, v_buffer, qo, kv_indptr, torch.cat(own), 0.125, 0, [cascade_rows], [prefix]
+    )
     ref_out, ref_lse = cascade_reference(q, k_buffer, v_buffer, range(rows), own, prefix, 0.125)
     out_tol, lse_tol = TOLERANCE[dtype]
     torch.testing.assert_close(out[:rows].double(), ref_out[:rows], atol=out_tol, rtol=0)
     torch.testing.assert_close(lse[:rows].double(), ref_lse[:rows], atol=lse_tol, rtol=0)
-    assert torch.equal(out[rows], alone)
+    whole = [torch.cat([prefix, o]) for o in own[:rows]] + [own[rows]]
+    whole_indptr = torch.tensor([0, *(len(w) for w in whole)], dtype=torch.int64).cumsum(0)
+    alone_out, alone_lse = OPS.paged_attention(
+        q, k_buffer, v_buffer, qo, whole_indptr, torch.cat(whole), 0.125, 0, [], []
+    )
+    assert torch.equal(out, alone_out) and torch.equal(lse, alone_lse)
 
 
 @needs_native
-def test_cascade_refuses_an_output_of_another_shape():
+def test_cascade_refuses_a_prefix_of_part_of_a_chunk():
     q = torch.randn(4, 9, 64)
-    kv = torch.randn(10, 3, 64)
-    out, lse = torch.empty(3, 9, 64), torch.empty(4, 9)
-    rows, slots = torch.arange(4), torch.arange(10)
-    with pytest.raises(RuntimeError, match="cascade_attention: out"):
-        OPS.cascade_attention(q, kv, kv, rows, slots, 0.125, out, lse)
+    kv = torch.randn(300, 3, 64)
+    qo, kvp = torch.arange(5), torch.arange(5)
+    with pytest.raises(RuntimeError, match="whole chunks of 256 keys"):
+        OPS.paged_attention(
+            q, kv, kv, qo, kvp, torch.arange(4), 0.125, 0, [torch.arange(4)], [torch.arange(100)]
+        )
 
 
 def mixed_batch(pool: KVPool, backend: TorchAttentionBackend) -> ForwardBatch:
-    """Three decodes and a 4-token extend sharing 40 slots, two 20-token extends sharing 30,
-    and a prefill; the other slots scattered over the pool."""
-    decode_prefix, extend_prefix = list(range(100, 140)), list(range(200, 230))
-    perm = (torch.randperm(2000, generator=torch.Generator().manual_seed(5)) + 300).tolist()
+    """Three decodes and a 4-token extend sharing 300 slots, two 20-token extends sharing
+    270, and a prefill; the other slots scattered over the pool. The kernel's cascades take
+    256 of each shared prefix, the torch path's all of it."""
+    decode_prefix, extend_prefix = list(range(0, 300)), list(range(300, 570))
+    perm = (torch.randperm(2000, generator=torch.Generator().manual_seed(5)) + 600).tolist()
     seqs = [(decode_prefix + [perm.pop() for _ in range(n)], 1) for n in (3, 30, 7)]
     seqs += [(extend_prefix + [perm.pop() for _ in range(n)], 20) for n in (25, 40)]
     seqs += [
@@ -234,7 +243,7 @@ def mixed_batch(pool: KVPool, backend: TorchAttentionBackend) -> ForwardBatch:
 def test_backend_native_path_matches_its_torch_path(window):
     """The whole backend, cascades included (none in a sliding window: its masks cut through
     the shared prefixes), against its own SDPA path on the same batch."""
-    pool = KVPool(2400, 1, 3, 64, torch.float32, "cpu")
+    pool = KVPool(2700, 1, 3, 64, torch.float32, "cpu")
     pool.k_buffer[0].normal_()
     pool.v_buffer[0].normal_()
     backend = TorchAttentionBackend()

@@ -113,11 +113,11 @@ def test_stack_equals_the_modules_bit_for_bit(model_dir, dtype, quantization):
 
 
 def _cascade_workload(runner: ModelRunner) -> list[torch.Tensor]:
-    prefix = prompt(40, 9)
+    prefix = prompt(300, 9)  # a cascade takes whole chunks of 256 keys
     seqs = [Seq(r, prefix + prompt(3, r)) for r in range(4)]
     for r in (1, 2, 3):  # rows 1-3 share row 0's slots for the prefix, as a cache hit would
         runner.table.write(r, 0, torch.arange(len(prefix)))
-    logits = [feed(runner, [(seqs[0], 43)])]
+    logits = [feed(runner, [(seqs[0], 303)])]
     for s in seqs[1:]:
         s.cached = len(prefix)
     logits.append(feed(runner, [(s, 3) for s in seqs[1:]]))  # extends after the shared prefix

@@ -1,7 +1,12 @@
-// The prefill tile's two products in float32 FMAs, for any pool dtype (included by
-// paged_attention.cpp, which owns the tile, the online softmax and the layout; attention_bf16.h
-// has the bfloat16 pairs' version): the rows of a tile sit in the lanes of `vtile`, and each
-// K (or V) element is converted once and broadcast against every row vector.
+// The general tile's two products in float32 (included by paged_attention.cpp, which owns the
+// tile, the online softmax and the layout): the rows of a tile sit in the lanes of `vtile`,
+// and each K (or V) element is converted once and broadcast against every row vector.
+//
+// Every lane adds up in the decode tile's order (paged_decode.h), so that a row's result does
+// not depend on which of the two tiles ran it: a score is the decode tile's two 8-lane chains
+// over head_dim and its tree of adds (hsum), written out per lane, and P @ V adds the keys in
+// order onto the rescaled sum. Every fused multiply-add is named (fmadd): the file is compiled
+// without contraction, so nothing else is fused behind the order's back.
 #pragma once
 
 #include <algorithm>
@@ -21,39 +26,77 @@ typedef v8f vtile;
 #endif
 constexpr int kTileLanes = sizeof(vtile) / sizeof(float);
 
-// Keys (scores) or head dims (P @ V) handled together by the loops below, so that
-// chains() * NR independent sums are in flight. With AVX2's 16 registers ~8 sums cover the FMA
-// latency; AVX-512's 32 hold 3x as many, and reusing each broadcast key (or value) element for
-// more rows (and each row vector for more keys) measured 1.5x faster on a 2,000-token prefill
-// (scripts/bench_cpu_attention.py). Even, because D is only known to be even.
+// Head sizes whose scores the decode tile's order covers (two chains of 8-float vectors);
+// other sizes add each row's products in one chain, in the general tile only.
+inline bool decode_order(int64_t d_len) { return d_len % 16 == 0; }
+
+// s[r] = lane i of the decode tile's acc0 + acc1 for key k, per row vector r: dims i, i + 16,
+// ... in one chain and i + 8, i + 24, ... in the other.
+template <typename T, int NR>
+inline void lane_pair(const T* k, int64_t d_len, const vtile* qt, int i, vtile* s) {
+  vtile a0[NR], a1[NR];
+  const vtile k0 = splat<vtile>(to_float(k[i])), k1 = splat<vtile>(to_float(k[8 + i]));
+  for (int r = 0; r < NR; ++r) {
+    a0[r] = qt[i * NR + r] * k0;
+    a1[r] = qt[(8 + i) * NR + r] * k1;
+  }
+  for (int64_t d = 16 + i; d < d_len; d += 16) {
+    const vtile b0 = splat<vtile>(to_float(k[d])), b1 = splat<vtile>(to_float(k[d + 8]));
+    for (int r = 0; r < NR; ++r) {
+      a0[r] = fmadd(qt[d * NR + r], b0, a0[r]);
+      a1[r] = fmadd(qt[(d + 8) * NR + r], b1, a1[r]);
+    }
+  }
+  for (int r = 0; r < NR; ++r) s[r] = a0[r] + a1[r];
+}
+
+// (lane a + lane b) of hsum's first step, per row vector.
+template <typename T, int NR>
+inline void lane_sum(const T* k, int64_t d_len, const vtile* qt, int a, int b, vtile* out) {
+  vtile x[NR], y[NR];
+  lane_pair<T, NR>(k, d_len, qt, a, x);
+  lane_pair<T, NR>(k, d_len, qt, b, y);
+  for (int r = 0; r < NR; ++r) out[r] = x[r] + y[r];
+}
+
+// Scores of keys j = 0..kb-1 (kp[j]: key j's D values) for the tile's rows, St[j][rv], from
+// Qt[d][rv] (q transposed and scaled).
+template <typename T, int NR>
+void score_block(const T* const* kp, int kb, int64_t d_len, const vtile* qt, vtile* st) {
+  for (int j = 0; j < kb; ++j) {
+    const T* k = kp[j];
+    if (!decode_order(d_len)) {
+      vtile acc[NR];
+      for (int r = 0; r < NR; ++r) acc[r] = qt[r] * splat<vtile>(to_float(k[0]));
+      for (int64_t d = 1; d < d_len; ++d) {
+        const vtile b = splat<vtile>(to_float(k[d]));
+        for (int r = 0; r < NR; ++r) acc[r] = fmadd(qt[d * NR + r], b, acc[r]);
+      }
+      for (int r = 0; r < NR; ++r) st[j * NR + r] = acc[r];
+      continue;
+    }
+    // hsum's tree: ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)).
+    vtile x[NR], y[NR], u0[NR], u1[NR];
+    lane_sum<T, NR>(k, d_len, qt, 0, 4, x);
+    lane_sum<T, NR>(k, d_len, qt, 2, 6, y);
+    for (int r = 0; r < NR; ++r) u0[r] = x[r] + y[r];
+    lane_sum<T, NR>(k, d_len, qt, 1, 5, x);
+    lane_sum<T, NR>(k, d_len, qt, 3, 7, y);
+    for (int r = 0; r < NR; ++r) u1[r] = x[r] + y[r];
+    for (int r = 0; r < NR; ++r) st[j * NR + r] = u0[r] + u1[r];
+  }
+}
+
+// The chains P @ V keeps in flight: with AVX2's 16 registers ~8 sums cover the FMA latency,
+// AVX-512's 32 hold 3x as many. Even, because D is only known to be even.
 template <int NR>
 constexpr int chains() {
   if constexpr (kTileLanes == 16) return NR >= 2 ? 6 : 12;
   return NR >= 3 ? 2 : (NR == 2 ? 4 : 8);
 }
 
-// Scores of keys j0..j0+kb-1 for the tile's rows: St[j][rv] = sum_d K[j][d] * Qt[d][rv].
-template <typename T, int NR>
-void score_block(const T* const* kp, int kb, int64_t d_len, const vtile* qt, vtile* st) {
-  constexpr int KJ = chains<NR>();
-  for (int j = 0; j < kb; j += KJ) {
-    const T* kj[KJ];
-    vtile acc[KJ][NR];
-    for (int u = 0; u < KJ; ++u) {
-      kj[u] = kp[std::min(j + u, kb - 1)];  // past the block: its last key again, not stored
-      for (int r = 0; r < NR; ++r) acc[u][r] = splat<vtile>(0.0f);
-    }
-    for (int64_t d = 0; d < d_len; ++d)
-      for (int u = 0; u < KJ; ++u) {
-        const vtile b = splat<vtile>(to_float(kj[u][d]));
-        for (int r = 0; r < NR; ++r) acc[u][r] += b * qt[d * NR + r];
-      }
-    for (int u = 0; u < KJ && j + u < kb; ++u)
-      for (int r = 0; r < NR; ++r) st[(j + u) * NR + r] = acc[u][r];
-  }
-}
-
-// Ot[d][rv] = Ot[d][rv] * alpha[rv] + sum_j V[j][d] * St[j][rv] for head dims d0..d0+DD-1.
+// Ot[d][rv] = Ot[d][rv] * alpha[rv] + sum_j V[j][d] * St[j][rv] for head dims d0..d0+DD-1,
+// the keys added in order.
 template <typename T, int NR, int DD>
 void accumulate_dims(const T* const* vp, int kb, int64_t d0, const vtile* st,
                      const vtile* alpha, vtile* ot) {
@@ -63,7 +106,7 @@ void accumulate_dims(const T* const* vp, int kb, int64_t d0, const vtile* st,
   for (int j = 0; j < kb; ++j)
     for (int u = 0; u < DD; ++u) {
       const vtile b = splat<vtile>(to_float(vp[j][d0 + u]));
-      for (int r = 0; r < NR; ++r) acc[u][r] += b * st[j * NR + r];
+      for (int r = 0; r < NR; ++r) acc[u][r] = fmadd(st[j * NR + r], b, acc[u][r]);
     }
   for (int u = 0; u < DD; ++u)
     for (int r = 0; r < NR; ++r) ot[(d0 + u) * NR + r] = acc[u][r];

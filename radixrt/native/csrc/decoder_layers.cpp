@@ -7,7 +7,7 @@
 // Layer i, as DecoderLayer does it (the residual add deferred into the next norm):
 //   x, r = norm_in(h) and h (i = 0), else add_rms_norm(h, r)
 //   qkv = x W_qkv; rotary on q and k in place; store k, v at the new tokens' slots
-//   a = paged_attention(q), each shared prefix's cascade_attention merged in; a W_o
+//   a = paged_attention(q), its shared prefixes (cascades) folded in first; a W_o
 //   x, r = add_rms_norm(a, r);  h = silu_and_mul(x W_gate_up) W_down
 // and at the end add_rms_norm(h, r) with the final norm's weight.
 #include <ATen/ATen.h>
@@ -56,11 +56,9 @@ at::Tensor attention(const Step& s, const at::Tensor& x, const at::Tensor& w_qkv
   const at::Tensor k = qk.narrow(1, s.hq, s.hkv);
   const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({t, s.hkv, s.head_dim});
   radixrt::store_kv(k_cache, v_cache, s.out_cache_loc, k, v);
-  auto [out, lse] = radixrt::paged_attention(q, k_cache, v_cache, s.qo_indptr, s.kv_indptr,
-                                             s.kv_indices, s.scale);
-  for (size_t c = 0; c < s.cascade_rows.size(); ++c)
-    radixrt::cascade_attention(q, k_cache, v_cache, s.cascade_rows[c], s.cascade_slots[c],
-                               s.scale, out, lse);
+  const at::Tensor out = std::get<0>(radixrt::paged_attention(
+      q, k_cache, v_cache, s.qo_indptr, s.kv_indptr, s.kv_indices, s.scale, 0, s.cascade_rows,
+      s.cascade_slots));
   return project(out.reshape({t, q_size}), w_o, kinds[1], s.rows, copies[1]);
 }
 

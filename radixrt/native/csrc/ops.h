@@ -42,9 +42,8 @@ std::tuple<at::Tensor, at::Tensor> paged_attention(const at::Tensor& q, const at
                                                    const at::Tensor& qo_indptr,
                                                    const at::Tensor& kv_indptr,
                                                    const at::Tensor& kv_indices, double scale,
-                                                   int64_t window = 0);
-void cascade_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                       const at::Tensor& rows, const at::Tensor& prefix_slots, double scale,
-                       at::Tensor& out, at::Tensor& lse);
+                                                   int64_t window = 0,
+                                                   at::TensorList cascade_rows = {},
+                                                   at::TensorList cascade_slots = {});
 
 }  // namespace radixrt

@@ -5,21 +5,22 @@
 // kv_indices[kv_indptr[b]:kv_indptr[b+1]] (L keys, position order). New token t sits at
 // position L - n + t and sees keys 0..L - n + t (bottom-right aligned causal), so one kernel
 // covers decode (n = 1), a few tokens after a cached prefix, and a prefill chunk. A sliding
-// window W > 0 (Gemma 3's local layers) narrows that to keys p - W + 1 .. p for a token at p:
-// the key loop starts at the first key the tile's first token sees, and the mask cuts the band.
+// window W > 0 (Gemma 3's local layers) narrows that to keys p - W + 1 .. p for a token at p.
 //
-// cascade_attention runs the same tiles without the mask: chosen rows of a batch against one
-// prefix that their sequences share (slots read once per tile of rows, not once per sequence),
-// merged through the log-sum-exp into what paged_attention gave them for their own keys.
+// A row's result depends on its own sequence only: chunks and blocks of keys start at fixed
+// positions and partials fold in a fixed order (attention_chunks.h), and both tiles add up in
+// one order (paged_decode.h). Cascades: rows of several sequences that share a prefix of whole
+// chunks (cascade_slots) attend to it in one pass, its slots read once per tile of rows; each
+// such row's own keys (kv_indices, after the prefix) then fold onto that.
 //
-// Layout of the work: a tile is up to 4 vectors of query rows that share one kv head (tokens x
+// Layout of the general tile: up to 4 vectors of query rows that share one kv head (tokens x
 // the G query heads of that kv head, GQA): 32 rows, or 64 with AVX-512's 16-float vectors,
 // held transposed so that one SIMD lane is one row. Scores, the online softmax and the P @ V
 // update are then all lane-parallel: each K/V element is loaded once per tile and broadcast
-// against a vector of rows at a time, and no horizontal reduction is needed. The products are
-// float32 FMAs (attention_f32.h), or bfloat16 pair dot products for a bfloat16 pool where the
-// CPU has AVX-512 BF16 (attention_bf16.h). Tiles are scheduled longest first over OpenMP
-// threads, which balances unequal lengths.
+// against a vector of rows at a time (attention_f32.h). Tiles are scheduled longest first over
+// OpenMP threads, which balances unequal lengths; a batch with too few tiles for the threads
+// gives each chunk of a tile to a task of its own.
+#pragma GCC optimize("fp-contract=off")
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include <ATen/ATen.h>
@@ -28,15 +29,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
+#include <numeric>
 #include <utility>
 #include <vector>
 
-#include "attention_bf16.h"
+#include "attention_chunks.h"
 #include "attention_f32.h"
-#include "attention_split.h"
-#include "paged_decode.h"
 #include "ops.h"
+#include "paged_decode.h"
 #include "vec8.h"
 
 namespace {
@@ -53,37 +53,31 @@ constexpr double kMinParallelCost = 4096;
 constexpr int kMaxRows = 4 * kTileLanes;  // rows per tile: 4 vectors, leaving registers free
 
 // Per-thread buffers, [index][row vector]: Qt is [D][NR] (q transposed), St [kKeyBlock][NR]
-// (scores, then probabilities), Ot [D][NR] (the unnormalized output). Sized on first use:
-// decode tiles need none of them.
+// (scores, then probabilities), Ot [D][NR] (the unnormalized output); a chunk's partial of one
+// row, and each row's running fold. Sized on first use: decode tiles need none of them.
 struct Scratch {
   std::vector<vtile> qt, st, ot;
-#ifdef RADIXRT_BF16_DOT
-  // The bfloat16 tile's pairs (attention_bf16.h): q [D / 2][NR], probabilities
-  // [kKeyBlock / 2][NR], values [kKeyBlock / 2][D].
-  std::vector<__m512i> q2, p2;
-  std::vector<uint32_t> v2;
-#endif
+  std::vector<float> part, acc;
   void ensure(int64_t d) {
     if (!qt.empty()) return;
     qt.resize(d * kMaxRows / kTileLanes);
     st.resize(kKeyBlock * kMaxRows / kTileLanes);
     ot.resize(d * kMaxRows / kTileLanes);
-#ifdef RADIXRT_BF16_DOT
-    q2.resize(d / 2 * kMaxRows / kTileLanes);
-    p2.resize(kKeyBlock / 2 * kMaxRows / kTileLanes);
-    v2.resize(kKeyBlock / 2 * d);
-#endif
+    part.resize(d);
+    acc.resize(d * kMaxRows);
   }
 };
 
-// Online softmax over one block of scores: masks keys past each row's position, updates the
-// running max m and sum l, turns St into probabilities and returns the rescale of the old ones.
-// With a window, keys at or below `floor` are masked too, and a row that has seen no key yet
-// keeps m = -inf: its max is taken as 0 so that exp(-inf - -inf) never makes a NaN.
+// Online softmax over one block of scores: masks keys past each row's position (and, with a
+// window, at or below `floor`), updates the running max m and sum l, turns St into
+// probabilities and returns the rescale of the old ones. The sum adds the block's keys 8 at a
+// time and then by hsum's tree, as the decode tile does. A row that sees none of the block's
+// keys keeps m, l and its output exactly: alpha 1, probabilities 0 (from base 0 while it has
+// seen nothing, so that exp(-inf - -inf) never makes a NaN).
 template <int NR>
 void softmax_block(int kb, int64_t j0, bool needs_mask, const vtile* limit, const vtile* floor,
                    vtile* st, vtile* m, vtile* l, vtile* alpha) {
-  const vtile neg_inf = splat<vtile>(-INFINITY);
+  const vtile neg_inf = splat<vtile>(-INFINITY), zero = splat<vtile>(0.0f);
   for (int r = 0; r < NR; ++r) {
     vtile block_max = neg_inf;
     for (int j = 0; j < kb; ++j) {
@@ -96,118 +90,99 @@ void softmax_block(int kb, int64_t j0, bool needs_mask, const vtile* limit, cons
       st[j * NR + r] = s;
       block_max = vmax(block_max, s);
     }
-    vtile m_new = vmax(m[r], block_max);
-    if (floor != nullptr) m_new = m_new == neg_inf ? splat<vtile>(0.0f) : m_new;
-    alpha[r] = vexp(m[r] - m_new);
-    vtile sum = splat<vtile>(0.0f);
+    const vtile m_new = vmax(m[r], block_max);
+    const vtile base = m_new == neg_inf ? zero : m_new;
+    alpha[r] = block_max == neg_inf ? splat<vtile>(1.0f) : vexp(m[r] - m_new);
+    vtile eighths[8];
+    for (int i = 0; i < 8; ++i) eighths[i] = zero;
     for (int j = 0; j < kb; ++j) {
-      const vtile p = vexp(st[j * NR + r] - m_new);
+      const vtile p = vexp(st[j * NR + r] - base);
       st[j * NR + r] = p;
-      sum += p;
+      eighths[j % 8] += p;
     }
+    const vtile sum = ((eighths[0] + eighths[4]) + (eighths[2] + eighths[6])) +
+                      ((eighths[1] + eighths[5]) + (eighths[3] + eighths[7]));
     l[r] = l[r] * alpha[r] + sum;
     m[r] = m_new;
+  }
+}
+
+// The tile's rows over keys [k_lo, k_hi) in blocks from k_lo: Ot, m and l of each lane.
+template <typename T, int NR>
+void attend_keys(const Args& a, const Tile& tile, const Span& span, int64_t k_lo, int64_t k_hi,
+                 const vtile* limit, const vtile* floor, Scratch& s, vtile* m, vtile* l) {
+  const int64_t d_len = a.head_dim;
+  const int64_t* slots = a.kv_indices + a.kv_indptr[tile.seq];
+  const int64_t kv_off = tile.kv_head * a.kv_stride_head;
+  const T* k = static_cast<const T*>(a.k);
+  const T* v = static_cast<const T*>(a.v);
+  for (int r = 0; r < NR; ++r) {
+    m[r] = splat<vtile>(-INFINITY);
+    l[r] = splat<vtile>(0.0f);
+  }
+  std::fill(s.ot.begin(), s.ot.begin() + d_len * NR, splat<vtile>(0.0f));
+  vtile alpha[NR];
+  const T* kp[kKeyBlock];
+  const T* vp[kKeyBlock];
+  for (int64_t j0 = k_lo; j0 < k_hi; j0 += kKeyBlock) {
+    const int kb = static_cast<int>(std::min<int64_t>(kKeyBlock, k_hi - j0));
+    for (int j = 0; j < kb; ++j) {
+      kp[j] = k + slots[j0 + j] * a.kv_stride_slot + kv_off;
+      vp[j] = v + slots[j0 + j] * a.kv_stride_slot + kv_off;
+    }
+    const bool needs_mask = j0 + kb - 1 > span.first_pos ||
+                            (floor != nullptr && j0 <= span.key_end - 1 - a.window);
+    score_block<T, NR>(kp, kb, d_len, s.qt.data(), s.st.data());
+    softmax_block<NR>(kb, j0, needs_mask, limit, floor, s.st.data(), m, l, alpha);
+    accumulate_block<T, NR>(vp, kb, d_len, s.st.data(), alpha, s.ot.data());
   }
 }
 
 template <typename T, int NR>
 void attend_tile(const Args& a, const Tile& tile, Scratch& s) {
   const int64_t d_len = a.head_dim;
-  const int64_t n_new = a.qo_indptr[tile.seq + 1] - a.qo_indptr[tile.seq];
-  const int64_t kv_len = a.kv_indptr[tile.seq + 1] - a.kv_indptr[tile.seq];
-  const int64_t* slots = a.kv_indices + a.kv_indptr[tile.seq];
-  // Position of the tile's first token, and how far each next token sees (unmasked: all keys).
-  const int64_t first_pos = a.causal ? kv_len - n_new + tile.t0 : kv_len - 1;
-  const int64_t token_step = a.causal ? 1 : 0;
-  const int rows = static_cast<int>(tile.heads * tile.tokens);
-  const T* q = static_cast<const T*>(a.q);
-  const T* k = static_cast<const T*>(a.k);
-  const T* v = static_cast<const T*>(a.v);
-
-  auto q_offset = [&](int r) {
-    const int64_t t = a.qo_indptr[tile.seq] + tile.t0 + r / tile.heads;
-    const int64_t h = tile.kv_head * a.group + tile.h0 + r % tile.heads;
-    return t * a.q_stride_t + h * a.q_stride_h;
-  };
-  // Transposed, pre-scaled queries (paired, unscaled for kPairs); padding lanes are zero and
-  // copy the last row's position.
+  const Span span = span_of(a, tile);
+  const int rows = static_cast<int>(tile.rows());
+  // Transposed, pre-scaled queries; padding lanes are zero and copy the last row's position.
   float* qt = reinterpret_cast<float*>(s.qt.data());
-  vtile limit[NR], floor[NR], m[NR], l[NR], alpha[NR];
+  vtile limit[NR], floor[NR], m[NR], l[NR];
   float* lim = reinterpret_cast<float*>(limit);
   float* low = reinterpret_cast<float*>(floor);
   for (int r = 0; r < NR * kTileLanes; ++r) {
     const int rr = std::min(r, rows - 1);
-    lim[r] = static_cast<float>(first_pos + token_step * (rr / tile.heads));
+    lim[r] = static_cast<float>(span.first_pos + span.step * (rr / tile.heads));
     low[r] = lim[r] - static_cast<float>(a.window);
-    const T* src = q + q_offset(rr);
-#ifdef RADIXRT_BF16_DOT
-    if constexpr (kPairs<T>) {
-      uint32_t* q2 = reinterpret_cast<uint32_t*>(s.q2.data());
-      for (int64_t p = 0; p < d_len / 2; ++p)
-        q2[p * NR * kTileLanes + r] = r < rows ? radixrt_bf16::pair_at(src + 2 * p) : 0u;
-      continue;
-    }
-#endif
+    const T* src = static_cast<const T*>(a.q) + q_offset(a, row_index(a, tile, rr));
     for (int64_t d = 0; d < d_len; ++d)
       qt[d * NR * kTileLanes + r] = r < rows ? to_float(src[d]) * a.scale : 0.0f;
   }
-  for (int r = 0; r < NR; ++r) {
-    m[r] = splat<vtile>(-INFINITY);
-    l[r] = splat<vtile>(0.0f);
+  std::vector<RowFold> fold(rows);
+  for (int r = 0; r < rows; ++r) {
+    fold[r].o = s.acc.data() + r * d_len;
+    fold[r].start(a.init_o, a.init_lse, row_index(a, tile, r), d_len);
   }
-  std::fill(s.ot.begin(), s.ot.begin() + d_len * NR, splat<vtile>(0.0f));
-
-  // One past the last key, and the first key the tile's first token sees (the band's other
-  // edge is masked per row); a chunk of the keys only its range (attention_split.h).
-  const int64_t key_end = std::min(first_pos + token_step * (tile.tokens - 1) + 1, tile.k1);
-  const int64_t key_begin =
-      a.window > 0 ? std::max<int64_t>(0, first_pos - a.window + 1) : tile.k0;
-  const vtile* band = a.window > 0 ? floor : nullptr;
-  const T* kp[kKeyBlock];
-  const T* vp[kKeyBlock];
-  for (int64_t j0 = key_begin; j0 < key_end; j0 += kKeyBlock) {
-    const int kb = static_cast<int>(std::min<int64_t>(kKeyBlock, key_end - j0));
-    for (int j = 0; j < kb; ++j) {
-      const int64_t off = slots[j0 + j] * a.kv_stride_slot + tile.kv_head * a.kv_stride_head;
-      kp[j] = k + off;
-      vp[j] = v + off;
-    }
-    const bool needs_mask =
-        j0 + kb - 1 > first_pos || (band != nullptr && j0 <= key_end - 1 - a.window);
-#ifdef RADIXRT_BF16_DOT
-    if constexpr (kPairs<T>) {
-      using namespace radixrt_bf16;
-      constexpr int C = chains<NR>();
-      score_pairs<NR, C>(kp, kb, d_len / 2, s.q2.data(), a.scale, s.st.data());
-      softmax_block<NR>(kb, j0, needs_mask, limit, band, s.st.data(), m, l, alpha);
-      pair_probabilities<NR>(kb, s.st.data(), s.p2.data());
-      pair_values(vp, kb, d_len, s.v2.data());
-      accumulate_all_pairs<NR, C>(kb, d_len, s.p2.data(), s.v2.data(), alpha, s.ot.data());
-      continue;
-    }
-#endif
-    score_block<T, NR>(kp, kb, d_len, s.qt.data(), s.st.data());
-    softmax_block<NR>(kb, j0, needs_mask, limit, band, s.st.data(), m, l, alpha);
-    accumulate_block<T, NR>(vp, kb, d_len, s.st.data(), alpha, s.ot.data());
-  }
-
   const float* ot = reinterpret_cast<const float*>(s.ot.data());
   const float* lf = reinterpret_cast<const float*>(l);
   const float* mf = reinterpret_cast<const float*>(m);
-  T* out = static_cast<T*>(a.out);
-  for (int r = 0; r < rows; ++r) {
-    const int64_t off = q_offset(r);
-    const float inv = 1.0f / lf[r];
-    for (int64_t d = 0; d < d_len; ++d) out[off + d] = static_cast<T>(ot[d * NR * kTileLanes + r] * inv);
-    a.lse[off / d_len] = mf[r] + std::log(lf[r]);
+  for (int64_t c = tile.c0; c < tile.c1; ++c) {
+    const auto [k_lo, k_hi] = chunk_keys(a, span, c);
+    attend_keys<T, NR>(a, tile, span, k_lo, k_hi, limit, a.window > 0 ? floor : nullptr, s, m, l);
+    for (int r = 0; r < rows; ++r) {
+      const float inv = 1.0f / lf[r];
+      for (int64_t d = 0; d < d_len; ++d) s.part[d] = ot[d * NR * kTileLanes + r] * inv;
+      const float lse = lf[r] == 0.0f ? -INFINITY : mf[r] + std::log(lf[r]);
+      take_part(a, tile, r, fold[r], s.part.data(), lse);
+    }
   }
+  if (tile.slot >= 0) return;
+  for (int r = 0; r < rows; ++r) write_row<T>(a.sink, row_index(a, tile, r), fold[r], d_len);
 }
 
 template <typename T>
 void attend(const Args& a, const Tile& tile, Scratch& s) {
   if (try_decode_tile<T>(a, tile)) return;
   s.ensure(a.head_dim);
-  switch ((tile.heads * tile.tokens + kTileLanes - 1) / kTileLanes) {
+  switch ((tile.rows() + kTileLanes - 1) / kTileLanes) {
     case 1: return attend_tile<T, 1>(a, tile, s);
     case 2: return attend_tile<T, 2>(a, tile, s);
     case 3: return attend_tile<T, 3>(a, tile, s);
@@ -215,27 +190,98 @@ void attend(const Args& a, const Tile& tile, Scratch& s) {
   }
 }
 
-// Tiles of at most kMaxRows rows, longest (rows x visible keys) first.
+// Tiles of at most kMaxRows rows with all their chunks, longest (rows x visible keys) first.
 std::vector<Tile> plan_tiles(const Args& a, int64_t batch) {
   const int64_t heads = std::min<int64_t>(a.group, kMaxRows);
   const int64_t tokens_per_tile = std::max<int64_t>(1, kMaxRows / heads);
   std::vector<Tile> tiles;
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t n = a.qo_indptr[b + 1] - a.qo_indptr[b];
-    const int64_t len = a.kv_indptr[b + 1] - a.kv_indptr[b];
     for (int64_t kv = 0; kv < a.hkv; ++kv)
       for (int64_t h0 = 0; h0 < a.group; h0 += heads)
         for (int64_t t0 = 0; t0 < n; t0 += tokens_per_tile) {
-          const int64_t hc = std::min(heads, a.group - h0);
-          const int64_t tc = std::min(tokens_per_tile, n - t0);
-          double keys = static_cast<double>(a.causal ? len - n + t0 + tc : len);
-          if (a.window > 0) keys = std::min(keys, static_cast<double>(a.window + tc));
-          tiles.push_back({b, kv, h0, hc, t0, tc, keys * static_cast<double>(hc * tc + 8)});
+          Tile t{b, kv, h0, std::min(heads, a.group - h0), t0, std::min(tokens_per_tile, n - t0),
+                 0.0};
+          const Span span = span_of(a, t);
+          t.c1 = chunk_count(a, span);
+          const double keys = static_cast<double>(span.key_end - span.key_begin);
+          t.cost = keys * static_cast<double>(t.rows() + 8);
+          tiles.push_back(t);
         }
   }
-  std::sort(tiles.begin(), tiles.end(),
-            [](const Tile& x, const Tile& y) { return x.cost > y.cost; });
   return tiles;
+}
+
+// Too few tiles to share evenly among the threads (a batch-1 decode has one per kv head):
+// each chunk of a tile becomes a task of its own, its partials kept for fold_buffered.
+std::vector<Tile> split_chunks(std::vector<Tile> tiles, int64_t threads, PartBuffer& parts) {
+  const int64_t count = static_cast<int64_t>(tiles.size());
+  if (threads <= 1 || count % threads == 0 || count >= 4 * threads) return tiles;
+  std::vector<Tile> tasks;
+  for (const Tile& t : tiles) {
+    if (t.c1 - t.c0 == 1) {
+      tasks.push_back(t);
+      continue;
+    }
+    for (int64_t c = t.c0; c < t.c1; ++c) {
+      Tile part = t;
+      part.c0 = c;
+      part.c1 = c + 1;
+      part.slot = parts.add(t.rows());
+      part.cost = t.cost / static_cast<double>(t.c1 - t.c0);
+      tasks.push_back(part);
+    }
+  }
+  return tasks;
+}
+
+// The rows of tiles whose chunks ran as separate tasks: their partials folded in chunk order.
+template <typename T>
+void fold_buffered(const Args& a, const std::vector<Tile>& tasks) {
+  std::vector<const Tile*> firsts;  // each split tile's chunk-0 task: its slots come first
+  for (const Tile& t : tasks)
+    if (t.slot >= 0 && t.c0 == 0) firsts.push_back(&t);
+  at::parallel_for(0, static_cast<int64_t>(firsts.size()), 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> acc(a.head_dim);
+    for (int64_t i = i0; i < i1; ++i) {
+      const Tile& t = *firsts[i];
+      const int64_t chunks = chunk_count(a, span_of(a, t));
+      for (int64_t r = 0; r < t.rows(); ++r) {
+        RowFold f{acc.data(), -INFINITY};
+        f.start(a.init_o, a.init_lse, row_index(a, t, r), a.head_dim);
+        for (int64_t c = 0; c < chunks; ++c) {
+          const int64_t at = t.slot + c * t.rows() + r;  // a tile's slots are consecutive
+          fold_part(f.o, f.lse, a.parts->o.data() + at * a.head_dim, a.parts->lse[at],
+                    a.head_dim);
+        }
+        write_row<T>(a.sink, row_index(a, t, r), f, a.head_dim);
+      }
+    }
+  });
+}
+
+template <typename T>
+void run_tiles(Args& a, int64_t batch) {
+  std::vector<Tile> tiles = plan_tiles(a, batch);
+  double cost = 0;
+  for (const Tile& t : tiles) cost += t.cost;
+  const int64_t most = cost < kMinParallelCost ? 1 : at::get_num_threads();
+  PartBuffer parts;
+  parts.d_len = a.head_dim;
+  a.parts = &parts;
+  std::vector<Tile> tasks = split_chunks(std::move(tiles), most, parts);
+  std::vector<Tile> order = tasks;
+  std::stable_sort(order.begin(), order.end(),
+                   [](const Tile& x, const Tile& y) { return x.cost > y.cost; });
+  const int64_t count = static_cast<int64_t>(order.size());
+  const int threads = static_cast<int>(std::clamp<int64_t>(count, 1, most));
+#pragma omp parallel num_threads(threads)
+  {
+    Scratch s;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < count; ++i) attend<T>(a, order[i], s);
+  }
+  if (!parts.lse.empty()) fold_buffered<T>(a, tasks);
 }
 
 void check_inputs(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -259,63 +305,67 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
               "paged_attention: qo_indptr and kv_indptr must both be [B+1]");
 }
 
-// out and lse for q's rows against their sequences' keys (causal: bottom-right aligned).
+// out and lse for q's rows against their sequences' keys (causal: bottom-right aligned), each
+// row's fold started from init where given; out in q's dtype, or float32 for float_out.
 std::tuple<at::Tensor, at::Tensor> attend_all(const at::Tensor& q_in, const at::Tensor& k_cache,
                                               const at::Tensor& v_cache,
                                               const at::Tensor& qo_indptr,
                                               const at::Tensor& kv_indptr,
                                               const at::Tensor& kv_indices, double scale,
-                                              bool causal, int64_t window) {
+                                              bool causal, int64_t window,
+                                              const at::Tensor& init_o, const at::Tensor& init_lse,
+                                              bool float_out) {
   const at::Tensor q = q_in.contiguous();
-  at::Tensor out = at::empty_like(q);
+  at::Tensor out = float_out ? at::empty(q.sizes(), q.options().dtype(at::kFloat))
+                             : at::empty_like(q);
   at::Tensor lse = at::empty({q.size(0), q.size(1)}, q.options().dtype(at::kFloat));
   Args a{q.data_ptr(),           k_cache.data_ptr(),         v_cache.data_ptr(),
-         out.data_ptr(),         lse.data_ptr<float>(),      qo_indptr.data_ptr<int64_t>(),
-         kv_indptr.data_ptr<int64_t>(), kv_indices.data_ptr<int64_t>(), q.stride(0),
+         Sink{out.data_ptr(), lse.data_ptr<float>(), float_out},
+         qo_indptr.data_ptr<int64_t>(), kv_indptr.data_ptr<int64_t>(),
+         kv_indices.data_ptr<int64_t>(), q.stride(0),
          q.stride(1),            k_cache.stride(0),          k_cache.stride(1),
          q.size(1),              k_cache.size(1),            q.size(1) / k_cache.size(1),
          q.size(2),              static_cast<float>(scale),  causal,
          window};
-  std::vector<Tile> tiles = plan_tiles(a, qo_indptr.numel() - 1);
-  double cost = 0;
-  for (const Tile& t : tiles) cost += t.cost;
-  const int64_t most = cost < kMinParallelCost ? 1 : at::get_num_threads();
-  const int64_t chunks = key_chunks(static_cast<int64_t>(tiles.size()), most);
-  // Chunk c > 0 of a tile's keys writes its rows' partial results to part c - 1, whose rows
-  // start at lse -inf and out 0 (rows of a tile left whole merge unchanged).
-  std::vector<Args> args(chunks, a);
-  std::vector<at::Tensor> part_out, part_lse;
-  if (chunks > 1) {
-    tiles = split_keys(a, tiles, chunks);
-    for (int64_t c = 1; c < chunks; ++c) {
-      part_out.push_back(at::zeros_like(out));
-      part_lse.push_back(at::full_like(lse, -INFINITY));
-      args[c].out = part_out.back().data_ptr();
-      args[c].lse = part_lse.back().data_ptr<float>();
-    }
+  if (init_o.defined()) {
+    a.init_o = init_o.data_ptr<float>();
+    a.init_lse = init_lse.data_ptr<float>();
   }
-  const int64_t count = static_cast<int64_t>(tiles.size());
-  const int threads = static_cast<int>(std::clamp<int64_t>(count, 1, most));
-  auto run = [&](auto tag) {
-    using T = decltype(tag);
-#pragma omp parallel num_threads(threads)
-    {
-      Scratch s;
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t i = 0; i < count; ++i) attend<T>(args[tiles[i].chunk], tiles[i], s);
-    }
-  };
+  const int64_t batch = qo_indptr.numel() - 1;
   switch (q.scalar_type()) {
-    case at::kFloat: run(float{}); break;
-    case at::kBFloat16: run(c10::BFloat16{}); break;
-    case at::kHalf: run(c10::Half{}); break;
+    case at::kFloat: run_tiles<float>(a, batch); break;
+    case at::kBFloat16: run_tiles<c10::BFloat16>(a, batch); break;
+    case at::kHalf: run_tiles<c10::Half>(a, batch); break;
     default: TORCH_CHECK(false, "paged_attention: dtype must be float32, bfloat16 or float16");
   }
-  if (chunks > 1) {
-    const at::Tensor all = at::arange(q.size(0), qo_indptr.options());
-    for (int64_t c = 1; c < chunks; ++c) merge_any(out, lse, all, part_out[c - 1], part_lse[c - 1]);
-  }
   return {out, lse};
+}
+
+// Each cascade's rows against its shared prefix (whole chunks, unmasked), folded per row:
+// float32 [T, Hq, D] and lse [T, Hq] (-inf for rows in no cascade), where the rows' own keys
+// then fold on.
+std::pair<at::Tensor, at::Tensor> shared_prefixes(const at::Tensor& q, const at::Tensor& k_cache,
+                                                  const at::Tensor& v_cache,
+                                                  at::TensorList rows, at::TensorList slots,
+                                                  double scale) {
+  at::Tensor init_o = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
+  at::Tensor init_lse = at::full({q.size(0), q.size(1)}, -INFINITY, init_o.options());
+  for (size_t c = 0; c < rows.size(); ++c) {
+    const at::Tensor bounds = at::tensor({int64_t{0}, rows[c].numel()}, rows[c].options());
+    const at::Tensor keys = at::tensor({int64_t{0}, slots[c].numel()}, rows[c].options());
+    check_inputs(q, k_cache, v_cache, bounds, keys, slots[c]);
+    TORCH_CHECK(rows[c].scalar_type() == at::kLong && rows[c].dim() == 1,
+                "paged_attention: cascade_rows must be 1-d int64");
+    TORCH_CHECK(slots[c].numel() % kKeyChunk == 0,
+                "paged_attention: a cascade's prefix must be whole chunks of ", kKeyChunk,
+                " keys, got ", slots[c].numel());
+    if (rows[c].numel() == 0 || slots[c].numel() == 0) continue;
+    const auto [o, lse] = attend_all(q.index_select(0, rows[c]), k_cache, v_cache, bounds, keys,
+                                     slots[c], scale, false, 0, {}, {}, true);
+    init_o.index_copy_(0, rows[c], o);
+    init_lse.index_copy_(0, rows[c], lse);
+  }
+  return {init_o, init_lse};
 }
 
 }  // namespace
@@ -327,43 +377,39 @@ std::tuple<at::Tensor, at::Tensor> paged_attention(const at::Tensor& q, const at
                                                    const at::Tensor& qo_indptr,
                                                    const at::Tensor& kv_indptr,
                                                    const at::Tensor& kv_indices, double scale,
-                                                   int64_t window) {
+                                                   int64_t window, at::TensorList cascade_rows,
+                                                   at::TensorList cascade_slots) {
   check_inputs(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices);
   TORCH_CHECK(window >= 0, "paged_attention: window must be >= 0 (0: no sliding window)");
-  return attend_all(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, scale, true, window);
+  TORCH_CHECK(cascade_rows.size() == cascade_slots.size(),
+              "paged_attention: one slot list per cascade's rows");
+  TORCH_CHECK(window == 0 || cascade_rows.empty(),
+              "paged_attention: a sliding window takes no cascade");
+  if (cascade_rows.empty())
+    return attend_all(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, scale, true, window,
+                      {}, {}, false);
+  const auto [init_o, init_lse] =
+      shared_prefixes(q, k_cache, v_cache, cascade_rows, cascade_slots, scale);
+  return attend_all(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, scale, true, 0,
+                    init_o, init_lse, false);
 }
 
-void cascade_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                       const at::Tensor& rows, const at::Tensor& prefix_slots, double scale,
-                       at::Tensor& out, at::Tensor& lse) {
-  const at::Tensor bounds = at::tensor({int64_t{0}, rows.numel()}, rows.options());
-  const at::Tensor keys = at::tensor({int64_t{0}, prefix_slots.numel()}, rows.options());
-  check_inputs(q, k_cache, v_cache, bounds, keys, prefix_slots);
-  TORCH_CHECK(rows.scalar_type() == at::kLong && rows.dim() == 1 && rows.is_contiguous(),
-              "cascade_attention: rows must be contiguous int64");
-  TORCH_CHECK(out.sizes() == q.sizes() && out.scalar_type() == q.scalar_type() &&
-                  out.is_contiguous() && lse.is_contiguous() && lse.scalar_type() == at::kFloat &&
-                  lse.sizes() == q.sizes().slice(0, 2),
-              "cascade_attention: out [T, Hq, D] in q's dtype and lse [T, Hq] float32, contiguous");
-  if (rows.numel() == 0 || prefix_slots.numel() == 0) return;
-  const auto [o_pre, lse_pre] =
-      attend_all(q.index_select(0, rows), k_cache, v_cache, bounds, keys, prefix_slots, scale,
-                 false, 0);
-  merge_any(out, lse, rows, o_pre, lse_pre);
-}
+int64_t attention_key_chunk() { return radixrt_paged::kKeyChunk; }
 
 }  // namespace radixrt
 
 TORCH_LIBRARY_FRAGMENT(radixrt, m) {
   m.def(
       "paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor qo_indptr, "
-      "Tensor kv_indptr, Tensor kv_indices, float scale, int window=0) -> (Tensor, Tensor)");
-  m.def(
-      "cascade_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor rows, "
-      "Tensor prefix_slots, float scale, Tensor(a!) out, Tensor(b!) lse) -> ()");
+      "Tensor kv_indptr, Tensor kv_indices, float scale, int window, "
+      "Tensor[] cascade_rows, Tensor[] cascade_slots) -> (Tensor, Tensor)");
+  m.def("attention_key_chunk() -> int");
 }
 
 TORCH_LIBRARY_IMPL(radixrt, CPU, m) {
   m.impl("paged_attention", radixrt::paged_attention);
-  m.impl("cascade_attention", radixrt::cascade_attention);
+}
+
+TORCH_LIBRARY_IMPL(radixrt, CompositeExplicitAutograd, m) {
+  m.impl("attention_key_chunk", radixrt::attention_key_chunk);
 }

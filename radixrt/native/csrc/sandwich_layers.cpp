@@ -79,12 +79,9 @@ at::Tensor attention(const Step& s, const at::Tensor& x, const at::Tensor* w, co
                                                s.window_kv_indptr, s.window_kv_indices, s.scale,
                                                window));
   } else {
-    at::Tensor lse;
-    std::tie(out, lse) = radixrt::paged_attention(q, k_cache, v_cache, s.qo_indptr, s.kv_indptr,
-                                                  s.kv_indices, s.scale);
-    for (size_t c = 0; c < s.cascade_rows.size(); ++c)
-      radixrt::cascade_attention(q, k_cache, v_cache, s.cascade_rows[c], s.cascade_slots[c],
-                                 s.scale, out, lse);
+    out = std::get<0>(radixrt::paged_attention(q, k_cache, v_cache, s.qo_indptr, s.kv_indptr,
+                                               s.kv_indices, s.scale, 0, s.cascade_rows,
+                                               s.cascade_slots));
   }
   return project(out.reshape({t, q_size}), w[4], kinds[1], s.rows, copies[1]);
 }

@@ -6,9 +6,14 @@
 
 #include <c10/util/BFloat16.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace radixrt_vec8 {
 
@@ -44,6 +49,22 @@ inline V vexp(V x) {
   V scale;
   std::memcpy(&scale, &bits, sizeof(scale));
   return x < lo ? splat<V>(0.0f) : p * scale;
+}
+
+// a * b + c rounded once, whatever the compiler's contraction setting: the attention kernels
+// name each fused multiply-add, so that two loops meant to agree bit for bit do.
+template <typename V>
+inline V fmadd(V a, V b, V c) {
+#if defined(__FMA__)
+  if constexpr (sizeof(V) == 32) return (V)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#endif
+#if defined(__AVX512F__)
+  if constexpr (sizeof(V) == 64) return (V)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#endif
+  V r;
+  for (int i = 0; i < static_cast<int>(sizeof(V) / sizeof(float)); ++i)
+    r[i] = std::fma(a[i], b[i], c[i]);
+  return r;
 }
 
 template <typename V>
