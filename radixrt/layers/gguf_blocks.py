@@ -93,12 +93,15 @@ def pack(parts: list[tuple[BlockType, torch.Tensor]], in_features: int) -> torch
 
 
 def unpack(packed: torch.Tensor) -> tuple[int, list[tuple[BlockType, torch.Tensor]]]:
-    """(in_features, parts) of a packed tensor; the parts are views into it."""
+    """(in_features, parts) of a packed tensor; the parts are views into it. ValueError for a
+    weight whose parts kept only their int8 tiles (GGUFWeight.keep_tiles without rows)."""
     head = packed[: 8 * _HEADER_FIELDS].view(torch.int64).tolist()
     in_features, parts = head[1], head[3]
     table = packed[8 * _HEADER_FIELDS : 8 * (_HEADER_FIELDS + _PART_FIELDS * parts)]
     out = []
     for type_id, rows, start, width in table.view(torch.int64).reshape(parts, 4).tolist():
+        if start < 0:
+            raise ValueError("this packed weight keeps only its int8 tiles, not its rows")
         out.append((BY_ID[type_id], packed[start : start + rows * width].view(rows, width)))
     return in_features, out
 

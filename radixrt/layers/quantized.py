@@ -108,14 +108,16 @@ class GGUFWeight(nn.Module):
         weight = self.dequantize().bfloat16()
         self.dense = torch.ops.mkldnn._reorder_linear_weight(weight, 64)
 
-    def keep_tiles(self) -> bool:
+    def keep_tiles(self, keep_rows: bool = True) -> bool:
         """Add the int8 kernel's tiles to the TILED_TYPES parts (native/csrc/gguf_tiles.cpp):
         steps of 2-16 rows multiply them in 0.5-0.98x the blocks' time, for about as many
-        bytes again as those parts take. A no-op without the native build or such parts. Returns
+        bytes again as those parts take, or for none without `keep_rows`: those parts then keep
+        their tiles only, and the weight multiplies int8 activations only (no float kernel,
+        dequantize or row lookup). A no-op without the native build or such parts. Returns
         whether it added any."""
         if not self.native:
             return False
-        tiled = torch.ops.radixrt.gguf_tile.default(self.packed)
+        tiled = torch.ops.radixrt.gguf_tile.default(self.packed, keep_rows)
         if tiled.data_ptr() == self.packed.data_ptr():
             return False
         self.packed = tiled

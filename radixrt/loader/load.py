@@ -91,7 +91,7 @@ def load_model(
         if isinstance(weight, GGUFWeight):
             weight.int8_rows = rows
     if rows > 0 and torch.device(device).type == "cpu":
-        keep_int8_tiles(model, dense_copy_gb)
+        keep_int8_tiles(model, dense_copy_gb, int8_only=rows == INT8_EVERY_STEP)
     every_step_int8 = rows == INT8_EVERY_STEP and native_ops_loaded()  # no copy would be read
     if resolved == torch.bfloat16 and torch.device(device).type == "cpu" and not every_step_int8:
         keep_dense_copies(model, dense_copy_gb, dense_copy_dtype)

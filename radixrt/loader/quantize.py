@@ -131,15 +131,36 @@ def keep_dense_copies(model: nn.Module, budget_gb: float, dtype: str = "bfloat16
     return len(packed)
 
 
-def keep_int8_tiles(model: nn.Module, budget_gb: float) -> int:
-    """The int8 kernel's tiles (GGUFWeight.keep_tiles) for every packed weight with parts of
-    the TILED_TYPES, made only if they fit in `budget_gb` GiB beside bfloat16 copies of every
-    packed weight (keep_dense_copies' budget, whether or not the copies are kept): they take
-    about as many bytes again as those weights, so a model too big for its copies keeps no
-    tiles either, and its resident memory stays near its file's size (issue 33's bound:
-    1.5x llama.cpp's). Returns how many."""
+def keep_int8_tiles(model: nn.Module, budget_gb: float, int8_only: bool = False) -> int:
+    """The int8 kernel's tiles (GGUFWeight.keep_tiles) for the packed weights with parts of
+    the TILED_TYPES; returns how many weights got them. None with a budget of 0.
+
+    `int8_only` (int8 activations at every step, bfloat16's default): the tiles replace the
+    rows of every weight that only multiplies, so they cost nothing beside the file's bytes
+    and every model, however large, takes the same fast path at every row count. A packed
+    embedding keeps its rows for lookups, and gets tiles beside them (a tied LM head) only
+    where they fit in `budget_gb` GiB. Otherwise (float activations on some steps) the tiles
+    are a second copy, made only if they fit in `budget_gb` beside bfloat16 copies of every
+    packed weight (keep_dense_copies' budget, whether or not the copies are kept), so that a
+    model too big for its copies stays near its file's size (issue 33's bound: 1.5x
+    llama.cpp's)."""
+    if budget_gb <= 0:
+        return 0
     packed = [m for m in model.modules() if isinstance(m, GGUFWeight)]
     tileable = [w for w in packed if any(t in TILED_TYPES for t in w.types)]
+    lookups = {
+        id(m.packed)
+        for m in model.modules()
+        if isinstance(m, VocabParallelEmbedding) and m.packed is not None
+    }
+    if int8_only:
+        multiplied = {id(w) for m in model.modules() for w in _multiplied_by(m)}
+        tiled = sum(w.keep_tiles(keep_rows=False) for w in tileable if id(w) not in lookups)
+        both = [w for w in tileable if id(w) in lookups and id(w) in multiplied]
+        if sum(w.packed.numel() for w in both) <= budget_gb * 2**30:
+            tiled += sum(w.keep_tiles() for w in both)
+        logger.info("int8 tiles (in place of the rows): %d weights", tiled)
+        return tiled
     copies = sum(2 * w.in_features * w.out_features for w in packed)
     need = sum(w.packed.numel() for w in tileable)
     if not tileable or copies + need > budget_gb * 2**30:
@@ -147,6 +168,13 @@ def keep_int8_tiles(model: nn.Module, budget_gb: float) -> int:
     tiled = sum(weight.keep_tiles() for weight in tileable)
     logger.info("int8 tiles for steps of a few rows: %d weights, <= %.0f MiB", tiled, need / 2**20)
     return tiled
+
+
+def _multiplied_by(module: nn.Module) -> list[GGUFWeight]:
+    """The packed weights `module` multiplies by (not an embedding's lookup table)."""
+    if isinstance(module, VocabParallelEmbedding):
+        return []
+    return [c for c in module.children() if isinstance(c, GGUFWeight)]
 
 
 def packs_weights(method: str, path: Path, device: torch.device, tp_size: int) -> bool:

@@ -170,11 +170,45 @@ def test_qwen3_gguf_forward_matches_transformers(qwen3_gguf, prefill_logits):
     torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("budget_gb", [1.0, 0.05, 0.0])
+def test_int8_tiles_replace_the_rows_of_the_weights_that_only_multiply(gguf_path, budget_gb):
+    """bfloat16's default, int8 activations at every step: each projection keeps its tiles in
+    place of its rows (about its file's bytes, so any model gets them); the tied embedding and
+    LM head keeps its rows for lookups and its tiles beside them where they fit the budget
+    (30 MiB of Q8_0 here); a budget of 0 turns tiles off. No dense copies."""
+    from radixrt.layers.embedding import VocabParallelEmbedding
+    from radixrt.layers.gguf_blocks import tiled_parts, unpack
+    from radixrt.layers.quantized import GGUFWeight
+
+    model, _ = load_model(
+        gguf_path, torch.bfloat16, "cpu", quantization="auto", dense_copy_gb=budget_gb
+    )
+    plain, _ = load_model(gguf_path, torch.float32, "cpu", quantization="auto", dense_copy_gb=1)
+    rows_bytes = {
+        n: w.packed.numel() for n, w in plain.named_modules() if isinstance(w, GGUFWeight)
+    }
+    lookup = {id(m.packed) for m in model.modules() if isinstance(m, VocabParallelEmbedding)}
+    for name, w in model.named_modules():
+        if not isinstance(w, GGUFWeight):
+            continue
+        assert w.dense is None
+        if budget_gb == 0:
+            assert not any(tiled_parts(w.packed)) and w.packed.numel() == rows_bytes[name]
+        elif id(w) in lookup:
+            assert all(tiled_parts(w.packed)) and unpack(w.packed)  # its rows, and tiles
+        else:
+            assert all(tiled_parts(w.packed)), name
+            with pytest.raises(ValueError, match="only its int8 tiles"):
+                unpack(w.packed)
+            assert w.packed.numel() <= 1.1 * rows_bytes[name], name
+
+
 @pytest.mark.parametrize("budget_gb,tiled", [(1.0, True), (0.3, False), (0.05, False)])
-def test_int8_tiles_are_kept_where_they_fit_the_budget(gguf_path, budget_gb, tiled):
-    # The default file's Q4_1 layers and Q8_0 embedding take 92 MiB, and their tiles as much;
-    # bf16 copies of them take 258 MiB. At 0.3 GiB (307 MiB) the copies fit, and the tiles
-    # beside them do not.
+def test_beside_float_steps_tiles_are_kept_where_they_fit_the_budget(gguf_path, budget_gb, tiled):
+    # With int8 activations up to 31 rows only, the tiles are a second copy. The default
+    # file's Q4_1 layers and Q8_0 embedding take 92 MiB, and their tiles as much; bf16 copies
+    # of them take 258 MiB. At 0.3 GiB (307 MiB) the copies fit, and the tiles beside them do
+    # not.
     from radixrt.layers.quantized import (
         COPY_FROM_ROWS,
         TILED_COPY_FROM_ROWS,
@@ -183,8 +217,9 @@ def test_int8_tiles_are_kept_where_they_fit_the_budget(gguf_path, budget_gb, til
     )
 
     model, _ = load_model(
-        gguf_path, torch.bfloat16, "cpu", quantization="auto", dense_copy_gb=budget_gb
-    )
+        gguf_path, torch.bfloat16, "cpu", quantization="auto", dense_copy_gb=budget_gb,
+        int8_rows=31,
+    )  # fmt: skip
     weights = [m for m in model.modules() if isinstance(m, GGUFWeight)]
     magic = {int(w.packed[:8].view(torch.int64)) for w in weights}
     assert magic == {0x54515852 if tiled else 0x57515852}  # "RXQT" / "RXQW"

@@ -4,9 +4,11 @@
 // A packed weight is one uint8 tensor: an int64 header [magic, K, N, parts, then per part:
 // type, rows, byte offset, bytes per row], then each part's rows. A tiled weight ("RXQT")
 // has, after that table, one more int64 per part: the byte offset of the part's tiles, or 0
-// where it has none. Its rows stay as they were: every other kernel (dequantize, the float
-// and wide matmuls, embedding rows) reads them, and layers/gguf_blocks.py's unpack, which
-// reads only the part table, takes either header.
+// where it has none. Its rows stay as they were, unless the weight is only ever multiplied
+// with int8 activations: then a part with tiles keeps no rows (byte offset -1) and the weight
+// takes about its file's bytes, once. The other kernels (dequantize, the float and wide
+// matmuls, embedding rows) read rows, and refuse a weight without them (require_rows);
+// layers/gguf_blocks.py's unpack reads only the part table.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -24,6 +26,7 @@ namespace {
 constexpr int64_t kMagic = 0x57515852;       // "RXQW": rows only
 constexpr int64_t kMagicTiled = 0x54515852;  // "RXQT": rows, then tiles
 constexpr int64_t kHeaderFields = 4, kPartFields = 4, kAlign = 64;
+constexpr int64_t kNoRows = -1;  // a tiled part's row offset when only its tiles are kept
 
 int64_t aligned(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
@@ -72,10 +75,11 @@ Layout read_layout(const at::Tensor& packed) {
     TORCH_CHECK(l.K % bw == 0 && row_bytes == l.K / bw * block_bytes(type),
                 "gguf_linear: part ", p, " has ", row_bytes, " bytes per row for ", l.K,
                 " inputs of type ", type);
-    TORCH_CHECK(offset >= 0 && offset + rows * row_bytes <= packed.numel(),
-                "gguf_linear: part ", p, " runs past the tensor");
-    Part part{type, rows, row0, base + offset, row_bytes};
     const int64_t tiles = tiled ? field(table + p) : 0;
+    TORCH_CHECK((offset == kNoRows && tiles != 0) ||
+                    (offset >= 0 && offset + rows * row_bytes <= packed.numel()),
+                "gguf_linear: part ", p, " runs past the tensor");
+    Part part{type, rows, row0, offset == kNoRows ? nullptr : base + offset, row_bytes};
     if (tiles != 0) {
       TORCH_CHECK(tiles_supported(type) && tiles > 0 &&
                       tiles + tiles_bytes(type, rows, l.K) <= packed.numel(),
@@ -89,14 +93,21 @@ Layout read_layout(const at::Tensor& packed) {
   return l;
 }
 
+void require_rows(const Layout& l, const char* op) {
+  for (const Part& p : l.parts)
+    TORCH_CHECK(p.data != nullptr, op, ": this weight keeps only its int8 tiles (it multiplies "
+                "int8 activations at every step), not the rows this needs");
+}
+
 }  // namespace radixrt::gguf
 
 namespace radixrt {
 
 // The packed weight with tiles for each part the int8 kernel reads from tiles (tiles_supported:
 // the 32-weight types but IQ4_NL, and Q4_K, Q5_K, Q6_K, where the CPU runs the int8 kernel);
-// the weight itself where there is none or it has them already.
-at::Tensor gguf_tile(const at::Tensor& packed) {
+// the weight itself where there is none or it has them already. Without keep_rows the parts
+// with tiles keep none of their rows.
+at::Tensor gguf_tile(const at::Tensor& packed, bool keep_rows) {
   using namespace radixrt::gguf;
   const Layout l = read_layout(packed);
   const int64_t parts = static_cast<int64_t>(l.parts.size());
@@ -110,6 +121,10 @@ at::Tensor gguf_tile(const at::Tensor& packed) {
   int64_t offset = aligned(8 * table);
   std::vector<int64_t> rows_at(parts), tiles_at(parts, 0);
   for (int64_t p = 0; p < parts; ++p) {
+    if (!keep_rows && tiles_supported(l.parts[p].type)) {
+      rows_at[p] = kNoRows;
+      continue;
+    }
     rows_at[p] = offset;
     offset += aligned(l.parts[p].rows * l.parts[p].row_bytes);
   }
@@ -134,7 +149,7 @@ at::Tensor gguf_tile(const at::Tensor& packed) {
     write_field(base, f + 2, rows_at[p]);
     write_field(base, f + 3, part.row_bytes);
     write_field(base, kHeaderFields + parts * kPartFields + p, tiles_at[p]);
-    std::memcpy(base + rows_at[p], part.data, part.rows * part.row_bytes);
+    if (rows_at[p] != kNoRows) std::memcpy(base + rows_at[p], part.data, part.rows * part.row_bytes);
     if (tiles_at[p] != 0) build_tiles(part, l.K, base + tiles_at[p]);
   }
   return out;
@@ -142,6 +157,8 @@ at::Tensor gguf_tile(const at::Tensor& packed) {
 
 }  // namespace radixrt
 
-TORCH_LIBRARY_FRAGMENT(radixrt, m) { m.def("gguf_tile(Tensor packed) -> Tensor"); }
+TORCH_LIBRARY_FRAGMENT(radixrt, m) {
+  m.def("gguf_tile(Tensor packed, bool keep_rows=True) -> Tensor");
+}
 
 TORCH_LIBRARY_IMPL(radixrt, CPU, m) { m.impl("gguf_tile", radixrt::gguf_tile); }

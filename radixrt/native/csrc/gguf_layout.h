@@ -13,6 +13,7 @@ namespace radixrt::gguf {
 int64_t block_weights(int64_t type);  // weights per block of a type (0: unsupported)
 int64_t block_bytes(int64_t type);
 Layout read_layout(const at::Tensor& packed);
+void require_rows(const Layout& l, const char* op);  // refuse a weight that kept tiles only
 
 bool int8_supported();  // gguf_dot8.cpp: this build runs the int8 kernel
 // Whether parts of `type` get tiles here, how many bytes they take, and writing them.

@@ -275,6 +275,7 @@ int64_t gguf_out_features(const at::Tensor& packed) { return read_layout(packed)
 
 at::Tensor gguf_dequantize(const at::Tensor& packed) {
   const Layout l = read_layout(packed);
+  require_rows(l, "gguf_dequantize");
   at::Tensor out = at::empty({l.N, l.K}, packed.options().dtype(at::kFloat));
   at::parallel_for(0, l.N, 64, [&](int64_t n0, int64_t n1) {
     dequantize_rows(l, n0, n1 - n0, out.data_ptr<float>() + n0 * l.K);
@@ -285,6 +286,7 @@ at::Tensor gguf_dequantize(const at::Tensor& packed) {
 // Rows `ids` of the weight as float32 [T, K]: a packed token embedding's lookup.
 at::Tensor gguf_rows(const at::Tensor& packed, const at::Tensor& ids, int64_t in_features) {
   const Layout l = read_layout(packed);
+  require_rows(l, "gguf_rows");
   TORCH_CHECK(in_features == l.K, "gguf_rows: the weight has ", l.K, " features, not ", in_features);
   TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong, "gguf_rows: ids must be int64 [T]");
   const at::Tensor idx = ids.contiguous();
@@ -311,6 +313,7 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& packed, int64_t ou
   TORCH_CHECK(x.size(1) == l.K, "gguf_linear: x has ", x.size(1), " features, the weight ", l.K);
   TORCH_CHECK(out_features == l.N, "gguf_linear: the weight has ", l.N, " rows, not ", out_features);
   const bool int8 = x.size(0) <= int8_rows && gguf::int8_supported();
+  if (!int8) require_rows(l, "gguf_linear with float activations");
   if (!int8 && x.size(0) >= dense_from_rows) {
 #if !defined(__AVX512BF16__) && !defined(__AMX_BF16__)  // no bf16 units: oneDNN would emulate
     if (x.scalar_type() == at::kBFloat16)  // them at a third of float32's speed
