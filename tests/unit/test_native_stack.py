@@ -30,9 +30,10 @@ def _runner(
     copy_gb: float = 0,
     copy_dtype: str = "bfloat16",
 ) -> ModelRunner:
+    # Copies serve only steps that int8 activations leave: wide ones, under a row threshold.
     model, cfg = load_model(
         model_dir, dtype, "cpu", quantization=quantization, dense_copy_gb=copy_gb,
-        dense_copy_dtype=copy_dtype,
+        dense_copy_dtype=copy_dtype, int8_rows=31 if copy_gb else None,
     )  # fmt: skip
     model.model.use_native_stack = native
     return cpu_runner(model, cfg)
