@@ -30,42 +30,67 @@ constexpr int kTileLanes = sizeof(vtile) / sizeof(float);
 // other sizes add each row's products in one chain, in the general tile only.
 inline bool decode_order(int64_t d_len) { return d_len % 16 == 0; }
 
-// s[r] = lane i of the decode tile's acc0 + acc1 for key k, per row vector r: dims i, i + 16,
-// ... in one chain and i + 8, i + 24, ... in the other.
-template <typename T, int NR>
-inline void lane_pair(const T* k, int64_t d_len, const vtile* qt, int i, vtile* s) {
-  vtile a0[NR], a1[NR];
-  const vtile k0 = splat<vtile>(to_float(k[i])), k1 = splat<vtile>(to_float(k[8 + i]));
-  for (int r = 0; r < NR; ++r) {
-    a0[r] = qt[i * NR + r] * k0;
-    a1[r] = qt[(8 + i) * NR + r] * k1;
-  }
-  for (int64_t d = 16 + i; d < d_len; d += 16) {
-    const vtile b0 = splat<vtile>(to_float(k[d])), b1 = splat<vtile>(to_float(k[d + 8]));
-    for (int r = 0; r < NR; ++r) {
-      a0[r] = fmadd(qt[d * NR + r], b0, a0[r]);
-      a1[r] = fmadd(qt[(d + 8) * NR + r], b1, a1[r]);
-    }
-  }
-  for (int r = 0; r < NR; ++r) s[r] = a0[r] + a1[r];
+// Keys whose scores are computed together, so that 2 x KJ x NR chains are in flight (one key
+// of one row vector has only two: latency-bound, 4x slower at batch 1).
+template <int NR>
+constexpr int score_keys() {
+  return NR >= 3 ? 1 : (NR == 2 ? 2 : 4);
 }
 
-// (lane a + lane b) of hsum's first step, per row vector.
-template <typename T, int NR>
-inline void lane_sum(const T* k, int64_t d_len, const vtile* qt, int a, int b, vtile* out) {
-  vtile x[NR], y[NR];
-  lane_pair<T, NR>(k, d_len, qt, a, x);
-  lane_pair<T, NR>(k, d_len, qt, b, y);
-  for (int r = 0; r < NR; ++r) out[r] = x[r] + y[r];
+// s[u * NR + r] = lane i of the decode tile's acc0 + acc1 for key u of k, row vector r: dims
+// i, i + 16, ... in one chain and i + 8, i + 24, ... in the other.
+template <typename T, int NR, int KJ>
+inline void lane_pair(const T* const* k, int64_t d_len, const vtile* qt, int i, vtile* s) {
+  vtile a0[KJ][NR], a1[KJ][NR];
+  for (int u = 0; u < KJ; ++u) {
+    const vtile k0 = splat<vtile>(to_float(k[u][i])), k1 = splat<vtile>(to_float(k[u][8 + i]));
+    for (int r = 0; r < NR; ++r) {
+      a0[u][r] = qt[i * NR + r] * k0;
+      a1[u][r] = qt[(8 + i) * NR + r] * k1;
+    }
+  }
+  for (int64_t d = 16 + i; d < d_len; d += 16)
+    for (int u = 0; u < KJ; ++u) {
+      const vtile b0 = splat<vtile>(to_float(k[u][d])), b1 = splat<vtile>(to_float(k[u][d + 8]));
+      for (int r = 0; r < NR; ++r) {
+        a0[u][r] = fmadd(qt[d * NR + r], b0, a0[u][r]);
+        a1[u][r] = fmadd(qt[(d + 8) * NR + r], b1, a1[u][r]);
+      }
+    }
+  for (int u = 0; u < KJ; ++u)
+    for (int r = 0; r < NR; ++r) s[u * NR + r] = a0[u][r] + a1[u][r];
+}
+
+// (lane a + lane b) of hsum's first step, per key and row vector.
+template <typename T, int NR, int KJ>
+inline void lane_sum(const T* const* k, int64_t d_len, const vtile* qt, int a, int b,
+                     vtile* out) {
+  vtile x[KJ * NR], y[KJ * NR];
+  lane_pair<T, NR, KJ>(k, d_len, qt, a, x);
+  lane_pair<T, NR, KJ>(k, d_len, qt, b, y);
+  for (int m = 0; m < KJ * NR; ++m) out[m] = x[m] + y[m];
+}
+
+// Scores of keys j0..j0+KJ-1 in the decode tile's order: hsum's tree,
+// ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)).
+template <typename T, int NR, int KJ>
+inline void score_keys_in_order(const T* const* k, int64_t d_len, const vtile* qt, vtile* out) {
+  vtile x[KJ * NR], y[KJ * NR], u0[KJ * NR];
+  lane_sum<T, NR, KJ>(k, d_len, qt, 0, 4, x);
+  lane_sum<T, NR, KJ>(k, d_len, qt, 2, 6, y);
+  for (int m = 0; m < KJ * NR; ++m) u0[m] = x[m] + y[m];
+  lane_sum<T, NR, KJ>(k, d_len, qt, 1, 5, x);
+  lane_sum<T, NR, KJ>(k, d_len, qt, 3, 7, y);
+  for (int m = 0; m < KJ * NR; ++m) out[m] = u0[m] + (x[m] + y[m]);
 }
 
 // Scores of keys j = 0..kb-1 (kp[j]: key j's D values) for the tile's rows, St[j][rv], from
 // Qt[d][rv] (q transposed and scaled).
 template <typename T, int NR>
 void score_block(const T* const* kp, int kb, int64_t d_len, const vtile* qt, vtile* st) {
-  for (int j = 0; j < kb; ++j) {
-    const T* k = kp[j];
-    if (!decode_order(d_len)) {
+  if (!decode_order(d_len)) {
+    for (int j = 0; j < kb; ++j) {
+      const T* k = kp[j];
       vtile acc[NR];
       for (int r = 0; r < NR; ++r) acc[r] = qt[r] * splat<vtile>(to_float(k[0]));
       for (int64_t d = 1; d < d_len; ++d) {
@@ -73,17 +98,17 @@ void score_block(const T* const* kp, int kb, int64_t d_len, const vtile* qt, vti
         for (int r = 0; r < NR; ++r) acc[r] = fmadd(qt[d * NR + r], b, acc[r]);
       }
       for (int r = 0; r < NR; ++r) st[j * NR + r] = acc[r];
-      continue;
     }
-    // hsum's tree: ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)).
-    vtile x[NR], y[NR], u0[NR], u1[NR];
-    lane_sum<T, NR>(k, d_len, qt, 0, 4, x);
-    lane_sum<T, NR>(k, d_len, qt, 2, 6, y);
-    for (int r = 0; r < NR; ++r) u0[r] = x[r] + y[r];
-    lane_sum<T, NR>(k, d_len, qt, 1, 5, x);
-    lane_sum<T, NR>(k, d_len, qt, 3, 7, y);
-    for (int r = 0; r < NR; ++r) u1[r] = x[r] + y[r];
-    for (int r = 0; r < NR; ++r) st[j * NR + r] = u0[r] + u1[r];
+    return;
+  }
+  constexpr int KJ = score_keys<NR>();
+  for (int j = 0; j < kb; j += KJ) {
+    const T* k[KJ];
+    for (int u = 0; u < KJ; ++u) k[u] = kp[std::min(j + u, kb - 1)];  // past kb: not stored
+    vtile out[KJ * NR];
+    score_keys_in_order<T, NR, KJ>(k, d_len, qt, out);
+    for (int u = 0; u < KJ && j + u < kb; ++u)
+      for (int r = 0; r < NR; ++r) st[(j + u) * NR + r] = out[u * NR + r];
   }
 }
 
