@@ -77,11 +77,12 @@ class ServerArgs:
     cpu_kv_cache_gb: float = _f(1.0, "KV pool budget in GiB when running on the CPU")
     cpu_dense_copy_gb: float = _f(
         1.0,
-        "GiB for the int8 kernel's tiles of Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K weights "
-        "and, where --cpu-gguf-int8-rows is 1 or more, bfloat16 copies of packed weights "
-        "that wider steps multiply with oneDNN on a bf16 CPU (each all or none; tiles only "
-        "where bf16 copies of all the weights would fit beside them; 0: off; see "
-        "docs/quantization.md)",
+        "0 turns the int8 kernel's tiles off. Under int8 activations at every step (bfloat16's "
+        "default) the tiles replace the rows of Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K "
+        "weights whatever this says, and only a tied embedding's tiles count against it. With "
+        "--cpu-gguf-int8-rows 1 or more: GiB for bfloat16 copies of packed weights that wider "
+        "steps multiply with oneDNN on a bf16 CPU, and for the tiles beside them (each all or "
+        "none; see docs/quantization.md)",
     )
     cpu_dense_copy_dtype: str = _f(
         "bfloat16",

@@ -143,24 +143,35 @@ def test_each_int8_matmul_is_within_its_activation_rounding(name, rows):
 
 
 @needs_native
+@pytest.mark.parametrize("tiles", [False, True])
 @pytest.mark.parametrize("name", TYPES)
-def test_an_int8_rows_result_does_not_depend_on_its_batch(name):
+def test_an_int8_rows_result_does_not_depend_on_its_batch(name, tiles):
     # Every row count runs the same per-row arithmetic (rows never mix; a row pass of 1-8 rows
     # and a tile of columns change only the order of independent work), so a request's
-    # tokens are the same alone or in any batch. 576 inputs: two groups of eight 32-weight
-    # blocks and a group of two (768 for the 256-weight types).
+    # tokens are the same alone or in any batch of 1-64 rows, on 1 or 2 threads, from the
+    # blocks or (where the type has them) from tiles that replace the rows. 576 inputs: two
+    # groups of eight 32-weight blocks and a group of two (768 for the 256-weight types).
     k = 576 if BLOCK_TYPES[name].weights == 32 else 768
     weight = GGUFWeight(random_blocks(name, 50, k, seed=8), name, k)
     weight.int8_rows = INT8_EVERY_STEP
-    x = torch.randn(37, k, generator=torch.Generator().manual_seed(9))
-    with torch.inference_mode():
-        batch = weight(x)
-        alone = torch.cat([weight(x[i : i + 1]) for i in range(37)])
-        assert torch.equal(batch, alone)
-        assert torch.equal(weight(x[3:12]), batch[3:12])
-        xb = x.bfloat16()  # bfloat16 activations take the same path, widened first
-        singles = torch.cat([weight(xb[i : i + 1]) for i in (0, 20, 36)])
-        assert torch.equal(weight(xb)[[0, 20, 36]], singles)
+    if tiles:
+        weight.keep_tiles(keep_rows=False)
+    x = torch.randn(64, k, generator=torch.Generator().manual_seed(9))
+    threads = torch.get_num_threads()
+    try:
+        with torch.inference_mode():
+            batch = weight(x)
+            for count in (1, 2):
+                torch.set_num_threads(count)
+                alone = torch.cat([weight(x[i : i + 1]) for i in range(64)])
+                assert torch.equal(batch, alone), f"{count} threads"
+                for rows in (2, 7, 8, 9, 31, 33):
+                    assert torch.equal(weight(x[3 : 3 + rows]), batch[3 : 3 + rows]), rows
+            xb = x.bfloat16()  # bfloat16 activations take the same path, widened first
+            singles = torch.cat([weight(xb[i : i + 1]) for i in (0, 20, 63)])
+            assert torch.equal(weight(xb)[[0, 20, 63]], singles)
+    finally:
+        torch.set_num_threads(threads)
 
 
 @needs_native

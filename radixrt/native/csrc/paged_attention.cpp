@@ -29,7 +29,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <numeric>
 #include <utility>
 #include <vector>
 

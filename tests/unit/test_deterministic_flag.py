@@ -1,0 +1,27 @@
+"""--enable-deterministic-inference (SGLang's flag): accepted, and refusing by name the settings
+that would make a request's bits depend on its batch (docs/determinism.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixrt.server_args import ServerArgs
+
+
+def test_the_flag_is_accepted_with_the_defaults_and_int8_every_step_or_never():
+    for rows in (None, -1, 0):
+        assert ServerArgs(enable_deterministic_inference=True, cpu_gguf_int8_rows=rows)
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (dict(cpu_gguf_int8_rows=31), "cpu_gguf_int8_rows"),
+        (dict(enable_torch_compile=True), "enable_torch_compile"),
+        (dict(device="cuda"), "device must be cpu"),
+    ],
+)
+def test_what_breaks_it_is_refused_by_name(args, field):
+    with pytest.raises(ValueError, match=field):
+        ServerArgs(enable_deterministic_inference=True, **args)
+    ServerArgs(**args)  # without the flag these settings stay allowed
