@@ -175,46 +175,37 @@ def vllm_worker(spec: dict[str, Any]) -> dict[str, Any]:
     return {"version": vllm.__version__, "dtype": dtype, **time_workloads(spec, run, load)}
 
 
-# -- llama.cpp (llama-cpp-python) ---------------------------------------------------------------
+# -- llama.cpp (llama-cpp-python's bindings of its C API) ---------------------------------------
 def llamacpp_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """llama.cpp as its batched examples and server run it: one context with a sequence per
+    prompt (a unified KV cache), every prompt's tokens and then every sequence's next token in
+    one llama_decode a step, greedy sampling in C (llama_sampler_init_greedy), and a prefix
+    all the prompts share decoded once and given to each sequence with llama_memory_seq_cp."""
     import llama_cpp
 
-    threads = spec["threads"]
-    if not spec["engine_args"].get("extra_bufts", True):
-        _without_extra_buffers(llama_cpp)
+    llama_cpp.llama_backend_init()
     start = time.perf_counter()
-    llm = llama_cpp.Llama(
-        model_path=spec["gguf"],
-        n_ctx=spec["max_len"],
-        n_batch=512,
-        n_threads=threads,
-        n_threads_batch=threads,
-        seed=0,
-        verbose=False,
-    )
+    model_params = llama_cpp.llama_model_default_params()
+    model_params.use_extra_bufts = spec["engine_args"].get("extra_bufts", True)
+    model = llama_cpp.llama_model_load_from_file(spec["gguf"].encode(), model_params)
+    if not model:
+        raise RuntimeError(f"llama.cpp could not load {spec['gguf']}")
+    most = max(len(w["prompts"]) for w in spec["workloads"])
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx = max(cells(w["prompts"], w["new_tokens"]) for w in spec["workloads"])
+    params.n_seq_max = max(most, 1)
+    params.kv_unified = True  # sequences may share cells (llama_memory_seq_cp)
+    params.n_threads = params.n_threads_batch = spec["threads"]
+    ctx = llama_cpp.llama_init_from_model(model, params)
+    if not ctx:
+        raise RuntimeError("llama.cpp could not make a context")
+    batcher = LlamaBatcher(llama_cpp, ctx, params.n_batch, most)
     load = ready(start)
-
-    def one(prompt: list[int], new: int) -> tuple[int, int]:
-        # generate() keeps the KV of the longest common prefix with the previous sequence
-        # (its reset=True path), so a shared prefix is evaluated once: count what it kept.
-        kept = common_prefix(llm.input_ids[: llm.n_tokens].tolist(), prompt)
-        made = 0
-        for _ in llm.generate(prompt, temp=0.0, top_k=1, repeat_penalty=1.0):
-            made += 1
-            if made == new:
-                break
-        return made, kept
-
-    def run(prompts: list[list[int]], new: int) -> tuple[list[int], int | None]:
-        done = [one(p, new) for p in prompts]  # its Python API runs one sequence at a time
-        return [made for made, _ in done], sum(kept for _, kept in done)
-
-    timed = time_workloads(spec, run, load)
-    # The file's own type as llama.cpp names it (e.g. "llama ?B Q4_K - Medium"): any GGUF runs.
-    buf = ctypes.create_string_buffer(256)
-    llama_cpp.llama_model_desc(llm.model, buf, len(buf))
+    timed = time_workloads(spec, batcher.run, load)
+    buf = ctypes.create_string_buffer(256)  # the file's type as llama.cpp names it
+    llama_cpp.llama_model_desc(model, buf, len(buf))
     dtype = f"GGUF {buf.value.decode()}"
-    dtype += "" if spec["engine_args"].get("extra_bufts", True) else NO_EXTRA
+    dtype += "" if model_params.use_extra_bufts else NO_EXTRA
     return {"version": llama_cpp.__version__, "dtype": dtype, **timed}
 
 
@@ -222,8 +213,9 @@ NO_EXTRA = " (repacked/AMX weight buffers off: with them it crashed on this CPU)
 
 
 def _without_extra_buffers(llama_cpp: Any) -> None:
-    # llama.cpp's model parameter `use_extra_bufts` (weights repacked for AVX-512/AMX kernels);
-    # Llama() takes no argument for it, so its defaults are changed where it reads them.
+    # llama.cpp's model parameter `use_extra_bufts` (weights repacked for AVX-512/AMX kernels)
+    # for Llama() (scripts/bench_spec.py), which takes no argument for it: its defaults are
+    # changed where it reads them.
     low_level = llama_cpp.llama_cpp
     defaults = low_level.llama_model_default_params
 
@@ -235,9 +227,69 @@ def _without_extra_buffers(llama_cpp: Any) -> None:
     low_level.llama_model_default_params = params
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    return next((i for i in range(n) if a[i] != b[i]), n)
+class LlamaBatcher:
+    """Runs one workload's prompts as sequences 0..n-1 of one llama.cpp context."""
+
+    def __init__(self, llama_cpp: Any, ctx: Any, n_batch: int, sequences: int) -> None:
+        self.lib, self.ctx, self.n_batch = llama_cpp, ctx, n_batch
+        self.batch = llama_cpp.llama_batch_init(max(n_batch, sequences), 0, 1)
+        self.sampler = llama_cpp.llama_sampler_init_greedy()
+
+    def run(self, prompts: list[list[int]], new: int) -> tuple[list[int], int | None]:
+        lib, n = self.lib, len(prompts)
+        memory = lib.llama_get_memory(self.ctx)
+        lib.llama_memory_clear(memory, True)
+        shared = common_prefix_all(prompts) if n > 1 else 0
+        if shared:  # the shared prefix once, on sequence 0, then copied to the others
+            self.decode([(t, i, 0, False) for i, t in enumerate(prompts[0][:shared])])
+            for s in range(1, n):
+                lib.llama_memory_seq_cp(memory, 0, s, -1, -1)
+        rest = [
+            (t, i, s, i == len(p) - 1)
+            for s, p in enumerate(prompts)
+            for i, t in enumerate(p[shared:], start=shared)
+        ]
+        last = self.decode(rest)  # the first new token of each sequence
+        made, lengths = [[last[s]] for s in range(n)], [len(p) for p in prompts]
+        for _ in range(new - 1):
+            step = self.decode(
+                [(made[s][-1], lengths[s] + len(made[s]) - 1, s, True) for s in range(n)]
+            )
+            for s in range(n):
+                made[s].append(step[s])
+        return [len(m) for m in made], shared * (n - 1)
+
+    def decode(self, tokens: list[tuple[int, int, int, bool]]) -> dict[int, int]:
+        """Decode (token, position, sequence, sample?) in batches of n_batch; the greedy
+        token after each sampled one, by sequence."""
+        lib, batch, sampled = self.lib, self.batch, {}
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start : start + self.n_batch]
+            for i, (token, pos, seq, logits) in enumerate(chunk):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, pos, 1
+                batch.seq_id[i][0], batch.logits[i] = seq, logits
+            batch.n_tokens = len(chunk)
+            if lib.llama_decode(self.ctx, batch) != 0:
+                raise RuntimeError("llama_decode failed")
+            for i, (_, _, seq, logits) in enumerate(chunk):
+                if logits:
+                    sampled[seq] = lib.llama_sampler_sample(self.sampler, self.ctx, i)
+        return sampled
+
+
+def cells(prompts: list[list[int]], new: int) -> int:
+    """The KV cells a workload fills in LlamaBatcher: its shared prefix once, then each
+    sequence's own tokens, rounded up to 256."""
+    shared = common_prefix_all(prompts) if len(prompts) > 1 else 0
+    used = shared + sum(len(p) - shared + new for p in prompts)
+    return (used + 255) // 256 * 256
+
+
+def common_prefix_all(prompts: list[list[int]]) -> int:
+    """The longest prefix every prompt shares, leaving each at least its last token."""
+    n = min(len(p) for p in prompts) - 1
+    first = prompts[0]
+    return next((i for i in range(n) if any(p[i] != first[i] for p in prompts)), max(n, 0))
 
 
 # -- transformers -------------------------------------------------------------------------------

@@ -29,20 +29,20 @@ def native_cpu(x: torch.Tensor) -> Any | None:
     return load_native()
 
 
-ONEDNN = torch.backends.mkldnn.is_available()
+# The dtypes dense_linear multiplies with radixrt's kernel (others: F.linear).
+NATIVE_MATMUL_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def dense_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """F.linear; float32 on the CPU through oneDNN's matmul instead of the BLAS (twice as fast
-    on an AVX-512 EPYC: native/csrc/dense_linear.cpp, which the native layer stack calls, says
-    why). Not under torch.compile: inductor lowers that op only for constant weights."""
-    if (
-        ONEDNN
-        and x.dtype == weight.dtype == torch.float32
-        and x.device.type == "cpu"
-        and not torch.compiler.is_compiling()
-    ):
-        return torch.ops.mkldnn._linear_pointwise.default(x, weight, bias, "none", [], "")
+    """F.linear; float32 and bfloat16 on the CPU through radixrt's matmul
+    (native/csrc/float_matmul.cpp, which the native layer stack calls too): each output summed
+    in one order whatever the row count, so that a request's bits never depend on its batch
+    (docs/determinism.md). Not under torch.compile, where inductor lowers F.linear itself."""
+    ops = native_cpu(x)
+    if ops is not None and x.dtype == weight.dtype and x.dtype in NATIVE_MATMUL_DTYPES:
+        flat = x.reshape(-1, x.shape[-1])
+        y = torch.ops.radixrt.dense_linear.default(flat, weight, bias)
+        return y.reshape(*x.shape[:-1], weight.shape[0])  # type: ignore[no-any-return]
     return F.linear(x, weight, bias)

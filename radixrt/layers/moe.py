@@ -31,11 +31,11 @@ from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple, overload
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from radixrt.distributed import TPGroup
 from radixrt.layers.config import MoEConfig
+from radixrt.layers.fused import dense_linear
 from radixrt.layers.mlp import GatedMLP
 from radixrt.layers.sharding import CheckpointTensor, LazyTensor, Narrow
 
@@ -56,7 +56,7 @@ class TopKRouter(nn.Module):
         self.weight = nn.Parameter(torch.empty(moe.num_experts, hidden_size))
 
     def forward(self, x: torch.Tensor) -> Routing:  # x [T, hidden]
-        logits = F.linear(x, self.weight)  # transformers' op: the same sums as its router
+        logits = dense_linear(x, self.weight)  # one order per row, whatever the batch
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         top, experts = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:

@@ -112,6 +112,31 @@ def test_tiny_models_answer_the_same_in_any_batch(arch, tiny_model_dir, monkeypa
         engine.shutdown()
 
 
+@pytest.mark.parametrize("quantization", ["int4", "none"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen3_moe"])
+def test_float32_answers_the_same_in_any_batch(arch, quantization, tiny_model_dir):
+    """float32, packed (the float kernels) or dense: a batch of 16 and prefill chunks of 7 on
+    pages of 16 equal each prompt alone, bits and all, as in the default dtype."""
+    path = str(tiny_model_dir(arch, **TINY_OVERRIDES.get(arch, {})))
+    args = dict(quantization=quantization, dtype="float32", max_total_tokens=8192)
+    engine = engine_for(path, {"skip_tokenizer_init": True}, **args)
+    try:
+        prompts = tiny_prompts(engine.info.vocab_size)
+        want = alone(engine, prompts, GREEDY)
+        others = tiny_prompts(engine.info.vocab_size, seed=1)
+        batch = answers(engine, others[:5] + prompts + others[5:] + others[:5], GREEDY)
+        assert_same(batch[5 : 5 + len(prompts)], want, f"{arch} float32 in a batch of 16")
+    finally:
+        engine.shutdown()
+    engine = engine_for(
+        path, {"skip_tokenizer_init": True}, chunked_prefill_size=7, page_size=16, **args
+    )
+    try:
+        assert_same(answers(engine, prompts, GREEDY), want, f"{arch} float32 chunked, paged")
+    finally:
+        engine.shutdown()
+
+
 def test_a_kernel_chosen_by_row_count_is_caught(tiny_model_dir):
     """The check's power: with int8 activations only up to 31 rows (the default before
     2026-12-07), a prompt prefilled beside others (a step of more rows, the float path) gets

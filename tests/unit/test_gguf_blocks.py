@@ -175,6 +175,34 @@ def test_an_int8_rows_result_does_not_depend_on_its_batch(name, tiles):
 
 
 @needs_native
+@pytest.mark.parametrize("name", TYPES)
+def test_a_float_rows_result_does_not_depend_on_its_batch(name):
+    # Float32 activations: the narrow kernel (under DENSE_FROM_ROWS rows, sub-blocks widened
+    # in registers) and the wide one (tiles widened once) sum each output in one order, so a
+    # row's bits are the same alone, in any batch of 1-70 rows, on 1 or 2 threads. 50 weight
+    # rows: neither kernel's column group (3, 6, 8) divides it. oneDNN's matmul, which the wide
+    # steps ran before, failed this.
+    k = 576 if BLOCK_TYPES[name].weights == 32 else 768
+    blocks = random_blocks(name, 50, k, seed=10)
+    weight = GGUFWeight(blocks, name, k)
+    x = torch.randn(70, k, generator=torch.Generator().manual_seed(11))
+    threads = torch.get_num_threads()
+    try:
+        with torch.inference_mode():
+            batch = weight(x)
+            for count in (1, 2):
+                torch.set_num_threads(count)
+                alone = torch.cat([weight(x[i : i + 1]) for i in range(70)])
+                assert torch.equal(batch, alone), f"{count} threads"
+                for rows in (2, 5, 8, 31, 32, 33, 45):
+                    assert torch.equal(weight(x[3 : 3 + rows]), batch[3 : 3 + rows]), rows
+    finally:
+        torch.set_num_threads(threads)
+    w = dequantize_part(BLOCK_TYPES[name], blocks, k)
+    assert bool(((batch.double() - x.double() @ w.double().T).abs() <= dot_bound(x, w)).all())
+
+
+@needs_native
 @pytest.mark.parametrize("rows", [1, 4, 40])
 def test_bfloat16_inputs_are_within_bfloat16s_rounding(rows):
     # Narrow: x (exact in float32) times the weights in float32, then one rounding of y to

@@ -37,9 +37,9 @@ SMALL = dict(
 @pytest.fixture(autouse=True)
 def aten_matmuls(monkeypatch):
     """These tests hold the blocks to transformers op for op, and transformers multiplies with
-    aten's BLAS matmul: so do ours here. Elsewhere dense_linear uses oneDNN's, which sums in
+    aten's BLAS matmul: so do ours here. Elsewhere dense_linear uses radixrt's, which sums in
     another order (test_dense_linear.py bounds that)."""
-    monkeypatch.setattr(fused, "ONEDNN", False)
+    monkeypatch.setattr(fused, "NATIVE_MATMUL_DTYPES", ())
 
 
 def no_skip(name: str) -> bool:

@@ -26,7 +26,7 @@ HIDDEN, EXPERTS, INTERMEDIATE = 32, 6, 16
 @pytest.fixture(autouse=True)
 def aten_matmuls(monkeypatch):
     """transformers multiplies with aten's matmul: so do ours here (see test_model_blocks)."""
-    monkeypatch.setattr(fused, "ONEDNN", False)
+    monkeypatch.setattr(fused, "NATIVE_MATMUL_DTYPES", ())
 
 
 def hf_block(top_k: int, norm: bool, implementation: str) -> hf_moe.Qwen3MoeSparseMoeBlock:

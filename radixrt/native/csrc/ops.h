@@ -22,7 +22,7 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up);
 void store_kv(at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& loc, const at::Tensor& k,
               const at::Tensor& v);
 
-// dense_linear.cpp (not registered as an op: Python calls the oneDNN op it wraps itself)
+// dense_linear.cpp (dense_linear is the op radixrt::dense_linear too)
 at::Tensor dense_linear(const at::Tensor& x, const at::Tensor& w,
                         const std::optional<at::Tensor>& bias = std::nullopt);
 at::Tensor dense_copy_linear(const at::Tensor& x, const at::Tensor& dense);
