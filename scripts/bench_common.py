@@ -281,6 +281,8 @@ LOAD_FIGURES = (
     ("ready_s", "ready (s)", "s, lower is better", "{:.2f}"),
     ("rss_load_mib", "resident memory after load (MiB)", "MiB, lower is better", "{:,.0f}"),
     ("rss_end_mib", "resident memory after the workloads (MiB)", "MiB, lower is better", "{:,.0f}"),
+    ("pss_load_mib", "PSS after load (MiB)", "MiB, lower is better", "{:,.0f}"),
+    ("pss_end_mib", "PSS after the workloads (MiB)", "MiB, lower is better", "{:,.0f}"),
 )
 
 

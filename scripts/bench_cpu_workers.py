@@ -9,10 +9,10 @@ SPEC.json (written by bench_cpu.py): gguf, hf_dir, threads, max_len, engine_args
 (token ids) and workloads (name, prompts, new_tokens). RESULT.json: engine, version, dtype,
 ready_s (seconds from just before the engine's constructor to it returning, ready for a
 request), rss_load_mib and rss_end_mib (the summed VmRSS of this process and every descendant,
-right after that and after the last workload) and, per workload, seconds, prompt_tokens,
-output_tokens and cached_tokens (None where the engine does not say). Model load and the
-warm-up request are not in a workload's seconds. A worker that cannot do what was asked
-raises; the driver reports its error instead of a figure.
+right after that and after the last workload), pss_load_mib and pss_end_mib (their PSS)
+and, per workload, seconds, prompt_tokens, output_tokens and cached_tokens (None where the
+engine does not say). Model load and the warm-up request are not in a workload's seconds. A
+worker that cannot do what was asked raises; the driver reports its error instead of a figure.
 """
 
 from __future__ import annotations
@@ -33,23 +33,34 @@ RunFn = Callable[[list[list[int]], int], tuple[list[int], int | None]]
 def ready(start: float) -> dict[str, float]:
     """The load figures, taken the moment the engine's constructor has returned: seconds since
     `start` (perf_counter just before the call) and the resident memory of its processes."""
-    return {"ready_s": time.perf_counter() - start, "rss_load_mib": tree_rss_mib()}
+    seconds = time.perf_counter() - start
+    return {"ready_s": seconds, "rss_load_mib": tree_rss_mib(), "pss_load_mib": tree_pss_mib()}
 
 
 def tree_rss_mib(pid: int | None = None) -> float:
     """VmRSS summed over a process and all its descendants (an engine's scheduler and
     detokenizer processes), MiB. Pages shared between them count in each."""
+    return _tree_kib(pid, _vmrss_kib) / 1024
+
+
+def tree_pss_mib(pid: int | None = None) -> float:
+    """PSS summed over the same tree, MiB: a page shared by k processes counts 1/k in each,
+    so the sum is the memory the tree holds (the torch library the processes share, once)."""
+    return _tree_kib(pid, _pss_kib) / 1024
+
+
+def _tree_kib(pid: int | None, kib: Callable[[int], int]) -> int:
     todo, total_kib = [pid or os.getpid()], 0
     parents = None
     while todo:
         p = todo.pop()
-        total_kib += _vmrss_kib(p)
+        total_kib += kib(p)
         kids = _children(p)
         if kids is None:  # no /proc/PID/task/*/children here: parents from every /proc/*/stat
             parents = _parents() if parents is None else parents
             kids = [c for c, parent in parents.items() if parent == p]
         todo += kids
-    return total_kib / 1024
+    return total_kib
 
 
 def _vmrss_kib(pid: int) -> int:
@@ -61,6 +72,17 @@ def _vmrss_kib(pid: int) -> int:
     except OSError:  # it exited meanwhile
         pass
     return 0  # a zombie has no VmRSS
+
+
+def _pss_kib(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:  # it exited meanwhile
+        pass
+    return 0
 
 
 def _children(pid: int) -> list[int] | None:
@@ -93,13 +115,21 @@ def _parents() -> dict[int, int]:
     return out
 
 
-def time_workloads(spec: dict[str, Any], run: RunFn, load: dict[str, float]) -> dict[str, Any]:
+def time_workloads(
+    spec: dict[str, Any],
+    run: RunFn,
+    load: dict[str, float],
+    prepare: Callable[[list[list[int]], int], None] | None = None,
+) -> dict[str, Any]:
     """The warm-up request, then every workload timed; with the load figures and the resident
-    memory after the last workload."""
+    memory after the last workload. `prepare(prompts, new)`, untimed, before each."""
+    prepare = prepare or (lambda prompts, new: None)
+    prepare([spec["warmup"]], 4)
     run([spec["warmup"]], 4)
     results = {}
     for w in spec["workloads"]:
         prompts, new = w["prompts"], w["new_tokens"]
+        prepare(prompts, new)
         start = time.perf_counter()
         lengths, cached = run(prompts, new)
         seconds = time.perf_counter() - start
@@ -112,7 +142,8 @@ def time_workloads(spec: dict[str, Any], run: RunFn, load: dict[str, float]) -> 
             "output_tokens": sum(lengths),
             "cached_tokens": cached,
         }
-    return {**load, "rss_end_mib": tree_rss_mib(), "workloads": results}
+    end = {"rss_end_mib": tree_rss_mib(), "pss_end_mib": tree_pss_mib()}
+    return {**load, **end, "workloads": results}
 
 
 # -- radixrt (the project's own venv) ----------------------------------------------------------
@@ -177,10 +208,11 @@ def vllm_worker(spec: dict[str, Any]) -> dict[str, Any]:
 
 # -- llama.cpp (llama-cpp-python's bindings of its C API) ---------------------------------------
 def llamacpp_worker(spec: dict[str, Any]) -> dict[str, Any]:
-    """llama.cpp as its batched examples and server run it: one context with a sequence per
-    prompt (a unified KV cache), every prompt's tokens and then every sequence's next token in
-    one llama_decode a step, greedy sampling in C (llama_sampler_init_greedy), and a prefix
-    all the prompts share decoded once and given to each sequence with llama_memory_seq_cp."""
+    """llama.cpp as its batched examples and server run it: a context with a sequence per
+    prompt, every prompt's tokens and then every sequence's next token in one llama_decode a
+    step, greedy sampling in C (llama_sampler_init_greedy). Unrelated prompts get a KV stream
+    each; a prefix all the prompts share is decoded once and given to each sequence with
+    llama_memory_seq_cp, in one unified KV buffer (which seq_cp needs)."""
     import llama_cpp
 
     llama_cpp.llama_backend_init()
@@ -190,18 +222,9 @@ def llamacpp_worker(spec: dict[str, Any]) -> dict[str, Any]:
     model = llama_cpp.llama_model_load_from_file(spec["gguf"].encode(), model_params)
     if not model:
         raise RuntimeError(f"llama.cpp could not load {spec['gguf']}")
-    most = max(len(w["prompts"]) for w in spec["workloads"])
-    params = llama_cpp.llama_context_default_params()
-    params.n_ctx = max(cells(w["prompts"], w["new_tokens"]) for w in spec["workloads"])
-    params.n_seq_max = max(most, 1)
-    params.kv_unified = True  # sequences may share cells (llama_memory_seq_cp)
-    params.n_threads = params.n_threads_batch = spec["threads"]
-    ctx = llama_cpp.llama_init_from_model(model, params)
-    if not ctx:
-        raise RuntimeError("llama.cpp could not make a context")
-    batcher = LlamaBatcher(llama_cpp, ctx, params.n_batch, most)
+    batcher = LlamaBatcher(llama_cpp, model, spec["threads"])
     load = ready(start)
-    timed = time_workloads(spec, batcher.run, load)
+    timed = time_workloads(spec, batcher.run, load, batcher.prepare)
     buf = ctypes.create_string_buffer(256)  # the file's type as llama.cpp names it
     llama_cpp.llama_model_desc(model, buf, len(buf))
     dtype = f"GGUF {buf.value.decode()}"
@@ -228,20 +251,37 @@ def _without_extra_buffers(llama_cpp: Any) -> None:
 
 
 class LlamaBatcher:
-    """Runs one workload's prompts as sequences 0..n-1 of one llama.cpp context."""
+    """Runs one workload's prompts as sequences 0..n-1 of one llama.cpp context, made for it
+    (untimed) by `prepare`."""
 
-    def __init__(self, llama_cpp: Any, ctx: Any, n_batch: int, sequences: int) -> None:
-        self.lib, self.ctx, self.n_batch = llama_cpp, ctx, n_batch
-        self.batch = llama_cpp.llama_batch_init(max(n_batch, sequences), 0, 1)
+    def __init__(self, llama_cpp: Any, model: Any, threads: int) -> None:
+        self.lib, self.model, self.threads = llama_cpp, model, threads
+        self.ctx = self.batch = None
         self.sampler = llama_cpp.llama_sampler_init_greedy()
 
+    def prepare(self, prompts: list[list[int]], new: int) -> None:
+        lib = self.lib
+        if self.ctx is not None:
+            lib.llama_batch_free(self.batch)
+            lib.llama_free(self.ctx)
+        params = lib.llama_context_default_params()
+        params.n_seq_max = len(prompts)
+        params.n_threads = params.n_threads_batch = self.threads
+        self.shared = common_prefix_all(prompts) if len(prompts) > 1 else 0
+        params.kv_unified = self.shared > 0
+        longest = max(len(p) for p in prompts) + new
+        params.n_ctx = cells(prompts, new) if self.shared else len(prompts) * round_up(longest)
+        self.ctx = lib.llama_init_from_model(self.model, params)
+        if not self.ctx:
+            raise RuntimeError("llama.cpp could not make a context")
+        self.n_batch = params.n_batch
+        self.batch = lib.llama_batch_init(max(params.n_batch, len(prompts)), 0, 1)
+
     def run(self, prompts: list[list[int]], new: int) -> tuple[list[int], int | None]:
-        lib, n = self.lib, len(prompts)
-        memory = lib.llama_get_memory(self.ctx)
-        lib.llama_memory_clear(memory, True)
-        shared = common_prefix_all(prompts) if n > 1 else 0
+        lib, n, shared = self.lib, len(prompts), self.shared
         if shared:  # the shared prefix once, on sequence 0, then copied to the others
             self.decode([(t, i, 0, False) for i, t in enumerate(prompts[0][:shared])])
+            memory = lib.llama_get_memory(self.ctx)
             for s in range(1, n):
                 lib.llama_memory_seq_cp(memory, 0, s, -1, -1)
         rest = [
@@ -277,12 +317,15 @@ class LlamaBatcher:
         return sampled
 
 
+def round_up(n: int, to: int = 256) -> int:
+    return (n + to - 1) // to * to
+
+
 def cells(prompts: list[list[int]], new: int) -> int:
-    """The KV cells a workload fills in LlamaBatcher: its shared prefix once, then each
-    sequence's own tokens, rounded up to 256."""
+    """The KV cells a workload fills in one unified buffer: its shared prefix once, then each
+    sequence's own tokens."""
     shared = common_prefix_all(prompts) if len(prompts) > 1 else 0
-    used = shared + sum(len(p) - shared + new for p in prompts)
-    return (used + 255) // 256 * 256
+    return round_up(shared + sum(len(p) - shared + new for p in prompts))
 
 
 def common_prefix_all(prompts: list[list[int]]) -> int:

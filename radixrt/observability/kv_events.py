@@ -98,11 +98,13 @@ def chain_hashes(parent: int | None, token_ids: Sequence[int], page_size: int) -
 
 @dataclass(frozen=True)
 class KVEventsConfig:
-    """vLLM's `KVEventsConfig`, same fields and defaults."""
+    """vLLM's `KVEventsConfig`, same fields and defaults but the endpoint's host."""
 
     enable_kv_cache_events: bool = False
     publisher: str | None = None  # "zmq" or "null"; unset: "zmq" if enabled
-    endpoint: str = "tcp://*:5557"  # PUB socket: binds if it has * / :: / ipc / inproc
+    # PUB socket: binds if it has * / :: / a loopback host / ipc / inproc. vLLM's default is
+    # every interface (tcp://*:5557); radixrt's is loopback, as every port of its own.
+    endpoint: str = "tcp://127.0.0.1:5557"
     replay_endpoint: str | None = None  # ROUTER socket for replays; None: no replay
     buffer_steps: int = 10_000  # batches kept for replay
     hwm: int = 100_000  # ZeroMQ send high-water mark of the PUB socket

@@ -44,9 +44,28 @@ def offset_endpoint_port(endpoint: str, data_parallel_rank: int) -> str:
     return f"{endpoint}_dp{data_parallel_rank}"
 
 
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+EVERY_INTERFACE = ("*", "0.0.0.0", "[::]")
+
+
+def _host(endpoint: str) -> str:
+    return endpoint.removeprefix("tcp://").rpartition(":")[0]
+
+
 def _binds(endpoint: str) -> bool:
-    """vLLM's convention: a wildcard or local transport binds (stable), anything else connects."""
-    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+    """vLLM's convention, plus loopback: a wildcard, a loopback address (radixrt's default) or a
+    local transport binds (stable), anything else connects."""
+    local = endpoint.startswith(("ipc://", "inproc://")) or _host(endpoint) in LOOPBACK_HOSTS
+    return local or "*" in endpoint or "::" in endpoint
+
+
+def _warn_if_public(endpoint: str, field: str) -> None:
+    if _host(endpoint) in EVERY_INTERFACE:
+        logger.warning(
+            "kv_events_config: %s %s publishes every cached prompt's token ids on every "
+            "interface, with no key; bind 127.0.0.1 unless other hosts must subscribe",
+            field, endpoint,
+        )  # fmt: skip
 
 
 class ZmqEventPublisher:
@@ -139,6 +158,7 @@ def _attach(sock: zmq.Socket[bytes], endpoint: str, field: str, bind: bool = Fal
     """Bind or connect `sock`; a bad endpoint or a port in use names the config field."""
     try:
         if bind or _binds(endpoint):
+            _warn_if_public(endpoint, field)
             sock.bind(endpoint)
         else:
             sock.connect(endpoint)

@@ -180,8 +180,10 @@ class ServerArgs:
     kv_events_config: str | None = _f(
         None,
         "JSON, as vLLM's: publish KV cache events over ZeroMQ, e.g. "
-        """{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", """
-        """"topic": "kv-events", "replay_endpoint": "tcp://*:5558"}""",
+        """{"enable_kv_cache_events": true, "endpoint": "tcp://127.0.0.1:5557", """
+        """"topic": "kv-events", "replay_endpoint": "tcp://127.0.0.1:5558"}; the endpoint """
+        "binds 127.0.0.1:5557 by default (vLLM's: every interface); tcp://*:PORT binds every "
+        "interface, with a warning",
     )
     disaggregation_mode: str = _f(
         "null",

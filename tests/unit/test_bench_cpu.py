@@ -52,13 +52,16 @@ def test_the_table_counts_the_right_tokens_and_divides_the_right_way():
 
 def test_the_load_rows_follow_with_radixrt_over_the_peer_lower_better():
     (decode,) = bench_cpu.build_workloads(["decode"], quick=True)
-    load = {"ready_s": 1.5, "rss_load_mib": 600.0, "rss_end_mib": 1200.0}
+    load = {"ready_s": 1.5, "rss_load_mib": 600.0, "rss_end_mib": 1200.0, "pss_end_mib": 900.0}
     ours = {"workloads": {"decode": _fig(2.0, 0)}, **load}
     peer = {"workloads": {"decode": _fig(8.0, None)}, "ready_s": 3.0, "rss_load_mib": 2400.0}
+    peer["pss_end_mib"] = 450.0
     results = {"radixrt": ours, "llama.cpp": peer, "vLLM": {"error": "not installed"}}
     rows = bench_cpu.markdown_table([decode], results, ["radixrt"]).splitlines()
-    assert len(rows) == 2 + 1 + 3
-    ready, rss_load, rss_end = rows[3:]
+    assert len(rows) == 2 + 1 + 5
+    ready, rss_load, rss_end, pss_load, pss_end = rows[3:]
+    assert pss_load.startswith("| PSS after load (MiB) |") and "| — | — | not installed |" in pss_load
+    assert "| 900 | 450 | not installed | — | 2.00× | — |" in pss_end
     assert (
         ready == "| ready (s) | s, lower is better | 1.50 | 3.00 | not installed | — | 0.50× | — |"
     )

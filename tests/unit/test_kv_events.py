@@ -8,9 +8,11 @@ from __future__ import annotations
 import hashlib
 import itertools
 import random
+import socket
 import struct
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import msgspec
@@ -267,3 +269,43 @@ def test_a_bad_endpoint_fails_naming_the_field() -> None:
     assert config is not None
     with pytest.raises(ValueError, match="kv_events_config: endpoint 'bogus://x'"):
         ZmqEventPublisher(config)
+
+
+def test_the_publisher_binds_loopback_unless_told_every_interface(caplog) -> None:
+    # vLLM's default is tcp://*:5557; radixrt's binds 127.0.0.1 only, and binding every
+    # interface (said explicitly) warns. A free port each, so the test never meets a server.
+    port, wide_port = _free_port(), _free_port()
+    default = parse_kv_events_config('{"enable_kv_cache_events": true}')
+    assert default is not None and default.endpoint == "tcp://127.0.0.1:5557"
+    local = replace(default, endpoint=f"tcp://127.0.0.1:{port}")
+    publisher = ZmqEventPublisher(local)
+    try:
+        assert _listening(port) == ["127.0.0.1"], "loopback, bound (not connected)"
+        assert "every interface" not in caplog.text
+    finally:
+        publisher.shutdown()
+    publisher = ZmqEventPublisher(replace(default, endpoint=f"tcp://*:{wide_port}"))
+    try:
+        assert _listening(wide_port) == ["0.0.0.0"]
+        assert "kv_events_config: endpoint tcp://*:" in caplog.text
+        assert "every interface" in caplog.text
+    finally:
+        publisher.shutdown()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _listening(port: int) -> list[str]:
+    """The local addresses with a TCP socket listening on `port` (IPv4, /proc/net/tcp)."""
+    found = []
+    with open("/proc/net/tcp") as f:
+        for line in list(f)[1:]:
+            local, state = line.split()[1], line.split()[3]
+            host, _, hex_port = local.partition(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.append(socket.inet_ntoa(bytes.fromhex(host)[::-1]))
+    return found
