@@ -60,7 +60,8 @@ def test_the_load_rows_follow_with_radixrt_over_the_peer_lower_better():
     rows = bench_cpu.markdown_table([decode], results, ["radixrt"]).splitlines()
     assert len(rows) == 2 + 1 + 5
     ready, rss_load, rss_end, pss_load, pss_end = rows[3:]
-    assert pss_load.startswith("| PSS after load (MiB) |") and "| — | — | not installed |" in pss_load
+    assert pss_load.startswith("| PSS after load (MiB) |")
+    assert "| — | — | not installed |" in pss_load
     assert "| 900 | 450 | not installed | — | 2.00× | — |" in pss_end
     assert (
         ready == "| ready (s) | s, lower is better | 1.50 | 3.00 | not installed | — | 0.50× | — |"
