@@ -157,19 +157,26 @@ def test_an_int8_rows_result_does_not_depend_on_its_batch(name, tiles):
     if tiles:
         weight.keep_tiles(keep_rows=False)
     x = torch.randn(64, k, generator=torch.Generator().manual_seed(9))
+    assert_rows_do_not_depend_on_the_batch(weight, x, (2, 7, 8, 9, 31, 33))
+    with torch.inference_mode():
+        xb = x.bfloat16()  # bfloat16 activations take the same path, widened first
+        singles = torch.cat([weight(xb[i : i + 1]) for i in (0, 20, 63)])
+        assert torch.equal(weight(xb)[[0, 20, 63]], singles)
+
+
+def assert_rows_do_not_depend_on_the_batch(weight: GGUFWeight, x: torch.Tensor, slices) -> None:
+    """weight(x) row by row equals it for all of x at once, on 1 and 2 threads, and for the
+    slices of `slices` rows from row 3."""
     threads = torch.get_num_threads()
     try:
         with torch.inference_mode():
             batch = weight(x)
             for count in (1, 2):
                 torch.set_num_threads(count)
-                alone = torch.cat([weight(x[i : i + 1]) for i in range(64)])
+                alone = torch.cat([weight(x[i : i + 1]) for i in range(x.shape[0])])
                 assert torch.equal(batch, alone), f"{count} threads"
-                for rows in (2, 7, 8, 9, 31, 33):
+                for rows in slices:
                     assert torch.equal(weight(x[3 : 3 + rows]), batch[3 : 3 + rows]), rows
-            xb = x.bfloat16()  # bfloat16 activations take the same path, widened first
-            singles = torch.cat([weight(xb[i : i + 1]) for i in (0, 20, 63)])
-            assert torch.equal(weight(xb)[[0, 20, 63]], singles)
     finally:
         torch.set_num_threads(threads)
 
@@ -186,18 +193,9 @@ def test_a_float_rows_result_does_not_depend_on_its_batch(name):
     blocks = random_blocks(name, 50, k, seed=10)
     weight = GGUFWeight(blocks, name, k)
     x = torch.randn(70, k, generator=torch.Generator().manual_seed(11))
-    threads = torch.get_num_threads()
-    try:
-        with torch.inference_mode():
-            batch = weight(x)
-            for count in (1, 2):
-                torch.set_num_threads(count)
-                alone = torch.cat([weight(x[i : i + 1]) for i in range(70)])
-                assert torch.equal(batch, alone), f"{count} threads"
-                for rows in (2, 5, 8, 31, 32, 33, 45):
-                    assert torch.equal(weight(x[3 : 3 + rows]), batch[3 : 3 + rows]), rows
-    finally:
-        torch.set_num_threads(threads)
+    assert_rows_do_not_depend_on_the_batch(weight, x, (2, 5, 8, 31, 32, 33, 45))
+    with torch.inference_mode():
+        batch = weight(x)
     w = dequantize_part(BLOCK_TYPES[name], blocks, k)
     assert bool(((batch.double() - x.double() @ w.double().T).abs() <= dot_bound(x, w)).all())
 

@@ -4,7 +4,7 @@
 // merged projection whose pieces have different types (Q4_K_M) is one weight of several parts.
 // Narrow inputs: the int8 kernel (gguf_dot8.cpp) or the float one here, which widens each
 // sub-block in registers for up to 8 (AVX-512) or 4 (AVX2) rows. Wide inputs: the int8 kernel,
-// or tiles widened once (gguf_wide_f32.cpp), in the narrow kernel's order.
+// or tiles widened once (float_matmul.cpp), in the narrow kernel's order.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
@@ -23,7 +23,7 @@
 
 namespace radixrt::gguf {
 at::Tensor int8_linear(const at::Tensor& x, const Layout& l);  // gguf_dot8.cpp; x float32 [M, K]
-at::Tensor float_wide_linear(const at::Tensor& x, const Layout& l);  // gguf_wide_f32.cpp
+at::Tensor float_wide_linear(const at::Tensor& x, const Layout& l);  // float_matmul.cpp
 }  // namespace radixrt::gguf
 
 namespace {
@@ -192,7 +192,7 @@ at::Tensor gguf_rows(const at::Tensor& packed, const at::Tensor& ids, int64_t in
 // wide, round x to int8 and sum in integers (gguf_dot8.cpp), as llama.cpp does. Other steps
 // multiply x as it is in float32 (a bfloat16 x widened, the result rounded), in one order
 // whatever their width (gguf_widen.h): fewer than dense_from_rows rows widen each sub-block in
-// registers; more widen tiles of weights once per call (gguf_wide_f32.cpp). out_features
+// registers; more widen tiles of weights once per call (float_matmul.cpp). out_features
 // repeats the header's N, so that torch.compile's fake op knows the shape.
 at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
                        int64_t dense_from_rows, int64_t int8_rows) {

@@ -1,5 +1,5 @@
 // GGUF sub-blocks widened to float32 vectors, and the one order in which the float kernels
-// (gguf_linear.cpp's narrow one, gguf_wide_f32.cpp's wide one) sum a dot product: so that an
+// (gguf_linear.cpp's narrow one, float_matmul.cpp's wide one) sum a dot product: so that an
 // input row's result is the same bits whatever the step's row count (docs/determinism.md).
 //
 // The order: y[r][n] = vsum(c), where the chain c starts at zero and takes one fma per kLanes
@@ -132,7 +132,7 @@ void dequantize_row(const uint8_t* row, int64_t K, float* out) {
 #ifdef RADIXRT_AVX2
       Vec w[kVecs];
       weights32<T>(row + b * kB, s, w);
-      for (int v = 0; v < kVecs; ++v) std::memcpy(dst + v * (32 / kVecs), &w[v], sizeof(Vec));
+      for (int v = 0; v < kVecs; ++v) std::memcpy(dst + v * kLanes, &w[v], sizeof(Vec));
 #else
       Sub o;
       decode_sub<T>(row + b * kB, s, o);
