@@ -201,3 +201,42 @@ def test_gemma3_greedy_equals_torch_backend(tiny_model_dir):
     path = tiny_model_dir("gemma3")
     settings = dict(page_size=16, chunked_prefill_size=7)
     assert greedy(path, "triton", **settings) == greedy(path, "torch", **settings)
+
+
+def _forward_row0(specs, deterministic=True, graph=False, context_length=None) -> torch.Tensor:
+    """The first sequence's output rows, its K/V, pages and new token the same whatever the
+    others are (batch_on_pages draws the first sequence's first)."""
+    pool = KVPool(1024, 1, HKV, D, torch.float32, KERNEL_DEVICE)
+    fb = batch_on_pages(pool, specs, 16, torch.Generator().manual_seed(1))
+    fb.attn_backend = backend = TritonAttentionBackend(
+        device=KERNEL_DEVICE, deterministic=deterministic, context_length=context_length
+    )
+    (backend.init_graph_metadata if graph else backend.init_forward_metadata)(fb)
+    mine = torch.Generator().manual_seed(0)
+    others = torch.Generator().manual_seed(2)
+    n0, rest = specs[0][1], sum(n for _, n in specs[1:])
+    q, k, v = (
+        torch.cat(
+            [torch.randn(n0, h, D, generator=mine), torch.randn(rest, h, D, generator=others)]
+        )
+        for h in (HQ, HKV, HKV)
+    )
+    out = backend.forward(*(x.to(KERNEL_DEVICE) for x in (q, k, v)), 0, fb, D**-0.5)
+    return out[:n0]
+
+
+@on_kernel_device
+def test_deterministic_decode_row_is_the_same_in_any_batch():
+    """With the flag a decode step of 300 keys (two chunks of 256) gives the same bits alone
+    (the decode kernels), in a mixed batch (the extend kernel), beside a longer decode, and
+    under CUDA-graph metadata with and without the context length; without it the split
+    count follows the batch and the bits move."""
+    alone = _forward_row0([(299, 1)])
+    assert torch.equal(_forward_row0([(299, 1), (21, 5), (0, 7)]), alone)
+    assert torch.equal(_forward_row0([(299, 1), (600, 1)]), alone)
+    for context_length in (1024, None):
+        assert torch.equal(_forward_row0([(299, 1), (3, 1)], True, True, context_length), alone)
+    # The default kernels: 2 splits alone on the CPU's stand-in 2 SMs, 1 in a batch of 4.
+    batches = ([(299, 1)], [(299, 1)] + [(9, 1)] * 3)
+    default = [_forward_row0(specs, deterministic=False) for specs in batches]
+    assert not torch.equal(default[0], default[1])
