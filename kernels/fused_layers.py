@@ -6,6 +6,11 @@ Each kernel repeats the rounding steps of the torch path it replaces (`kernels.r
 same as `radixrt.layers`): math in float32, a cast to the activation dtype wherever torch
 rounds an intermediate, so that the outputs match it to the last bit or nearly (reductions
 may add in another order).
+
+All four are batch-invariant as they stand, so --enable-deterministic-inference needs no
+variant of them: RMSNorm runs one program per row, summing that row alone in one block whose
+size (and warp count) follows the hidden size only; rotary, SiLU-and-mul and the KV store
+reduce nothing, each output element computed from its own row.
 """
 
 from __future__ import annotations

@@ -6,13 +6,15 @@ only for positions `skip` onwards), or gives a room up with `KVCancel`. The pref
 answers a pull with one `KVPages` header followed by the raw pages, or a header with `ok`
 false and the reason; while the room's prompt is still being computed, a `KVWait` now and
 then says it is alive. Rooms are SGLang's `bootstrap_room`s: the gateway draws one per request
-and gives it to both servers.
+and gives it to both servers. Every header goes out after its `sign()` tag under the shared
+bootstrap key, and one whose tag does not verify is never acted on.
 """
 
 from __future__ import annotations
 
 import enum
 import hashlib
+import hmac
 from typing import Any
 
 import msgspec
@@ -94,6 +96,19 @@ def decode_to_prefill(data: bytes) -> KVPull | KVCancel:
 
 def decode_to_decode(data: bytes) -> KVPages | KVWait:
     return _TO_DECODE.decode(data)
+
+
+def sign(key: bytes, header: bytes) -> bytes:
+    """The tag that travels before a header: HMAC-SHA256 of its bytes under the shared
+    bootstrap key; empty without a key. It covers the header (room, counts, first token),
+    not the K/V frames after it: hashing every page would cost about what moving it does."""
+    return hmac.new(key, header, hashlib.sha256).digest() if key else b""
+
+
+def signed_by(key: bytes, header: bytes, tag: bytes) -> bool:
+    """Whether `tag` is the header's under `key`, compared in constant time (so a wrong tag
+    reveals nothing of the right one by how long it takes to refuse)."""
+    return hmac.compare_digest(tag, sign(key, header))
 
 
 def prompt_digest(ids: list[int]) -> str:

@@ -17,6 +17,13 @@ def layout_of(pool: KVPool) -> KVLayout:
     )
 
 
+def max_frame_bytes(pool: KVPool) -> int:
+    """The largest frame a legitimate answer holds: one layer's K (or V) for every slot of
+    the pool (a prompt longer than the pool cannot be admitted), or a header."""
+    itemsize = torch.empty((), dtype=pool.dtype).element_size()
+    return max(pool.size * pool.num_kv_heads * pool.head_dim * itemsize, 64 * 1024)
+
+
 def read_slots(pool: KVPool, slots: torch.Tensor) -> list[memoryview]:
     """Every layer's K then V at `slots` (int64 [n]), each as one contiguous buffer."""
     if slots.numel() == 0:  # the decode side held the whole prompt: nothing to send

@@ -34,7 +34,8 @@ logger = logging.getLogger("radixrt.server")
 
 POLL_S = 0.5
 STOP_TIMEOUT_S = 30.0  # for a replica to drain and exit after SIGTERM before it is killed
-_NOT_PASSED = ("dp_size", "api_key")  # a replica is one rank; the key goes by environment
+# A replica is one rank; the keys go by environment (`ps` shows a command line).
+_NOT_PASSED = ("dp_size", "api_key", "disaggregation_bootstrap_key")
 
 
 @dataclass
@@ -142,6 +143,8 @@ def replica_env(args: ServerArgs, rank: int) -> dict[str, str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if args.api_key:
         env["RADIXRT_API_KEY"] = args.api_key  # kept off the command line (`ps` shows it)
+    if args.disaggregation_bootstrap_key:
+        env["RADIXRT_DISAGGREGATION_BOOTSTRAP_KEY"] = args.disaggregation_bootstrap_key
     devices = _cuda_devices(args)
     if len(devices) > 1:
         env["CUDA_VISIBLE_DEVICES"] = devices[rank % len(devices)]

@@ -63,7 +63,8 @@ def add_info_routes(app: FastAPI, state: Any) -> None:
     @app.get("/get_server_info")
     async def server_info() -> dict[str, Any]:
         args = dataclasses.asdict(state.args)
-        args.pop("api_key")
+        for secret in ("api_key", "disaggregation_bootstrap_key"):
+            args.pop(secret)
         info = await asyncio.to_thread(engine.get_server_info)
         stats = {k: v for k, v in info.items() if k not in args}
         return {

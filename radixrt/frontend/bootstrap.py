@@ -12,6 +12,11 @@ and entry k belongs to SGLang's k-th request. SGLang orders a batch's requests s
 (`text * n`: k = j * prompts + i for sample j of prompt i); radixrt's messages are
 prompt-major (rids rid-0, rid-1, ... per prompt), so message (i, j) takes entry j * prompts + i.
 
+A decode server connects to bootstrap_host, so it must be one of its
+--disaggregation-bootstrap-peers (disaggregation/peers.py): any other is a 400 naming
+bootstrap_host, before the request is queued. A prefill server connects to nothing and takes
+the host as it comes.
+
 Each request must get its own room (the servers key transfers by it): a list of one room per
 prompt with n > 1 would give a prompt's samples one room under that rule, so it is refused.
 """
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from radixrt.disaggregation.peers import bootstrap_peers
 from radixrt.errors import ParamError
 from radixrt.protocol.messages import Bootstrap
 from radixrt.protocol.request_input import GenerateReqInput
@@ -116,7 +122,10 @@ def _bootstrap(columns: dict[str, list[Any]], k: int, args: Any) -> Bootstrap:
         )
     port = columns["bootstrap_port"][k]
     host = columns["bootstrap_host"][k]
-    return Bootstrap(host, args.disaggregation_bootstrap_port if port is None else port, room)
+    boot = Bootstrap(host, args.disaggregation_bootstrap_port if port is None else port, room)
+    if args.disaggregation_mode == "decode":  # it will connect there: only to a listed peer
+        bootstrap_peers(args.disaggregation_bootstrap_peers).address(boot.host, boot.port)
+    return boot
 
 
 def _check_distinct(plan: list[list[Bootstrap]], num: int) -> None:

@@ -11,6 +11,10 @@ which is taken as if this server had sampled it (stops, grammar, logprobs). A fa
 out transfer is recomputed here (--disaggregation-failure-policy recompute: the request joins
 the waiting queue as an ordinary one) or fails the request (fail); either way its pages
 are freed at once and a cancel tells the prefill server to free its own.
+
+Only a prefill server of --disaggregation-bootstrap-peers is asked, and only its answers with
+the bootstrap key's tag are read: an answer signed otherwise fails its room (by the policy)
+before a byte of it reaches the pool (docs/disaggregation.md, "Trust model").
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from dataclasses import dataclass
 
 import zmq
 
-from radixrt.disaggregation.endpoints import DecodeEndpoint
+from radixrt.disaggregation.endpoints import Answer, DecodeEndpoint
 from radixrt.disaggregation.messages import (
     KVCancel,
     KVPages,
@@ -44,6 +48,7 @@ logger = logging.getLogger(__name__)
 class _Pending:
     req: Req
     bootstrap: Bootstrap
+    peer: str  # the prefill server's tcp:// address, from the allowed list
     compiled: bool  # its grammar (if any) is ready
     state: KVPoll = KVPoll.Bootstrapping
     asked_at: float = 0.0  # when the pull went out, or the prefill server last spoke
@@ -67,13 +72,16 @@ class DecodeSide(DisaggSide):
     def adopt(self, req: Req, bootstrap: Bootstrap) -> bool:
         if bootstrap.room in self.pending:
             raise ValueError(f"bootstrap_room {bootstrap.room} is already in use here")
+        # A peer not in --disaggregation-bootstrap-peers is refused here, before any socket
+        # (the frontend refused it already; another frontend may not).
+        peer = self.endpoint.address(bootstrap.host, bootstrap.port)
         # The prefill server computes the prompt logprobs (SMG puts its list first).
         req.input_token_logprobs.clear()
         req.input_top_logprobs.clear()
         req.input_token_ids_logprobs.clear()
         req.input_logprobs_count = len(req.origin_input_ids)
         compiled = constraint_of(req.sampling_params) is None  # else: ready() says when
-        self.pending[bootstrap.room] = _Pending(req, bootstrap, compiled)
+        self.pending[bootstrap.room] = _Pending(req, bootstrap, peer, compiled)
         return True
 
     def ready(self, req: Req) -> bool:
@@ -92,34 +100,34 @@ class DecodeSide(DisaggSide):
 
     def poll(self, running: list[Req], waiting: list[Req]) -> list[ReqOutput]:
         outs: list[ReqOutput] = []
-        for header, frames in self.endpoint.receive():
-            entry = self.pending.get(header.room)
-            if entry is None or entry.state != KVPoll.WaitingForInput:
-                continue  # a room given up meanwhile
-            if isinstance(header, KVWait):  # the prefill server is alive and on it
-                entry.asked_at = time.monotonic()
-                continue
-            out = self._receive(header, frames, entry, running, waiting)
+        for answer in self.endpoint.receive():
+            out = self._answered(answer, running, waiting)
             if out is not None:
                 outs.append(out)
+        self.endpoint.close_idle()
         if not self.pending:  # the step loop's usual case: nothing to time out or admit
             return outs
         now = time.monotonic()
         for room, entry in list(self.pending.items()):
             if entry.state == KVPoll.WaitingForInput and now - entry.asked_at > self.timeout:
                 reason = f"no word from the prefill server on room {room} for {self.timeout:g} s"
-                self.endpoint.send(entry.bootstrap.host, entry.bootstrap.port, KVCancel(room))
+                # Its socket may have been closed as idle: a silent peer is worth no new one.
+                self.endpoint.send(entry.peer, KVCancel(room), open_new=False)
                 out = self._fail(room, entry, reason, waiting)
                 if out is not None:
                     outs.append(out)
-        self._admit(running)
+        for room, entry in self._admit(running):
+            reason = f"{self.endpoint.max_peers} prefill servers are open already"
+            out = self._fail(room, entry, reason, waiting)
+            if out is not None:
+                outs.append(out)
         return outs
 
     def abort(self, rid: str) -> list[ReqOutput]:
         for room, entry in list(self.pending.items()):
             if entry.req.rid == rid:
                 del self.pending[room]
-                self.endpoint.send(entry.bootstrap.host, entry.bootstrap.port, KVCancel(room))
+                self.endpoint.send(entry.peer, KVCancel(room))  # frees the prefill's pages now
                 if entry.req.table_row >= 0:
                     self.kv.release(entry.req, publish=False)
                 entry.req.finish_reason = {"type": "abort", "message": "aborted by the client"}
@@ -130,16 +138,17 @@ class DecodeSide(DisaggSide):
         self.endpoint.close()
 
     # -- admission --------------------------------------------------------------------------
-    def _admit(self, running: list[Req]) -> None:
+    def _admit(self, running: list[Req]) -> list[tuple[int, _Pending]]:
         """Admit waiting rooms in arrival order while rows and KV last; each asks for its
-        pages at once."""
+        pages at once. Returns the rooms whose peer cannot get a socket (the cap)."""
         admissible = [
             (room, entry)
             for room, entry in self.pending.items()
             if entry.state == KVPoll.Bootstrapping and entry.compiled
         ]
+        unreachable: list[tuple[int, _Pending]] = []
         if not admissible:
-            return
+            return unreachable
         receiving = [
             p.req.origin_input_ids for p in self.pending.values() if p.state != KVPoll.Bootstrapping
         ]
@@ -148,6 +157,9 @@ class DecodeSide(DisaggSide):
             req = entry.req
             if len(running) + len(receiving) >= self.max_running:
                 break
+            if not self.endpoint.can_reach(entry.peer):
+                unreachable.append((room, entry))
+                continue
             if self.kv.caches(req) and req.origin_input_ids in receiving:
                 continue  # the same prompt is on its way: take it from the cache next
             match = self.kv.match(req)
@@ -162,12 +174,32 @@ class DecodeSide(DisaggSide):
             self.stats.disagg_reused_tokens += req.kv_len
             digest = prompt_digest(req.origin_input_ids)
             pull = KVPull(room, len(req.origin_input_ids), req.kv_len, digest, self.layout)
-            self.endpoint.send(entry.bootstrap.host, entry.bootstrap.port, pull)
+            self.endpoint.send(entry.peer, pull)
             entry.state, entry.asked_at = KVPoll.WaitingForInput, time.monotonic()
             receiving.append(req.origin_input_ids)
             reserved += own
+        return unreachable
 
     # -- arrival ----------------------------------------------------------------------------
+    def _answered(self, answer: Answer, running: list[Req], waiting: list[Req]) -> ReqOutput | None:
+        """One answer from a prefill server: only the peer a room asked may answer it, and
+        only with its tag verified; a wrongly signed answer fails the room (its frames were
+        never read into the pool)."""
+        header = answer.header
+        entry = self.pending.get(header.room)
+        if entry is None or entry.state != KVPoll.WaitingForInput or entry.peer != answer.peer:
+            return None  # a room given up meanwhile, or not this peer's
+        if not answer.authentic:
+            reason = (
+                f"{answer.peer} answered room {header.room} without this server's bootstrap key "
+                "(--disaggregation-bootstrap-key differs between the two servers)"
+            )
+            return self._fail(header.room, entry, reason, waiting)
+        if isinstance(header, KVWait):  # the prefill server is alive and on it
+            entry.asked_at = time.monotonic()
+            return None
+        return self._receive(header, answer.frames, entry, running, waiting)
+
     def _receive(
         self,
         header: KVPages,

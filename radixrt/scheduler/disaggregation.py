@@ -89,16 +89,23 @@ class DisaggSide:
 
 
 def create_disagg_side(args: ServerArgs, parts: DisaggParts) -> DisaggSide | None:
-    """The side for --disaggregation-mode (None: not disaggregated), with its endpoint."""
+    """The side for --disaggregation-mode (None: not disaggregated), with its endpoint. The
+    decode side's allowed peers are resolved here, once, not in the loop."""
+    key = (args.bootstrap_key or "").encode()
     if args.disaggregation_mode == "prefill":
         from radixrt.disaggregation.endpoints import PrefillEndpoint
         from radixrt.scheduler.disagg_prefill import PrefillSide
 
-        return PrefillSide(parts, PrefillEndpoint(args.host, args.disaggregation_bootstrap_port))
+        port = args.disaggregation_bootstrap_port
+        return PrefillSide(parts, PrefillEndpoint(args.host, port, key))
     if args.disaggregation_mode == "decode":
         from radixrt.disaggregation.endpoints import DecodeEndpoint
+        from radixrt.disaggregation.pages import max_frame_bytes
+        from radixrt.disaggregation.peers import BootstrapPeers
         from radixrt.scheduler.disagg_decode import DecodeSide
 
+        peers = BootstrapPeers(args.disaggregation_bootstrap_peers)
+        endpoint = DecodeEndpoint(peers, key, max_frame_bytes(parts.pool), parts.timeout)
         recompute = args.disaggregation_failure_policy == "recompute"
-        return DecodeSide(parts, DecodeEndpoint(), recompute, args.max_running_requests)
+        return DecodeSide(parts, endpoint, recompute, args.max_running_requests)
     return None

@@ -151,9 +151,12 @@ class ServerArgs:
         False,
         "SGLang's flag: a request's tokens and logprobs are bit for bit what it gets alone, "
         "whatever its batch, prefill chunks, cache hits or speculation did. On the CPU this is "
-        "the default and only behaviour (the flag changes nothing; docs/determinism.md); it "
-        "refuses the settings that would break it (--cpu-gguf-int8-rows from 1, "
-        "--enable-torch-compile). Not yet on CUDA",
+        "the default and only behaviour: the flag changes nothing, and refuses the settings "
+        "that would break it (--cpu-gguf-int8-rows from 1, --enable-torch-compile). On CUDA "
+        "it selects the Triton attention's batch-invariant kernels (keys split every 256 "
+        "positions, partials merged in a fixed order; --attention-backend triton, the "
+        "default there), tested only under Triton's CPU interpreter; the GPU's matmuls "
+        "(cuBLAS) are not invariant yet. See docs/determinism.md",
     )
     num_threads: int | None = _f(None, "torch CPU threads; default: torch's choice")
     enable_torch_compile: bool = _f(

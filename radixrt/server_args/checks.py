@@ -124,7 +124,8 @@ def _validate_disaggregation(args: ServerArgs) -> None:
 
 def _check_deterministic(args: ServerArgs) -> None:
     """--enable-deterministic-inference refuses what would make a request's bits depend on
-    its batch: kernels chosen by the step's row count, a compiled decode, CUDA."""
+    its batch: kernels chosen by the step's row count, a compiled decode, the torch attention
+    on CUDA. On CUDA it selects the Triton attention's invariant kernels."""
     if not args.enable_deterministic_inference:
         return
     if args.cpu_gguf_int8_rows is not None and args.cpu_gguf_int8_rows > 0:
@@ -138,8 +139,10 @@ def _check_deterministic(args: ServerArgs) -> None:
             "enable_deterministic_inference and enable_torch_compile cannot be combined: "
             "compiled decode steps add up in another order than prefill steps"
         )
-    if args.device is not None and args.device.startswith("cuda"):
+    on_cuda = args.device is not None and args.device.startswith("cuda")
+    if on_cuda and args.attention_backend == "torch":
         raise ValueError(
-            "enable_deterministic_inference: device must be cpu (batch-invariant kernels "
-            "are not built for CUDA yet), got " + repr(args.device)
+            "enable_deterministic_inference on CUDA needs attention_backend triton (or unset: "
+            "triton is the default there), got 'torch': only the Triton kernels have "
+            "batch-invariant variants on the GPU"
         )

@@ -3,7 +3,8 @@ pair of SGLang servers: the bodies it re-serializes (extra defaults, bootstrap f
 scalars or lists) reach each scheduler message as its own Bootstrap on /generate, chat and
 completions; a server that is not disaggregated refuses them; /v1/models says "sglang" on a
 prefill or decode server (SMG's runtime detection); /model_info, /server_info, /v1/loads and
-/metrics report the mode and the transfer counters.
+/metrics report the mode and the transfer counters; a decode server refuses a bootstrap_host
+outside --disaggregation-bootstrap-peers with a 400 naming it, and no route shows the keys.
 
 The app runs in-process over a stand-in engine that plans each request exactly as the engine
 does (frontend/validation.build_requests) and answers one canned output per message: no
@@ -194,6 +195,18 @@ def test_generate_takes_smgs_body_and_counts_a_scalar_room_over_n(decode):
         ("/v1/chat/completions", {"messages": ASK, "bootstrap_port": 0}, "bootstrap_port", ""),
         ("/v1/chat/completions", {"messages": ASK, "bootstrap_room": "7"}, "bootstrap_room", ""),
         (
+            "/generate",
+            {"text": "Hi", "bootstrap_host": "evil.example"},
+            "bootstrap_host",
+            "--disaggregation-bootstrap-peers allows 127.0.0.1 (any port)",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": "Hi", "bootstrap_host": "10.0.0.9", "bootstrap_port": 8998},
+            "bootstrap_host",
+            "bootstrap_host '10.0.0.9' with bootstrap_port 8998 is not a prefill server",
+        ),
+        (
             "/v1/completions",
             {"prompt": ["a", "b"], "bootstrap_room": [1, 2, 3]},
             "bootstrap_room",
@@ -234,6 +247,7 @@ def test_a_pd_server_reports_sglang_ownership_and_its_mode(mode):
     info = http.get("/server_info").json()
     assert info["disaggregation_mode"] == mode
     assert info["disaggregation_bootstrap_port"] == OWN_PORT
+    assert "api_key" not in info and "disaggregation_bootstrap_key" not in info
     loads = http.get("/v1/loads?include=core,disagg,queues,memory").json()["loads"][0]
     queue = {"prefill_queue_reqs": 4 if mode == "prefill" else 0}
     queue["decode_queue_reqs"] = 4 if mode == "decode" else 0

@@ -16,13 +16,18 @@ from radixrt.protocol.request_input import make_request
 from radixrt.protocol.request_limits import validate_bootstrap
 from radixrt.server_args import ServerArgs
 
-HOST, PORT = "10.0.0.7", 38998
+HOST, OTHER_HOST, PORT = "10.0.0.7", "10.0.0.8", 38998
 ROOM_MAX = (1 << 63) - 1
 
 
 def engine(mode: str = "decode") -> SimpleNamespace:
     info = SimpleNamespace(vocab_size=100, context_length=512, pool_tokens=512)
-    args = ServerArgs(disaggregation_mode=mode, disaggregation_bootstrap_port=7000)
+    args = ServerArgs(
+        disaggregation_mode=mode,
+        disaggregation_bootstrap_port=7000,
+        disaggregation_bootstrap_peers=f"{HOST},{OTHER_HOST}",
+        disaggregation_bootstrap_key="k",
+    )
     return SimpleNamespace(tokenizer=None, info=info, server_args=args)
 
 
@@ -63,11 +68,11 @@ def test_lists_one_per_prompt_or_one_per_request():
     # A batch, n=1: one entry per prompt (SMG's /generate with input_ids [[...], [...]]).
     got = plan(
         input_ids=[[1], [2]],
-        bootstrap_host=[HOST, "h2"],
+        bootstrap_host=[HOST, OTHER_HOST],
         bootstrap_port=[PORT, PORT + 1],
         bootstrap_room=[9, 4],
     )
-    assert [b for _, b in got] == [Bootstrap(HOST, PORT, 9), Bootstrap("h2", PORT + 1, 4)]
+    assert [b for _, b in got] == [Bootstrap(HOST, PORT, 9), Bootstrap(OTHER_HOST, PORT + 1, 4)]
     # Chat with n=2 on one prompt: SMG sends lists of length n, one room per choice.
     got = plan(
         sampling_params={"n": 2},

@@ -13,12 +13,20 @@ def test_the_flag_is_accepted_with_the_defaults_and_int8_every_step_or_never():
         assert ServerArgs(enable_deterministic_inference=True, cpu_gguf_int8_rows=rows)
 
 
+def test_on_cuda_the_flag_takes_the_triton_attention():
+    """CUDA's default attention is triton, whose invariant kernels the flag selects."""
+    for backend in (None, "triton"):
+        assert ServerArgs(
+            enable_deterministic_inference=True, device="cuda", attention_backend=backend
+        )
+
+
 @pytest.mark.parametrize(
     ("args", "field"),
     [
         (dict(cpu_gguf_int8_rows=31), "cpu_gguf_int8_rows"),
         (dict(enable_torch_compile=True), "enable_torch_compile"),
-        (dict(device="cuda"), "device must be cpu"),
+        (dict(device="cuda", attention_backend="torch"), "attention_backend triton"),
     ],
 )
 def test_what_breaks_it_is_refused_by_name(args, field):

@@ -1,17 +1,23 @@
 """The transfer's parts without a model: pages out of one pool and into another, bit for bit in
 every pool dtype; frames that do not fit are refused; the messages round-trip through msgspec;
-a real ZeroMQ pair of endpoints carries a pull and its pages over loopback TCP."""
+a real ZeroMQ pair of endpoints carries a pull and its pages over loopback TCP. And what a
+stranger can do to them: a message signed with another key is dropped by either side (an
+answer's pages are never handed on), a frame over the bootstrap port's limit costs the sender
+its connection and nothing else, and a thousand peers leave no socket open."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
 import torch
+import zmq
 from launch_helpers import free_port
+from zmq.utils.monitor import recv_monitor_message
 
 from radixrt.cache.kv_pool import KVPool
-from radixrt.disaggregation.endpoints import DecodeEndpoint, PrefillEndpoint, tcp_address
+from radixrt.disaggregation.endpoints import DecodeEndpoint, PrefillEndpoint, bind_address
 from radixrt.disaggregation.messages import (
     KVCancel,
     KVLayout,
@@ -22,8 +28,10 @@ from radixrt.disaggregation.messages import (
     decode_to_prefill,
     encode,
     prompt_digest,
+    sign,
 )
 from radixrt.disaggregation.pages import layout_of, read_slots, write_slots
+from radixrt.disaggregation.peers import BootstrapPeers
 
 
 def _pool(dtype: torch.dtype, size: int = 64) -> KVPool:
@@ -77,18 +85,21 @@ def test_messages_round_trip_and_the_digest_tells_prompts_apart():
 
 def test_a_pull_and_its_pages_over_loopback_tcp():
     port = free_port()
-    prefill, decode = PrefillEndpoint("127.0.0.1", port), DecodeEndpoint()
+    prefill = PrefillEndpoint("127.0.0.1", port, b"k")
+    decode = DecodeEndpoint(BootstrapPeers("127.0.0.1"), b"k", 1 << 20, 30.0)
     pool = _pool(torch.float32)
     pool.k_buffer[1][3] = 2.5
     try:
         pull = KVPull(9, 4, 0, prompt_digest([1, 2, 3, 4]), layout_of(pool))
-        decode.send("127.0.0.1", port, pull)
+        address = decode.address("127.0.0.1", port)
+        assert address == f"tcp://127.0.0.1:{port}" and decode.send(address, pull)
         got = _wait(prefill.receive)
         (peer, msg) = got[0]
         assert msg == pull
         frames = read_slots(pool, torch.tensor([3]))
         assert prefill.send(peer, KVPages(9, True, count=1, first_token=11), frames)
-        (header, raw) = _wait(decode.receive)[0]
+        (peer_address, header, raw, authentic) = _wait(decode.receive)[0]
+        assert peer_address == address and authentic
         assert header.first_token == 11 and len(raw) == 6
         target = _pool(torch.float32)
         write_slots(target, torch.tensor([0]), [f.buffer for f in raw])
@@ -107,9 +118,8 @@ def test_a_taken_bootstrap_port_is_named():
             PrefillEndpoint("127.0.0.1", port)
     finally:
         first.close()
-    assert tcp_address("0.0.0.0", 5, bind=True) == "tcp://*:5"
-    with pytest.raises(ValueError, match="cannot resolve bootstrap host"):
-        tcp_address("no-such-host.invalid", 5)
+    assert bind_address("0.0.0.0", 5) == "tcp://*:5"
+    assert bind_address("::1", 5) == "tcp://[::1]:5"
 
 
 def _wait(receive, timeout: float = 5.0):
@@ -120,3 +130,101 @@ def _wait(receive, timeout: float = 5.0):
             return got
         time.sleep(0.01)
     raise AssertionError("nothing arrived")
+
+
+def _pull(room: int = 9, digest: str = "") -> KVPull:
+    return KVPull(
+        room, 4, 0, digest or prompt_digest([1, 2, 3, 4]), layout_of(_pool(torch.float32))
+    )
+
+
+def _decode_endpoint(key: bytes, **kwargs) -> DecodeEndpoint:
+    return DecodeEndpoint(BootstrapPeers("127.0.0.1"), key, 1 << 20, 30.0, **kwargs)
+
+
+def test_a_pull_signed_with_another_key_is_dropped_unanswered():
+    port = free_port()
+    prefill = PrefillEndpoint("127.0.0.1", port, b"right")
+    stranger, friend = _decode_endpoint(b"wrong"), _decode_endpoint(b"right")
+    try:
+        stranger.send(stranger.address("127.0.0.1", port), _pull(1))
+        friend.send(friend.address("127.0.0.1", port), _pull(2))
+        (peer, msg) = _wait(prefill.receive)[0]
+        time.sleep(0.2)  # the stranger's went first: it is not merely late
+        assert msg.room == 2 and prefill.receive() == [] and prefill.dropped == 1
+    finally:
+        for endpoint in (prefill, stranger, friend):
+            endpoint.close()
+
+
+def test_pages_signed_with_another_key_are_flagged_and_never_handed_on():
+    port = free_port()
+    ctx = zmq.Context()
+    impostor = ctx.socket(zmq.ROUTER)  # answers any pull, as a prefill server with no key check
+    impostor.bind(f"tcp://127.0.0.1:{port}")
+    decode = _decode_endpoint(b"right")
+    try:
+        address = decode.address("127.0.0.1", port)
+        decode.send(address, _pull(5))
+        assert impostor.poll(5000)
+        identity, _, _ = impostor.recv_multipart()
+        for key in (b"wrong", b"right"):
+            header = encode(KVPages(5, True, count=1, first_token=3))
+            impostor.send_multipart([identity, sign(key, header), header, b"\x7f" * 64])
+            answer = _wait(decode.receive)[0]
+            assert answer.peer == address and answer.header.room == 5
+            assert answer.authentic == (key == b"right")
+            assert len(answer.frames) == (1 if answer.authentic else 0)
+    finally:
+        decode.close()
+        impostor.close(0)
+        ctx.term()
+
+
+def test_a_frame_over_the_limit_costs_the_sender_its_connection_and_nothing_else():
+    port = free_port()
+    prefill = PrefillEndpoint("127.0.0.1", port, b"k", max_message_bytes=1024)
+    ctx = zmq.Context()
+    flooder = ctx.socket(zmq.DEALER)
+    flooder.setsockopt(zmq.LINGER, 0)
+    events = flooder.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+    decode = _decode_endpoint(b"k")
+    try:
+        flooder.connect(f"tcp://127.0.0.1:{port}")
+        big = encode(_pull(7, digest="x" * 4096))  # signed right: only its size is wrong
+        flooder.send_multipart([sign(b"k", big), big])
+        seen = [recv_monitor_message(events)["event"] for _ in range(2) if events.poll(5000)]
+        assert seen == [zmq.EVENT_CONNECTED, zmq.EVENT_DISCONNECTED]
+        assert prefill.receive() == []
+        decode.send(decode.address("127.0.0.1", port), _pull(8))
+        assert [msg.room for _, msg in _wait(prefill.receive)] == [8]  # still serving
+    finally:
+        events.close(0)
+        flooder.close(0)
+        ctx.term()
+        prefill.close()
+        decode.close()
+
+
+def test_a_thousand_peers_leave_no_socket_open():
+    """Every loopback port is allowed by default: at most max_peers sockets are open at
+    once, and each is closed once idle for the timeout."""
+    decode = DecodeEndpoint(BootstrapPeers("127.0.0.1"), b"", 1 << 20, 0.3, max_peers=8)
+    try:
+        decode.send(decode.address("127.0.0.1", 1), KVCancel(0))  # ZeroMQ's own threads up
+        time.sleep(0.4)
+        decode.close_idle()
+        baseline = _open_fds()
+        sent = [decode.send(decode.address("127.0.0.1", p), KVCancel(p)) for p in range(2, 1002)]
+        assert sum(sent) == 8 and len(decode.open) == 8
+        assert not decode.send(decode.address("127.0.0.1", 500), KVCancel(5), open_new=False)
+        time.sleep(0.4)
+        decode.close_idle()
+        assert not decode.open
+        _wait(lambda: _open_fds() <= baseline)  # ZeroMQ's reaper closes them just after
+    finally:
+        decode.close()
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
