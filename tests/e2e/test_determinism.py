@@ -1,6 +1,6 @@
 """One answer per request in the default dtype: a request's tokens and logprobs are bit for bit
 what it gets alone on an empty server, whatever its batch, prefill chunks, pages, cache hits,
-preemption or speculation did (docs/determinism.md).
+preemption, speculation or a prefill/decode pair did (docs/determinism.md).
 
 The default dtype is bfloat16 with int8 activations for packed weights, so the tiny models are
 packed at load (int4) and the default model runs its own Q4_1 file, all with dtype "auto".
@@ -9,9 +9,11 @@ Each check compares with `==`: no tolerance, no near-tie excuse.
 
 from __future__ import annotations
 
+import concurrent.futures
 import random
 
 import pytest
+from launch_helpers import free_port
 
 import radixrt
 import radixrt.scheduler.speculation as speculation
@@ -33,10 +35,14 @@ def engine_for(path: str, tokenizer: dict, **args) -> radixrt.Engine:
     )
 
 
-def answers(engine: radixrt.Engine, prompts, params: dict) -> list[tuple]:
+def answers(engine: radixrt.Engine, prompts, params: dict, **fields) -> list[tuple]:
     """(output ids, output logprobs, top logprobs) of each prompt, sent as one batch."""
     outs = engine.generate(
-        input_ids=prompts, sampling_params=params, return_logprob=True, top_logprobs_num=2
+        input_ids=prompts,
+        sampling_params=params,
+        return_logprob=True,
+        top_logprobs_num=2,
+        **fields,
     )
     return [
         (
@@ -153,6 +159,46 @@ def test_a_kernel_chosen_by_row_count_is_caught(tiny_model_dir):
             assert_same(batch, want, "int8 up to 31 rows")
     finally:
         engine.shutdown()
+
+
+def test_a_prefill_decode_pair_answers_as_one_engine(tiny_model_dir):
+    """Served through a prefill/decode pair (the prompt and first token on one engine, the
+    bfloat16 pages moved, the rest decoded on the other), each prompt gets the tokens and
+    logprobs it gets alone on a plain engine; the last one after the decode engine's own
+    cache held its 300-token prefix (only the rest is sent)."""
+    path = str(tiny_model_dir("llama"))
+    tokenizer = {"skip_tokenizer_init": True}
+    args = dict(quantization="int4", max_total_tokens=8192, page_size=16)
+    plain = engine_for(path, tokenizer, **args)
+    try:
+        assert plain.info.dtype == "bfloat16"
+        prompts = tiny_prompts(plain.info.vocab_size)
+        want = alone(plain, prompts, GREEDY)
+    finally:
+        plain.shutdown()
+    port = free_port()
+    pair = [
+        engine_for(path, tokenizer, disaggregation_mode=mode, disaggregation_bootstrap_port=port,
+                   **args)
+        for mode in ("prefill", "decode")
+    ]  # fmt: skip
+    try:
+        got = through_pair(pair, prompts[:-1], port, room=100)
+        got += through_pair(pair, prompts[-1:], port, room=200)
+        assert_same(got, want, "through a prefill/decode pair")
+        stats = pair[1].get_stats(check_kv=True)
+        assert stats["disagg_transfers"] == len(prompts) and stats["disagg_reused_tokens"] > 0
+    finally:
+        for engine in pair:
+            engine.shutdown()
+
+
+def through_pair(pair: list[radixrt.Engine], prompts, port: int, room: int) -> list[tuple]:
+    """The decode engine's answers to one batch sent to both engines at once, as SMG does."""
+    boot = dict(bootstrap_host="127.0.0.1", bootstrap_port=port, bootstrap_room=room)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        sent = [pool.submit(answers, engine, prompts, GREEDY, **boot) for engine in pair]
+        return [future.result(timeout=600) for future in sent][1]
 
 
 TEXTS = [
