@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixrt.server_args.bootstrap_peers import DEFAULT_PEERS
 from radixrt.server_args.checks import validate_args
 
 
@@ -215,6 +216,19 @@ class ServerArgs:
         "request (vLLM's kv_load_failure_policy)",
         DISAGGREGATION_FAILURE_POLICIES,
     )
+    disaggregation_bootstrap_peers: str = _f(
+        DEFAULT_PEERS,
+        "decode: the prefill servers this server may pull KV pages from, comma-separated "
+        "host:port (a host alone: any port; [v6]:port); a request naming another "
+        "bootstrap_host gets 400. Names are resolved once, at start-up",
+    )
+    disaggregation_bootstrap_key: str | None = _f(
+        None,
+        "the bootstrap channel's shared key: each side signs its messages with it (HMAC-SHA256) "
+        "and drops the other's that do not verify; needed to bind a --host other than loopback "
+        "(prefill) or to pull from a peer other than loopback (decode); default: "
+        "$RADIXRT_DISAGGREGATION_BOOTSTRAP_KEY, else --api-key",
+    )
     host: str = _f(
         "127.0.0.1",
         "address the HTTP server binds; 0.0.0.0 exposes it",
@@ -289,11 +303,19 @@ class ServerArgs:
     def __post_init__(self) -> None:
         if self.api_key is None:
             self.api_key = os.environ.get("RADIXRT_API_KEY") or None
+        if self.disaggregation_bootstrap_key is None:
+            env = os.environ.get("RADIXRT_DISAGGREGATION_BOOTSTRAP_KEY")
+            self.disaggregation_bootstrap_key = env or None
         self.validate()
 
     def validate(self) -> None:
         """ValueError naming the first field out of its range (server_args/checks.py)."""
         validate_args(self)
+
+    @property
+    def bootstrap_key(self) -> str | None:
+        """The key the bootstrap channel is signed with: its own, else the API key."""
+        return self.disaggregation_bootstrap_key or self.api_key
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> ServerArgs:

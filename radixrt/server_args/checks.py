@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from radixrt.server_args.bootstrap_peers import is_loopback, parse_bootstrap_peers
+
 if TYPE_CHECKING:
     from radixrt.server_args import ServerArgs
 
@@ -97,6 +99,7 @@ def _validate_speculative(args: ServerArgs) -> None:
 
 
 def _validate_disaggregation(args: ServerArgs) -> None:
+    parse_bootstrap_peers(args.disaggregation_bootstrap_peers)  # its syntax, in any mode
     if args.disaggregation_mode == "null":
         return
     if not 0 < args.disaggregation_bootstrap_port < 65536:
@@ -120,6 +123,29 @@ def _validate_disaggregation(args: ServerArgs) -> None:
                 f"{name} must be 1 with disaggregation_mode {args.disaggregation_mode!r}: "
                 "each side runs one rank for now (docs/disaggregation.md)"
             )
+    _check_bootstrap_trust(args)
+
+
+def _check_bootstrap_trust(args: ServerArgs) -> None:
+    """A bootstrap channel that leaves the machine needs a key: a prefill server binding
+    anything but loopback, or a decode server allowed a peer that is not loopback."""
+    if args.bootstrap_key:
+        return
+    need = "set disaggregation_bootstrap_key (or api_key) on both servers"
+    if args.disaggregation_mode == "prefill" and not is_loopback(args.host):
+        raise ValueError(
+            f"host {args.host!r} exposes the bootstrap port {args.disaggregation_bootstrap_port} "
+            f"beyond this machine, where anyone could ask for KV pages: {need}, or bind "
+            "host 127.0.0.1"
+        )
+    rules = parse_bootstrap_peers(args.disaggregation_bootstrap_peers)
+    outside = [rule.describe() for rule in rules if not is_loopback(rule.host)]
+    if args.disaggregation_mode == "decode" and outside:
+        raise ValueError(
+            "disaggregation_bootstrap_peers names peers beyond this machine "
+            f"({', '.join(outside)}), whose pages would enter the radix cache "
+            f"unauthenticated: {need}"
+        )
 
 
 def _check_deterministic(args: ServerArgs) -> None:
