@@ -108,7 +108,12 @@ def build_components(
     table = ReqToTokenTable(args.max_running_requests, context_length, device)
     _log_pool(pool, args.page_size, time.monotonic() - start)
     backend_name = args.attention_backend or ("triton" if device.startswith("cuda") else "torch")
-    backend = create_backend(backend_name, device=device)
+    backend = create_backend(
+        backend_name,
+        device=device,
+        deterministic=args.enable_deterministic_inference,  # the triton backend's variants
+        context_length=context_length,
+    )
     start = time.monotonic()
     runner = ModelRunner(
         model,

@@ -33,3 +33,20 @@ def test_what_breaks_it_is_refused_by_name(args, field):
     with pytest.raises(ValueError, match=field):
         ServerArgs(enable_deterministic_inference=True, **args)
     ServerArgs(**args)  # without the flag these settings stay allowed
+
+
+@pytest.mark.parametrize("flag", [False, True])
+def test_the_flag_reaches_the_attention_backend(flag, tiny_model_dir, monkeypatch):
+    """The scheduler builds its backend with the flag (the triton backend's invariant kernels)
+    and the context length that sizes their chunk grid."""
+    from radixrt.kernels.invariant_attention import extend_attention_invariant
+    from radixrt.scheduler.components import build_components
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the triton backend on the CPU
+    args = ServerArgs(
+        model_path=tiny_model_dir("llama"), device="cpu", attention_backend="triton",
+        enable_deterministic_inference=flag, context_length=300,
+    )  # fmt: skip
+    backend = build_components(args).runner.attn_backend
+    assert (backend._extend is extend_attention_invariant) is flag
+    assert backend._context_length == 300
