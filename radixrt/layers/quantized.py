@@ -60,7 +60,7 @@ COPY_FROM_ROWS = 12
 # 16.3 against 17.0 at 24, 20.7 against 17.7 at 31; scripts/bench_gguf_linear.py).
 TILED_COPY_FROM_ROWS = 24
 # The block types native/csrc/gguf_tiles.cpp (and gguf_ktiles.cpp, the K-quants) lay out
-# (Q4_K on AVX-512 builds only).
+# (Q4_K on AVX-512 builds only, Q6_K on AVX-512 or VNNI builds: gguf_tiles.cpp tiles_supported).
 TILED_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 
 
@@ -123,7 +123,7 @@ class GGUFWeight(nn.Module):
         if tiled.data_ptr() == self.packed.data_ptr():
             return False
         self.packed = tiled
-        if all(tiled_parts(tiled)):  # not where a part keeps its blocks (Q4_K on AVX2)
+        if all(tiled_parts(tiled)):  # not where a part keeps its blocks (Q4_K, Q6_K on AVX2)
             self.copy_from_rows = TILED_COPY_FROM_ROWS
         return True
 

@@ -272,7 +272,15 @@ void quantize_block(const float* xb, int64_t group, int8_t* q, float* d, int16_t
   }
 }
 
-Q8Rows quantize_rows(const float* x, int64_t M, int64_t K, int64_t group, bool transposed) {
+const float* block_as_floats(const float* x, int64_t, float*) { return x; }
+const float* block_as_floats(const c10::BFloat16* x, int64_t n, float* out) {
+  for (int64_t j = 0; j < n; ++j) out[j] = static_cast<float>(x[j]);
+  return out;
+}
+
+// x's rows (float32, or bfloat16 widened a block at a time: exact, so both give the same codes).
+template <typename In>
+Q8Rows quantize_rows(const In* x, int64_t M, int64_t K, int64_t group, bool transposed) {
   Q8Rows a;
   const int64_t nb = K / group;
   a.K = K, a.group = group, a.transposed = transposed;
@@ -284,9 +292,11 @@ Q8Rows quantize_rows(const float* x, int64_t M, int64_t K, int64_t group, bool t
   // Blocks are independent: wide inputs (prefill chunks) split them over the threads.
   at::parallel_for(0, M * nb, std::max<int64_t>(1, 16384 / group), [&](int64_t i0, int64_t i1) {
     alignas(32) int8_t q[256];
+    alignas(32) float widened[256];
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t r = i / nb, b = i % nb, ab = r * a.row_blocks + b;
-      quantize_block(x + r * K + b * group, group, q, a.d.data() + ab, a.sums.data() + ab * group / 16);
+      const float* xb = block_as_floats(x + r * K + b * group, group, widened);
+      quantize_block(xb, group, q, a.d.data() + ab, a.sums.data() + ab * group / 16);
       if (group == 32) a.dsum[ab] = a.d[ab] * (a.sums[2 * ab] + a.sums[2 * ab + 1]);
       if (!transposed) {
         std::memcpy(a.q.data() + ab * group, q, group);
@@ -299,6 +309,9 @@ Q8Rows quantize_rows(const float* x, int64_t M, int64_t K, int64_t group, bool t
   });
   return a;
 }
+
+template Q8Rows quantize_rows(const float*, int64_t, int64_t, int64_t, bool);
+template Q8Rows quantize_rows(const c10::BFloat16*, int64_t, int64_t, int64_t, bool);
 
 // Columns [n0, n1) of the whole layout (across its parts) for every row of x, a tile of
 // columns at a time. Each row's sums are the same whatever M is (rows never mix), so a
@@ -334,23 +347,35 @@ void int8_columns(const Q8Rows& by32, const Q8Rows& by256, const Layout& l, int6
   }
 }
 
+// y in x's dtype. A bfloat16 y is rounded from the float sums by each thread for its own
+// columns, as y.to(bfloat16) would round them (c10's round to nearest even): no whole-tensor
+// conversions, which at batch 1 cost more than the small projections themselves.
 at::Tensor int8_linear(const at::Tensor& x, const Layout& l) {
   const int64_t M = x.size(0);
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
   at::Tensor y = at::empty({M, l.N}, x.options());
+  std::vector<float> sums(bf16 ? M * l.N : 0);
   bool small = false, large = false, tiled = false;
   for (const Part& p : l.parts) {
     dispatch(p.type, [&]<int64_t T>() { (Traits<T>::weights == 32 ? small : large) = true; });
     tiled = tiled || p.tiles != nullptr;
   }
-  const float* xp = x.data_ptr<float>();
   // Several row passes transpose the 32-weight types' codes, unless tiles read x as it is.
   const bool passes = M > kRowsPerPass && !tiled;
-  const Q8Rows by32 = small ? quantize_rows(xp, M, l.K, 32, passes) : Q8Rows{};
-  const Q8Rows by256 = large ? quantize_rows(xp, M, l.K, 256, false) : Q8Rows{};
-  float* yp = y.data_ptr<float>();
+  auto quantize = [&](int64_t group, bool transposed) {
+    return bf16 ? quantize_rows(x.data_ptr<c10::BFloat16>(), M, l.K, group, transposed)
+                : quantize_rows(x.data_ptr<float>(), M, l.K, group, transposed);
+  };
+  const Q8Rows by32 = small ? quantize(32, passes) : Q8Rows{};
+  const Q8Rows by256 = large ? quantize(256, false) : Q8Rows{};
+  float* yp = bf16 ? sums.data() : y.data_ptr<float>();
   // One parallel region for the whole projection: its parts are split together.
   at::parallel_for(0, l.N, kColumnsPerTile, [&](int64_t n0, int64_t n1) {
     int8_columns(by32, by256, l, M, n0, n1, yp);
+    if (!bf16) return;
+    c10::BFloat16* out = y.data_ptr<c10::BFloat16>();
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t n = n0; n < n1; ++n) out[r * l.N + n] = c10::BFloat16(yp[r * l.N + n]);
   });
   return y;
 }

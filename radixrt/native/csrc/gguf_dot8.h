@@ -43,7 +43,9 @@ struct Q8Rows {
   std::vector<float> dsum;
 };
 
-Q8Rows quantize_rows(const float* x, int64_t M, int64_t K, int64_t group, bool transposed);
+// x float32 or c10::BFloat16 [M, K], contiguous.
+template <typename In>
+Q8Rows quantize_rows(const In* x, int64_t M, int64_t K, int64_t group, bool transposed);
 
 // Part-local columns [lo, hi) of a part with tiles (gguf_tiles.cpp) for the M rows of x (blocks
 // of 32, not transposed) into y's rows (ldy floats apart), at the part's first column.

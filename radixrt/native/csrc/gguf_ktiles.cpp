@@ -117,6 +117,32 @@ inline VecI sums16(const VecI* codes, const int8_t* xq) {
   return sum;
 }
 
+#ifdef RADIXRT_INT16_RUNS
+// A lane's int32 scale as the same int16 twice, for madd against that lane's pair sums.
+inline VecI scale_pairs(VecI scales) {
+  return _mm256_or_si256(_mm256_and_si256(scales, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(scales, 16));
+}
+
+// total + sc (codes . x) over a sub-block's 8 code vectors without VNNI: the int16 pair sums of
+// kRun vectors added as int16 (a pair is at most 2 * 127 * 15, 31 or 63: 8 vectors of Q4_K,
+// 4 of Q5_K, 2 of Q6_K fit), then one madd by the scale pairs: the same integers as sums16
+// times the scale, in fewer instructions.
+template <int64_t T>
+inline VecI scaled_runs(const VecI* codes, const int8_t* xq, VecI sc0, VecI sc1, VecI total) {
+  constexpr int kRun = T == Q4_K ? 8 : T == Q5_K ? 4 : 2;
+  for (int v0 = 0; v0 < 8; v0 += kRun) {
+    VecI pairs = zero_i();
+    for (int v = v0; v < v0 + kRun; ++v) {
+      int32_t word;
+      std::memcpy(&word, xq + 4 * v, 4);
+      pairs = add16(pairs, pair_sums(codes[v], splat_word(word)));
+    }
+    total = add_i(total, _mm256_madd_epi16(pairs, v0 < 4 ? sc0 : sc1));
+  }
+  return total;
+}
+#endif
+
 // Super-block b's integer sums of sc u x8 for rows r0 .. r0 + R against slice h: total[r].
 template <int R, int64_t T>
 inline void scaled_sums(const Q8Rows& a, int64_t r0, const uint8_t* tb, int64_t b, int h, VecI* total) {
@@ -128,6 +154,13 @@ inline void scaled_sums(const Q8Rows& a, int64_t r0, const uint8_t* tb, int64_t 
     // Q6_K: a scale per 16 inputs; the others one per 32.
     const VecI sc0 = widen_i8(sc + 16 * (T == Q6_K ? 2 * s : s));
     const VecI sc1 = T == Q6_K ? widen_i8(sc + 16 * (2 * s + 1)) : sc0;
+#ifdef RADIXRT_INT16_RUNS
+    const VecI pairs0 = scale_pairs(sc0), pairs1 = T == Q6_K ? scale_pairs(sc1) : pairs0;
+    for (int r = 0; r < R; ++r) {
+      const int8_t* xq = a.q.data() + ((r0 + r) * a.row_blocks + b) * 256 + 32 * s;
+      total[r] = scaled_runs<T>(codes, xq, pairs0, pairs1, total[r]);
+    }
+#else
     for (int r = 0; r < R; ++r) {
       const int8_t* xq = a.q.data() + ((r0 + r) * a.row_blocks + b) * 256 + 32 * s;
       if constexpr (T == Q6_K) {
@@ -137,6 +170,7 @@ inline void scaled_sums(const Q8Rows& a, int64_t r0, const uint8_t* tb, int64_t 
         total[r] = add_i(total[r], mul_i(add_i(sums16(codes, xq), sums16(codes + 4, xq + 16)), sc0));
       }
     }
+#endif
   }
 }
 

@@ -22,7 +22,8 @@
 #include "gguf_widen.h"
 
 namespace radixrt::gguf {
-at::Tensor int8_linear(const at::Tensor& x, const Layout& l);  // gguf_dot8.cpp; x float32 [M, K]
+// gguf_dot8.cpp; x float32 or bfloat16 [M, K] contiguous, y in x's dtype.
+at::Tensor int8_linear(const at::Tensor& x, const Layout& l);
 at::Tensor float_wide_linear(const at::Tensor& x, const Layout& l);  // float_matmul.cpp
 }  // namespace radixrt::gguf
 
@@ -212,12 +213,9 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& packed, int64_t ou
 #if defined(__AVX512BF16__) || defined(__AMX_BF16__)
   if (wide && x.scalar_type() == at::kBFloat16) return bf16_wide_linear(x.contiguous(), l);
 #endif
+  if (int8) return gguf::int8_linear(x.contiguous(), l);
   const at::Tensor xf = x.to(at::kFloat).contiguous();
-  at::Tensor y;
-  if (int8)
-    y = gguf::int8_linear(xf, l);
-  else
-    y = wide ? gguf::float_wide_linear(xf, l) : narrow_linear(xf, l);
+  const at::Tensor y = wide ? gguf::float_wide_linear(xf, l) : narrow_linear(xf, l);
   return y.to(x.scalar_type());
 }
 

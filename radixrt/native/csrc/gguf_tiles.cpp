@@ -75,9 +75,14 @@ void tile_block(const Part& p, int64_t n0, int64_t b, uint8_t* out) {
 
 bool tiles_supported(int64_t type) {
 #if !(defined(__AVX512F__) && defined(__AVX512BW__))
-  // On AVX2 (a slice is half a tile) Q4_K's tiles took 1.08-1.20x the block kernel's time at
-  // 1-4 rows (0.8x at 8-16): batch-1 decode comes first, so Q4_K keeps its blocks there.
+  // AVX2 (a slice is half a tile): at one row Q4_K's tiles took 1.06-1.20x its block kernel's
+  // time (Xeon with AVX-VNNI; EPYC without, int16 runs and all), and on the EPYC Q6_K's
+  // 1.27x (docs/quantization.md, scripts/bench_gguf_types.py --tiles). Batch-1 decode comes
+  // first, so those keep their blocks there.
   if (type == Q4_K) return false;
+#ifdef RADIXRT_INT16_RUNS
+  if (type == Q6_K) return false;
+#endif
 #endif
   return int8_supported() &&
          (type == Q4_0 || type == Q4_1 || five_bit(type) || type == Q8_0 || is_ktile_type(type));
@@ -125,17 +130,32 @@ inline void load_slice(const uint8_t* tb, int h, SliceBlock& g) {
   }
 }
 
+// Code vector v's 4 codes of x broadcast to every lane (signed by the weights' for Q8_0).
+template <int64_t T>
+inline VecI x_word(const SliceBlock& g, const int8_t* xq, int v) {
+  int32_t word;
+  std::memcpy(&word, xq + 4 * v, 4);
+  VecI x = splat_word(word);
+  if constexpr (T == Q8_0) x = signed_x(x, g.signs, v);
+  return x;
+}
+
 // The block's integer sums of the slice's columns against one row's 32 codes of x.
 template <int64_t T>
 inline VecI block_sums(const SliceBlock& g, const int8_t* xq) {
   VecI sum = zero_i();
-  for (int v = 0; v < 8; ++v) {
-    int32_t word;
-    std::memcpy(&word, xq + 4 * v, 4);
-    VecI x = splat_word(word);
-    if constexpr (T == Q8_0) x = signed_x(x, g.signs, v);
-    sum = dot4(sum, g.codes[v], x);
+#ifdef RADIXRT_INT16_RUNS
+  // Code vectors whose int16 pair sums add up without overflow: a pair is at most
+  // 2 * 127 * (15, 31 or 128), so 8 vectors of Q4 (30,480), 4 of Q5 (31,496), 1 of Q8_0.
+  constexpr int kRun = T == Q8_0 ? 1 : five_bit(T) ? 4 : 8;
+  for (int v0 = 0; v0 < 8; v0 += kRun) {
+    VecI pairs = pair_sums(g.codes[v0], x_word<T>(g, xq, v0));
+    for (int v = v0 + 1; v < v0 + kRun; ++v) pairs = add16(pairs, pair_sums(g.codes[v], x_word<T>(g, xq, v)));
+    sum = widen_pairs(sum, pairs);
   }
+#else
+  for (int v = 0; v < 8; ++v) sum = dot4(sum, g.codes[v], x_word<T>(g, xq, v));
+#endif
   return sum;
 }
 

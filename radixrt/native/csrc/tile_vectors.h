@@ -79,6 +79,17 @@ inline VecI dot4(VecI sum, VecI codes, VecI x) {
   return _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(codes, x), _mm256_set1_epi16(1)));
 #endif
 }
+#if !defined(__AVXVNNI__) && !(defined(__AVX512VNNI__) && defined(__AVX512VL__))
+// Without VNNI, dot4 is three instructions. Where the codes are small, the int16 pair sums of
+// several code vectors are added as int16 first and widened once (maddubs, add: two), the way
+// llama.cpp's AVX2 Q4 dot does; the integers are the same, so are the bits.
+#define RADIXRT_INT16_RUNS 1
+inline VecI pair_sums(VecI codes, VecI x) { return _mm256_maddubs_epi16(codes, x); }
+inline VecI add16(VecI a, VecI b) { return _mm256_add_epi16(a, b); }
+inline VecI widen_pairs(VecI sum, VecI pairs) {
+  return _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+#endif
 struct Signs {
   __m256i q[8];
 };
