@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import bench_common as bc
+from bench_llamacpp_batch import context_cells
 
 WORKERS = Path(__file__).with_name("bench_cpu_workers.py")
 PEERS = ("vllm", "llamacpp", "transformers")
@@ -360,6 +361,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "gguf": gguf,
         "threads": THREADS,
         "kv_cache_gib": KV_CACHE_GIB,
+        # llama.cpp's largest context of these workloads: radixrt's pool gets as many tokens.
+        "context_tokens": max(context_cells(w.prompts, w.new_tokens) for w in workloads),
         "max_len": max(4096, longest + 128),
         "warmup": [random.Random(99).randrange(*TOKEN_RANGE) for _ in range(8)],
         "workloads": [

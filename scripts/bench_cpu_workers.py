@@ -148,6 +148,14 @@ def time_workloads(
 
 
 # -- radixrt (the project's own venv) ----------------------------------------------------------
+def pool_size(spec: dict[str, Any]) -> dict[str, Any]:
+    """The same context as llama.cpp's largest (its KV cells as the pool's tokens), unless
+    --radixrt-args sizes the pool itself."""
+    if {"max_total_tokens", "cpu_kv_cache_gb"} & set(spec["engine_args"]):
+        return {}
+    return {"max_total_tokens": spec["context_tokens"]}
+
+
 def radixrt_worker(spec: dict[str, Any]) -> dict[str, Any]:
     import radixrt
 
@@ -157,7 +165,7 @@ def radixrt_worker(spec: dict[str, Any]) -> dict[str, Any]:
         device="cpu",
         log_level="warning",
         num_threads=spec["threads"],
-        **{"cpu_kv_cache_gb": spec["kv_cache_gib"], **spec["engine_args"]},
+        **{**pool_size(spec), **spec["engine_args"]},
     )
     load = ready(start)  # Engine() returns once its scheduler process is ready
 

@@ -29,8 +29,7 @@ class LlamaBatcher:
         params.n_threads = params.n_threads_batch = self.threads
         self.shared = common_prefix_all(prompts) if len(prompts) > 1 else 0
         params.kv_unified = self.shared > 0
-        longest = max(len(p) for p in prompts) + new
-        params.n_ctx = cells(prompts, new) if self.shared else len(prompts) * round_up(longest)
+        params.n_ctx = context_cells(prompts, new)
         self.ctx = lib.llama_init_from_model(self.model, params)
         if not self.ctx:
             raise RuntimeError("llama.cpp could not make a context")
@@ -79,6 +78,14 @@ class LlamaBatcher:
 
 def round_up(n: int, to: int = 256) -> int:
     return (n + to - 1) // to * to
+
+
+def context_cells(prompts: list[list[int]], new: int) -> int:
+    """The context made for a workload: one unified buffer where the prompts share a prefix,
+    else a stream of the longest sequence's cells for each."""
+    if len(prompts) > 1 and common_prefix_all(prompts) > 0:
+        return cells(prompts, new)
+    return len(prompts) * round_up(max(len(p) for p in prompts) + new)
 
 
 def cells(prompts: list[list[int]], new: int) -> int:
