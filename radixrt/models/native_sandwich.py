@@ -134,4 +134,6 @@ def _gemma_layer(layer: Any, eps: float) -> bool:
     if any(type(n) is not GemmaRMSNorm or n.eps != eps for n in norms):
         return False
     one_rank = attn.o_proj.group.size == 1 and mlp.down_proj.group.size == 1
-    return one_rank and all(plain_projection(p) for p in _projections(layer))
+    # The sandwich op takes no biases (Gemma 3 has none).
+    projections = _projections(layer)
+    return one_rank and all(p.bias is None and plain_projection(p) for p in projections)

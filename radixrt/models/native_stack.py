@@ -5,9 +5,10 @@ Through the modules a layer is ~15 Python-level calls; at batch 1 on a 135M mode
 is a third of the step. The op runs the same native ops the modules would call on the CPU, in
 the same order, so its output equals theirs bit for bit (tests/unit/test_native_stack.py). It
 applies where the modules would take exactly those ops: plain `DecoderLayer`s of
-`RotaryAttention` and `GatedMLP` without biases, one rank, dense or GGUF-packed projections,
-the torch attention backend's native plan (its shared-prefix cascades included), and the pool
-in the activations' dtype. Any other model or step keeps the modules.
+`RotaryAttention` and `GatedMLP` (biases on any projection: Qwen2's q/k/v), one rank, dense
+or GGUF-packed projections, the torch attention backend's native plan (its shared-prefix
+cascades included), and the pool in the activations' dtype. Any other model or step keeps
+the modules.
 
 The weights are collected at the first forward, after loading and packing (which is when
 they are final: nothing swaps a module's weight later).
@@ -46,6 +47,7 @@ class NativeLayerStack:
         self.kinds: list[int] = []
         self.dense_copies: list[torch.Tensor] = []  # per projection; empty: none
         self.copy_scales: list[torch.Tensor] = []  # an int8 copy's; empty: none
+        self.biases: list[torch.Tensor] = []  # per projection; empty: none
         dtypes: set[torch.dtype] = set()  # of the norms and the dense projections
         for layer in layers:
             norm_in, norm_post = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
@@ -55,8 +57,10 @@ class NativeLayerStack:
             self.kinds += [kind_of(p) for p in projections]
             self.dense_copies += [dense_copy(p, "dense") for p in projections]
             self.copy_scales += [dense_copy(p, "dense_scale") for p in projections]
+            biases = [p.bias for p in projections if p.bias is not None]
+            self.biases += [torch.empty(0) if p.bias is None else p.bias for p in projections]
             dense = [t for t, p in zip(w, projections, strict=True) if p.packed is None]
-            dtypes |= {t.dtype for t in (norm_in, norm_post, *dense)}
+            dtypes |= {t.dtype for t in (norm_in, norm_post, *dense, *biases)}
         self.weights.append(final_norm.weight)
         self.weight_dtypes = dtypes | {final_norm.weight.dtype}
         self.quantized = any(kind != DENSE for kind in self.kinds)
@@ -95,6 +99,7 @@ class NativeLayerStack:
         pool = batch.kv_pool
         return self.ops.decoder_layers(  # type: ignore[no-any-return]
             hidden, cos, sin, self.weights, self.kinds, self.dense_copies, self.copy_scales,
+            self.biases,
             pool.k_buffer, pool.v_buffer,
             batch.out_cache_loc, plan.qo_indptr, plan.kv_indptr, plan.kv_indices,
             [c.rows for c in plan.cascades], [c.prefix_slots for c in plan.cascades],
@@ -156,8 +161,6 @@ def _plain_layer(layer: Any) -> bool:
 
 
 def plain_projection(p: PackableLinear) -> bool:
-    if p.bias is not None:
-        return False
     if p.packed is None:
         return p.weight is not None
     return bool(p.packed.native)
