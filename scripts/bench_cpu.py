@@ -37,6 +37,8 @@ from typing import Any
 import bench_common as bc
 from bench_llamacpp_batch import context_cells
 
+from radixrt.native.cpu import cpu_flags
+
 WORKERS = Path(__file__).with_name("bench_cpu_workers.py")
 PEERS = ("vllm", "llamacpp", "transformers")
 ENGINES = ("radixrt", *PEERS)
@@ -48,7 +50,8 @@ THREADS = 2
 # Every engine's KV cache budget, GiB: vLLM's VLLM_CPU_KVCACHE_SPACE, radixrt's
 # cpu_kv_cache_gb (1 GiB by default, which holds ~23,000 float32 tokens of the default model,
 # fewer than the long workload's 8 x 4,064).
-KV_CACHE_GIB = 4
+KV_CACHE_GIB = 4  # vLLM's; radixrt's pool holds llama.cpp's largest context (context_tokens)
+KERNEL_FLAGS = frozenset({"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile"})
 TOKEN_RANGE = (100, 40000)
 # Environment for every worker: 2 threads, nothing downloaded, vLLM's CPU build pinned to the
 # same 2 cores with a bounded KV cache (GiB).
@@ -301,24 +304,19 @@ def markdown_table(
 
 
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+    lines = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    return names[0] if names else platform.processor() or "unknown CPU"
 
 
 def header(results: dict[str, dict[str, Any]], quick: bool) -> str:
-    lines = [
-        f"CPU: {cpu_model()} ({os.cpu_count()} logical CPUs), {THREADS} threads per engine"
-        + (" — QUICK (shrunk workloads)" if quick else ""),
+    """The CPU (its name and the flags that choose the kernels), threads, engines' versions."""
+    flags = " ".join(sorted(KERNEL_FLAGS & cpu_flags())) or "no AVX2"
+    cpu = f"{cpu_model()} ({os.cpu_count()} logical CPUs; {flags})"
+    engines = [
+        f"- {k}: {r['version']}, {r['dtype']}" for k, r in results.items() if "error" not in r
     ]
-    for label, r in results.items():
-        if "error" not in r:
-            lines.append(f"- {label}: {r['version']}, {r['dtype']}")
-    return "\n".join(lines)
+    return "\n".join([f"CPU: {cpu}, {THREADS} threads per engine" + (" — QUICK" * quick), *engines])
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -361,7 +359,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "gguf": gguf,
         "threads": THREADS,
         "kv_cache_gib": KV_CACHE_GIB,
-        # llama.cpp's largest context of these workloads: radixrt's pool gets as many tokens.
         "context_tokens": max(context_cells(w.prompts, w.new_tokens) for w in workloads),
         "max_len": max(4096, longest + 128),
         "warmup": [random.Random(99).randrange(*TOKEN_RANGE) for _ in range(8)],
