@@ -164,12 +164,13 @@ def long_prompt(tokenizer, length: int, seed: int = 2) -> list[int]:
 # -- transformers ---------------------------------------------------------------------------
 def load_hf_model(gguf_path: str, dtype: torch.dtype):
     """AutoModelForCausalLM.from_config + our dequantized weights, in `dtype`, eval mode."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from radixrt.loader.gguf_loader import GGUFCheckpoint
+    from radixrt.loader.gguf_metadata import ARCHS
 
-    ckpt = GGUFCheckpoint(gguf_path)
-    cfg = ckpt.hf_config()
+    ckpt = GGUFCheckpoint(gguf_path)  # its hf_config() is a plain object: transformers' class
+    cfg = AutoConfig.for_model(ARCHS[ckpt.gguf_arch][0], **ckpt.config_fields())
     model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     state = {name: w.to(dtype) for name, w in ckpt.weights()}
     result = model.load_state_dict(state, strict=False)

@@ -31,3 +31,24 @@ def finish(writer: Any, out: Path) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return out
+
+
+def read_as_the_model(config: Any, architecture: str) -> Any:
+    """A config, ours (loader/gguf_config.py) or transformers', as `architecture`'s model reads
+    it: its TransformerConfig. The two spell the rope differently (rope_theta and rope_scaling
+    against transformers 5's rope_parameters); what the layers get must be the same."""
+    from radixrt.models.registry import get_model_class
+
+    return get_model_class(architecture).config_from_hf(config)
+
+
+def assert_read_alike(ours: Any, theirs: Any, architecture: str) -> None:
+    """`read_as_the_model` equal for both, the norms' epsilon to float32's precision (a GGUF
+    file stores it as a float32; a folder's config.json as written)."""
+    import dataclasses
+
+    import pytest
+
+    mine, want = read_as_the_model(ours, architecture), read_as_the_model(theirs, architecture)
+    assert mine.rms_norm_eps == pytest.approx(want.rms_norm_eps, rel=1e-6)
+    assert dataclasses.replace(mine, rms_norm_eps=want.rms_norm_eps) == want

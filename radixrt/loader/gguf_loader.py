@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import PretrainedConfig
 
 from radixrt.layers.gguf_blocks import BY_ID
 from radixrt.layers.moe import expert_names, split_experts
+from radixrt.loader.gguf_config import GGUFConfig, gguf_config
 from radixrt.loader.gguf_metadata import ARCHS, check_architecture, read_gguf
 
 logger = logging.getLogger("radixrt.loader")
@@ -100,21 +100,24 @@ class GGUFCheckpoint:
         self._meta, self._tensors = read_gguf(self.path)
         self.gguf_arch = check_architecture(str(self._meta.get("general.architecture")))
         self._tensor_names = {t.name for t in self._tensors}
-        self._config: PretrainedConfig | None = None
+        self._config: GGUFConfig | None = None
 
     def _field(self, key: str, default: Any = None) -> Any:
         return self._meta.get(key, default)
 
-    def hf_config(self) -> PretrainedConfig:
-        """The Hugging Face config the file describes (architectures set, tied if no output)."""
+    def hf_config(self) -> GGUFConfig:
+        """The Hugging Face config the file describes (architectures set, tied if no output),
+        as gguf_config.py's plain object rather than transformers' class."""
         if self._config is None:
             self._config = self._read_config()
         return self._config
 
-    def _read_config(self) -> PretrainedConfig:
-        from transformers import AutoConfig
+    def _read_config(self) -> GGUFConfig:
+        return gguf_config(ARCHS[self.gguf_arch][0], self.config_fields())
 
-        model_type, architecture = ARCHS[self.gguf_arch]
+    def config_fields(self) -> dict[str, Any]:
+        """The HF config fields the file sets (transformers' class names for them)."""
+        architecture = ARCHS[self.gguf_arch][1]
         kwargs: dict[str, Any] = {"architectures": [architecture]}
         for key, hf_key in _CONFIG_KEYS.items():
             value = self._field(f"{self.gguf_arch}.{key}")
@@ -135,7 +138,7 @@ class GGUFCheckpoint:
         if self.gguf_arch == "phi3":
             kwargs.update(self._phi3())
         kwargs["tie_word_embeddings"] = "output.weight" not in self._tensor_names
-        return AutoConfig.for_model(model_type, **kwargs)
+        return kwargs
 
     def _head_dim(self) -> dict[str, Any]:
         # llama.cpp writes attention.key_length where the head size is not hidden / heads
@@ -341,9 +344,3 @@ def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     half = rows // num_heads // 2
     w = weight.reshape(num_heads, half, 2, *weight.shape[1:])
     return w.transpose(1, 2).reshape(weight.shape)
-
-
-def load_gguf(path: str | Path) -> tuple[PretrainedConfig, Iterator[tuple[str, torch.Tensor]]]:
-    """The HF config and a lazy (name, tensor) iterator of a GGUF file."""
-    checkpoint = GGUFCheckpoint(path)
-    return checkpoint.hf_config(), checkpoint.weights()

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
-from transformers import PretrainedConfig
 
 from radixrt.native.cpu import cpu_has_bf16
 
@@ -21,14 +21,14 @@ _DTYPES = {
 }
 
 
-def architecture_of(hf_config: PretrainedConfig) -> str:
+def architecture_of(hf_config: Any) -> str:
     archs = getattr(hf_config, "architectures", None)
     if not archs:
         raise ValueError("config.json has no 'architectures' entry naming the model class")
     return archs[0]
 
 
-def eos_token_ids(hf_config: PretrainedConfig, model_dir: str | Path | None) -> list[int]:
+def eos_token_ids(hf_config: Any, model_dir: str | Path | None) -> list[int]:
     """EOS ids of config.json, then those of generation_config.json (if the folder has one)."""
     ids = _as_list(getattr(hf_config, "eos_token_id", None))
     gen_path = Path(model_dir) / "generation_config.json" if model_dir else None

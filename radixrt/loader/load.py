@@ -7,9 +7,9 @@ import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
-from transformers import AutoConfig, PretrainedConfig
 
 from radixrt.distributed import TPGroup
 from radixrt.layers.config import TransformerConfig
@@ -122,7 +122,9 @@ class _Folder:
         return iter_safetensors(self.path, self.lazy)
 
 
-def _open_checkpoint(path: Path, lazy: bool) -> tuple[PretrainedConfig, Checkpoint, Path | None]:
+def _open_checkpoint(path: Path, lazy: bool) -> tuple[Any, Checkpoint, Path | None]:
+    """(the HF config, the weights, the model folder): transformers is imported for a folder
+    only; a GGUF file's config is gguf_config.py's."""
     if not path.exists():
         raise FileNotFoundError(f"model path not found: {path}")
     if path.is_file():
@@ -135,6 +137,8 @@ def _open_checkpoint(path: Path, lazy: bool) -> tuple[PretrainedConfig, Checkpoi
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"no config.json in model folder {path}")
     safetensors_files(path)  # fail early, before building the model, if there are none
+    from transformers import AutoConfig
+
     config = AutoConfig.from_pretrained(str(path))
     return config, _Folder(path, lazy), path
 

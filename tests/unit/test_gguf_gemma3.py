@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from gguf_writing import finish, shape_keys
+from gguf_writing import assert_read_alike, finish, shape_keys
 from safetensors.torch import load_file
 
 from radixrt.loader.gguf_loader import GGUFCheckpoint, hf_tensor_name
@@ -64,11 +64,12 @@ def test_config_equals_the_folders(gemma3_gguf):
     fields = [
         "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "head_dim",
         "num_attention_heads", "num_key_value_heads", "max_position_embeddings", "vocab_size",
-        "tie_word_embeddings", "rope_parameters", "layer_types", "sliding_window",
-        "query_pre_attn_scalar", "hidden_activation",
+        "tie_word_embeddings", "layer_types", "sliding_window", "query_pre_attn_scalar",
+        "hidden_activation",
     ]  # fmt: skip
     for field in fields:
         assert getattr(ours, field) == getattr(theirs, field), field
+    assert_read_alike(ours, theirs, "Gemma3ForCausalLM")
     assert theirs.layer_types == ["sliding_attention", "full_attention", "sliding_attention"]
     assert ours.architectures == ["Gemma3ForCausalLM"]
 
@@ -124,6 +125,5 @@ def test_real_file_config(gemma3_file):
     config = GGUFCheckpoint(gemma3_file).hf_config()
     assert config.layer_types == (["sliding_attention"] * 5 + ["full_attention"]) * 3
     assert config.sliding_window == 512 and config.query_pre_attn_scalar == 256
-    assert config.rope_parameters["sliding_attention"]["rope_theta"] == 10_000.0
-    assert config.rope_parameters["full_attention"]["rope_theta"] == 1_000_000.0
+    assert config.rope_local_base_freq == 10_000.0 and config.rope_theta == 1_000_000.0
     assert config.eos_token_id == [1, 106] and config.tie_word_embeddings

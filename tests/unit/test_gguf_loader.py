@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from gguf_writing import finish, shape_keys
+from gguf_writing import assert_read_alike, finish, shape_keys
 from safetensors.torch import load_file
 
 from radixrt.loader import default_model
@@ -60,11 +60,13 @@ def test_config_equals_transformers(gguf_path, hf_model):
         "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
         "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
         "rms_norm_eps", "vocab_size", "tie_word_embeddings", "bos_token_id", "eos_token_id",
-        "pad_token_id", "rope_parameters", "hidden_act",
+        "pad_token_id", "hidden_act",
     ]  # fmt: skip
     for field in fields:
         assert getattr(ours, field) == getattr(theirs, field), field
     assert ours.architectures == ["LlamaForCausalLM"]
+    theirs.architectures = ours.architectures  # transformers' GGUF loading names none
+    assert_read_alike(ours, theirs, "LlamaForCausalLM")
 
 
 def test_forward_matches_transformers(gguf_path, hf_model, prefill_logits):
@@ -135,10 +137,11 @@ def test_qwen3_gguf_config(qwen3_gguf):
     fields = [
         "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
         "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
-        "vocab_size", "tie_word_embeddings", "eos_token_id", "rope_parameters", "hidden_act",
+        "vocab_size", "tie_word_embeddings", "eos_token_id", "hidden_act",
     ]  # fmt: skip
     for field in fields:
         assert getattr(ours, field) == getattr(theirs, field), field
+    assert_read_alike(ours, theirs, "Qwen3ForCausalLM")
     assert ours.rms_norm_eps == pytest.approx(theirs.rms_norm_eps, rel=1e-6)  # GGUF: float32
     assert ours.architectures == ["Qwen3ForCausalLM"] and ours.head_dim == 32
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from gguf_writing import finish, shape_keys
+from gguf_writing import assert_read_alike, finish, shape_keys
 from safetensors.torch import load_file
 
 from radixrt.layers.linear import MergedLinear
@@ -108,10 +108,14 @@ def _hf_logits(folder: str, tokens: list[int]) -> torch.Tensor:
         return hf_model(torch.tensor([tokens])).logits[0].float()
 
 
-def _same_config(path: str, folder: str, fields: list[str]) -> None:
+def _folder_config(folder: str):
     from transformers import AutoConfig
 
-    ours, theirs = GGUFCheckpoint(path).hf_config(), AutoConfig.from_pretrained(folder)
+    return AutoConfig.from_pretrained(folder)
+
+
+def _same_config(path: str, folder: str, fields: list[str]) -> None:
+    ours, theirs = GGUFCheckpoint(path).hf_config(), _folder_config(folder)
     for field in fields:
         assert getattr(ours, field) == getattr(theirs, field), field
 
@@ -124,7 +128,11 @@ COMMON = [
 
 def test_smollm3_config_and_weights_equal_the_folders(smollm3_gguf):
     folder, path = smollm3_gguf
-    _same_config(path, folder, [*COMMON, "no_rope_layers", "layer_types", "rope_parameters"])
+    _same_config(path, folder, COMMON)
+    # The rope, the NoPE layers and the windows as the model reads them:
+    assert_read_alike(
+        GGUFCheckpoint(path).hf_config(), _folder_config(folder), "SmolLM3ForCausalLM"
+    )
     ours = dict(GGUFCheckpoint(path).weights())
     theirs = load_file(Path(folder) / "model.safetensors")
     assert set(ours) == set(theirs)  # tied: no lm_head in either
@@ -148,8 +156,8 @@ def test_phi3_config_and_weights_equal_the_folders(phi3_gguf):
     _same_config(path, folder, [*COMMON, "sliding_window", "original_max_position_embeddings"])
     config = GGUFCheckpoint(path).hf_config()
     assert config.eos_token_id == [258, 259]  # the file's, and <|end|> (llama.cpp: an EOG)
-    rope, want = config.rope_parameters, load_model_config(folder)
-    assert rope["rope_type"] == "longrope" and rope["partial_rotary_factor"] == 0.75
+    rope, want = config.rope_scaling, load_model_config(folder)
+    assert rope["rope_type"] == "longrope" and config.partial_rotary_factor == 0.75
     assert rope["long_factor"] == pytest.approx(want["long_factor"], rel=1e-7)
     assert rope["short_factor"] == pytest.approx(want["short_factor"], rel=1e-7)
     ours = dict(GGUFCheckpoint(path).weights())
