@@ -21,6 +21,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
 # Text whose spaces transformers' clean_up_tokenization would change (" ." -> "."): where the
@@ -134,6 +135,8 @@ def fast_backend(tokenizer: Any) -> Any | None:
 def _find_fast_backend(tokenizer: Any) -> Any | None:
     # radixrt.loader.tokenizer.LazyTokenizer loads its tokenizer on first use.
     loaded = tokenizer.get() if hasattr(tokenizer, "get") else tokenizer
+    if isinstance(loaded, Tokenizer):  # a backend already (LazyTokenizer's decode_only)
+        return loaded
     backend = getattr(loaded, "backend_tokenizer", None)
     if backend is None or not hasattr(backend, "decode"):
         return None

@@ -41,6 +41,7 @@ def run(config: dict) -> int:
                     args["tokenizer_path"],
                     args["skip_tokenizer_init"],
                     config.get("tokenizer_dir"),
+                    decode_only=True,
                 )
             ),
         )

@@ -56,11 +56,18 @@ class LazyTokenizer:
     frontend has usually saved its copy to `prepared_dir`."""
 
     def __init__(
-        self, model_path: str, tokenizer_path: str | None = None, prepared_dir: str | None = None
+        self,
+        model_path: str,
+        tokenizer_path: str | None = None,
+        prepared_dir: str | None = None,
+        decode_only: bool = False,
     ) -> None:
         self._args = (model_path, tokenizer_path)
         self._prepared_dir = prepared_dir
-        self._tokenizer: PreTrainedTokenizerBase | None = None
+        # A GGUF file's tokenizer is then its `tokenizers.Tokenizer` alone (the detokenizer's:
+        # decode_stream.py decodes with that backend anyway), without transformers.
+        self._decode_only = decode_only
+        self._tokenizer: Any = None
 
     @classmethod
     def for_process(
@@ -69,22 +76,29 @@ class LazyTokenizer:
         tokenizer_path: str | None,
         skip_tokenizer_init: bool,
         prepared_dir: str | None,
+        decode_only: bool = False,
     ) -> LazyTokenizer | None:
         """The tokenizer of a scheduler or detokenizer process (None: token ids only)."""
         if skip_tokenizer_init:
             return None
         from radixrt.loader.default_model import default_model_path
 
-        return cls(model_path or default_model_path(), tokenizer_path, prepared_dir)
+        return cls(model_path or default_model_path(), tokenizer_path, prepared_dir, decode_only)
 
-    def get(self) -> PreTrainedTokenizerBase:
-        """The tokenizer itself, loaded now if it was not yet."""
+    def get(self) -> Any:
+        """The tokenizer itself, loaded now if it was not yet: transformers' (or, decode-only
+        from a GGUF file, a `tokenizers.Tokenizer`)."""
         if self._tokenizer is None:
             ready = self._prepared_dir and Path(self._prepared_dir).is_dir()
             # A GGUF file's own tokenizer builds faster than its saved copy loads (0.9 s
             # against 2.2 s for a 262k vocabulary): the copy serves folder tokenizers.
-            from_file = Path(self._args[1] or self._args[0]).suffix == ".gguf"
-            if ready and not from_file:
+            path = Path(self._args[1] or self._args[0])
+            from_file = path.suffix == ".gguf"
+            if from_file and self._decode_only and path.is_file():
+                from radixrt.loader.gguf_tokenizer import build_gguf_backend
+
+                self._tokenizer = build_gguf_backend(path)
+            elif ready and not from_file:
                 from transformers import AutoTokenizer
 
                 self._tokenizer = AutoTokenizer.from_pretrained(self._prepared_dir)

@@ -6,6 +6,8 @@ decode, with skip_special_tokens on and off; stop strings behave as before."""
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 
 import pytest
 from transformers import AutoTokenizer
@@ -152,3 +154,44 @@ def test_tokenizers_without_a_plain_backend_keep_the_window_path(tiny_tokenizer)
     decoder = new_decoder(Slow(), True, True)
     assert isinstance(decoder, WindowDecoder)
     assert decoder.push([0, 1]) + decoder.flush() == "ab"
+
+
+@pytest.mark.default_model
+@pytest.mark.parametrize("skip", [True, False])
+def test_a_decode_only_gguf_tokenizer_streams_the_same_text(default_tokenizer, skip):
+    """The detokenizer's own tokenizer for a GGUF file (LazyTokenizer's decode_only: the
+    `tokenizers.Tokenizer` alone) gives the deltas transformers' wrapper of it gives."""
+    from tokenizers import Tokenizer
+
+    from radixrt.loader.default_model import default_model_path
+    from radixrt.loader.tokenizer import LazyTokenizer
+
+    decode_only = LazyTokenizer(default_model_path(), decode_only=True)
+    assert isinstance(decode_only.get(), Tokenizer)
+    for seed in SEEDS:
+        ids = random_ids(default_tokenizer, random.Random(seed))
+        ours = IncrementalDetokenizer(decode_only, skip_special_tokens=skip)
+        theirs = IncrementalDetokenizer(default_tokenizer, skip_special_tokens=skip)
+        assert isinstance(ours.decoder, StreamDecoder)
+        rng = random.Random(seed)
+        assert deltas(ours, ids, rng) == deltas(theirs, ids, random.Random(seed)), ids
+
+
+@pytest.mark.default_model
+def test_the_detokenizer_of_a_gguf_file_does_not_import_transformers():
+    # ~20 MiB of a process that only turns ids into text.
+    code = (
+        "import sys\n"
+        "import radixrt.detokenizer.process\n"
+        "from radixrt.detokenizer.detokenizer import IncrementalDetokenizer\n"
+        "from radixrt.loader.tokenizer import LazyTokenizer\n"
+        "tok = LazyTokenizer.for_process(None, None, False, None, decode_only=True)\n"
+        "detok = IncrementalDetokenizer(tok)\n"
+        "print(repr(detok.finish([19556, 905], None)))\n"
+        "print('transformers' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    text, imported = out.stdout.strip().splitlines()[-2:]
+    assert text != "''" and imported == "False", out.stdout
