@@ -16,6 +16,7 @@ import torch
 
 from radixrt.cache.invariants import check_kv_accounting
 from radixrt.ipc.transport import Transport
+from radixrt.native.memory import release_freed_memory
 from radixrt.protocol.messages import (
     CLIENT_ABORT_MESSAGE,
     AbortReq,
@@ -126,6 +127,7 @@ class Scheduler:
     def run_forever(self, orphaned: Callable[[], bool] | None = None) -> None:
         """Loop until a ShutdownReq arrives, or, while idle, until `orphaned()` says the
         frontend is gone."""
+        stepped = False
         while not self.stopped:
             busy = self.running or self.waiting
             self._take_turn(0 if busy else self._idle_timeout(orphaned is not None))
@@ -133,6 +135,10 @@ class Scheduler:
                 self._emit(self.disagg.poll(self.running, self.waiting))
             if self.running or self.waiting:
                 self.step()
+                stepped = True
+            elif stepped:  # gone idle: hand back the heap the steps' activations freed
+                release_freed_memory()  # (60 MiB after a 0.5B model's prefills; ~0.1 ms)
+                stepped = False
             elif not self.structured.compiling and orphaned is not None and orphaned():
                 logger.warning("the frontend process is gone: the scheduler stops")
                 break

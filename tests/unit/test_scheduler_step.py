@@ -307,3 +307,17 @@ def test_get_stats_keeps_its_keys_and_counts_what_the_loop_did():
     assert stats["prefix_cache_queries"] == 42 and stats["prefix_cache_hits"] == 20
     assert stats["steps"] == scheduler.stats.steps > 0
     assert stats["histograms"]["iteration_tokens_total"]["sum"] == 42 - 20 + 2 * 4
+
+
+def test_the_loop_hands_back_freed_heap_once_each_time_it_goes_idle(monkeypatch):
+    import radixrt.scheduler.scheduler as scheduler_module
+
+    trims: list[int] = []
+    scheduler, runner, front = make_scheduler()
+    monkeypatch.setattr(
+        scheduler_module, "release_freed_memory", lambda: trims.append(len(runner.batches))
+    )
+    submit(scheduler, "a", [3, 4, 5], max_new=3)
+    # Idle after the request: one trim, then the (watched) loop sees its parent gone and ends.
+    scheduler.run_forever(orphaned=lambda: True)
+    assert trims == [len(runner.batches)] and len(runner.batches) >= 3
