@@ -62,6 +62,9 @@ TILED_COPY_FROM_ROWS = 24
 # The block types native/csrc/gguf_tiles.cpp (and gguf_ktiles.cpp, the K-quants) lay out
 # (Q4_K on AVX-512 builds only, Q6_K on AVX-512 or VNNI builds: gguf_tiles.cpp tiles_supported).
 TILED_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+# Whose rows the embedding lookup rebuilds from the tiles (gguf_tiles.cpp's untile_row), so
+# that a tied embedding of these types keeps its tiles alone.
+LOOKUP_FROM_TILES_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 
 
 class GGUFWeight(nn.Module):

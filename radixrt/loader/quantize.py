@@ -24,7 +24,14 @@ from torch import nn
 from radixrt.layers.embedding import LMHead, VocabParallelEmbedding
 from radixrt.layers.gguf_blocks import BLOCK_TYPES
 from radixrt.layers.linear import MergedLinear, PackableLinear
-from radixrt.layers.quantized import BLOCK, TILED_TYPES, GGUFWeight, can_keep_dense, quantize
+from radixrt.layers.quantized import (
+    BLOCK,
+    LOOKUP_FROM_TILES_TYPES,
+    TILED_TYPES,
+    GGUFWeight,
+    can_keep_dense,
+    quantize,
+)
 from radixrt.layers.sharding import CheckpointTensor
 from radixrt.server_args import DENSE_COPY_DTYPES, QUANTIZATIONS
 
@@ -137,8 +144,9 @@ def keep_int8_tiles(model: nn.Module, budget_gb: float, int8_only: bool = False)
 
     `int8_only` (int8 activations at every step, bfloat16's default): the tiles replace the
     rows of every weight that only multiplies, so they cost nothing beside the file's bytes
-    and every model, however large, takes the same fast path at every row count. A packed
-    embedding keeps its rows for lookups, and gets tiles beside them (a tied LM head) only
+    and every model, however large, takes the same fast path at every row count. So do they
+    for a tied embedding (lookup and LM head) of the LOOKUP_FROM_TILES_TYPES, whose lookup
+    reads the tiles; one of another type keeps its rows, and gets tiles beside them only
     where they fit in `budget_gb` GiB. Otherwise (float activations on some steps) the tiles
     are a second copy, made only if they fit in `budget_gb` beside bfloat16 copies of every
     packed weight (keep_dense_copies' budget, whether or not the copies are kept), so that a
@@ -155,8 +163,11 @@ def keep_int8_tiles(model: nn.Module, budget_gb: float, int8_only: bool = False)
     }
     if int8_only:
         multiplied = {id(w) for m in model.modules() for w in _multiplied_by(m)}
-        tiled = sum(w.keep_tiles(keep_rows=False) for w in tileable if id(w) not in lookups)
-        both = [w for w in tileable if id(w) in lookups and id(w) in multiplied]
+        tied = [w for w in tileable if id(w) in lookups and id(w) in multiplied]
+        alone = [w for w in tileable if id(w) not in lookups]
+        alone += [w for w in tied if _looked_up_in_tiles(w)]
+        tiled = sum(w.keep_tiles(keep_rows=False) for w in alone)
+        both = [w for w in tied if not _looked_up_in_tiles(w)]
         if sum(w.packed.numel() for w in both) <= budget_gb * 2**30:
             tiled += sum(w.keep_tiles() for w in both)
         logger.info("int8 tiles (in place of the rows): %d weights", tiled)
@@ -168,6 +179,10 @@ def keep_int8_tiles(model: nn.Module, budget_gb: float, int8_only: bool = False)
     tiled = sum(weight.keep_tiles() for weight in tileable)
     logger.info("int8 tiles for steps of a few rows: %d weights, <= %.0f MiB", tiled, need / 2**20)
     return tiled
+
+
+def _looked_up_in_tiles(weight: GGUFWeight) -> bool:
+    return all(t in LOOKUP_FROM_TILES_TYPES for t in weight.types)
 
 
 def _multiplied_by(module: nn.Module) -> list[GGUFWeight]:

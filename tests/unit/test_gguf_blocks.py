@@ -19,6 +19,7 @@ from radixrt.layers.quantized import (
     COPY_FROM_ROWS,
     DENSE_FROM_ROWS,
     INT8_EVERY_STEP,
+    LOOKUP_FROM_TILES_TYPES,
     TILED_COPY_FROM_ROWS,
     TILED_TYPES,
     GGUFWeight,
@@ -357,3 +358,26 @@ def test_the_avx2_paths_pass_the_same_tests_on_an_avx512_cpu():
     )  # fmt: skip
     assert child.returncode == 0, child.stdout[-3000:] + child.stderr[-2000:]
     assert " passed" in child.stdout
+
+
+@needs_native
+@pytest.mark.parametrize("name", TYPES)
+def test_a_lookup_reads_the_same_rows_from_tiles_alone(name):
+    # A tied embedding of the LOOKUP_FROM_TILES_TYPES keeps only its tiles: each looked-up
+    # row's blocks are rebuilt from them, so the floats are the blocks' own. 50 rows: the
+    # last tile is part empty. Other types refuse the lookup, naming why.
+    k = 576 if BLOCK_TYPES[name].weights == 32 else 768
+    weight = GGUFWeight(random_blocks(name, 50, k, seed=11), name, k)
+    ids = torch.tensor([0, 15, 16, 31, 49, 7, 49, 32])
+    want = weight.rows(ids)
+    if not weight.keep_tiles(keep_rows=False):
+        pytest.skip(f"{name} has no tiles in this build")
+    if name not in LOOKUP_FROM_TILES_TYPES:
+        with pytest.raises(RuntimeError, match="only its int8 tiles"):
+            weight.rows(ids)
+        return
+    assert torch.equal(weight.rows(ids), want)
+    assert torch.equal(
+        weight.rows(torch.arange(50)),
+        GGUFWeight(random_blocks(name, 50, k, seed=11), name, k).dequantize(),
+    )

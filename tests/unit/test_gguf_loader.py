@@ -176,9 +176,9 @@ def test_qwen3_gguf_forward_matches_transformers(qwen3_gguf, prefill_logits):
 @pytest.mark.parametrize("budget_gb", [1.0, 0.05, 0.0])
 def test_int8_tiles_replace_the_rows_of_the_weights_that_only_multiply(gguf_path, budget_gb):
     """bfloat16's default, int8 activations at every step: each projection keeps its tiles in
-    place of its rows (about its file's bytes, so any model gets them); the tied embedding and
-    LM head keeps its rows for lookups and its tiles beside them where they fit the budget
-    (30 MiB of Q8_0 here); a budget of 0 turns tiles off. No dense copies."""
+    place of its rows (about its file's bytes, so any model gets them); so does the tied
+    embedding and LM head (Q4_1 here), whose lookups read the same rows from its tiles; a
+    budget of 0 turns tiles off. No dense copies."""
     from radixrt.layers.embedding import VocabParallelEmbedding
     from radixrt.layers.gguf_blocks import tiled_parts, unpack
     from radixrt.layers.quantized import GGUFWeight
@@ -197,13 +197,14 @@ def test_int8_tiles_replace_the_rows_of_the_weights_that_only_multiply(gguf_path
         assert w.dense is None
         if budget_gb == 0:
             assert not any(tiled_parts(w.packed)) and w.packed.numel() == rows_bytes[name]
-        elif id(w) in lookup:
-            assert all(tiled_parts(w.packed)) and unpack(w.packed)  # its rows, and tiles
         else:
             assert all(tiled_parts(w.packed)), name
             with pytest.raises(ValueError, match="only its int8 tiles"):
                 unpack(w.packed)
             assert w.packed.numel() <= 1.1 * rows_bytes[name], name
+    assert lookup, "the default model's embedding is a packed lookup"
+    ids = torch.tensor([0, 1, 17, 9000, 49151])
+    assert torch.equal(model.model.embed_tokens(ids), plain.model.embed_tokens(ids).bfloat16())
 
 
 @pytest.mark.parametrize("budget_gb,tiled", [(1.0, True), (0.3, False), (0.05, False)])

@@ -21,6 +21,10 @@ constexpr int64_t kTileColumns = 16;  // output columns a tile interleaves
 bool tiles_supported(int64_t type);
 int64_t tiles_bytes(int64_t type, int64_t rows, int64_t K);
 void build_tiles(const Part& part, int64_t K, uint8_t* out);
+// Row n (of the part) rebuilt in its blocks' bytes from the tiles alone, for the types
+// untile_supported names (the 32-weight ones): a tied embedding's lookup without its rows.
+bool untile_supported(int64_t type);
+void untile_row(const Part& part, int64_t K, int64_t n, uint8_t* row);
 // The same for the K-quants' tiles (gguf_ktiles.cpp; Q4_K, Q5_K, Q6_K), which build_tiles and
 // tiles_bytes call.
 bool is_ktile_type(int64_t type);

@@ -173,18 +173,32 @@ at::Tensor gguf_dequantize(const at::Tensor& packed) {
   return out;
 }
 
-// Rows `ids` of the weight as float32 [T, K]: a packed token embedding's lookup.
+// Rows `ids` of the weight as float32 [T, K]: a packed token embedding's lookup. A part that
+// kept only its tiles (a tied embedding's, of a type untile_row reads) gives each row's blocks
+// back from them first: the same bytes, so the same floats.
 at::Tensor gguf_rows(const at::Tensor& packed, const at::Tensor& ids, int64_t in_features) {
   const Layout l = read_layout(packed);
-  require_rows(l, "gguf_rows");
+  for (const Part& p : l.parts)
+    if (p.data == nullptr && !untile_supported(p.type)) require_rows(l, "gguf_rows");
   TORCH_CHECK(in_features == l.K, "gguf_rows: the weight has ", l.K, " features, not ", in_features);
   TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong, "gguf_rows: ids must be int64 [T]");
   const at::Tensor idx = ids.contiguous();
   const int64_t* ip = idx.data_ptr<int64_t>();
   at::Tensor out = at::empty({idx.numel(), l.K}, packed.options().dtype(at::kFloat));
+  std::vector<uint8_t> row;
   for (int64_t t = 0; t < idx.numel(); ++t) {
-    TORCH_CHECK(ip[t] >= 0 && ip[t] < l.N, "gguf_rows: id ", ip[t], " out of range [0, ", l.N, ")");
-    dequantize_rows(l, ip[t], 1, out.data_ptr<float>() + t * l.K);
+    const int64_t n = ip[t];
+    TORCH_CHECK(n >= 0 && n < l.N, "gguf_rows: id ", n, " out of range [0, ", l.N, ")");
+    for (const Part& p : l.parts) {
+      if (n < p.row0 || n >= p.row0 + p.rows) continue;
+      const uint8_t* data = p.data ? p.data + (n - p.row0) * p.row_bytes : nullptr;
+      if (data == nullptr) {
+        row.resize(l.K / block_weights(p.type) * block_bytes(p.type));
+        untile_row(p, l.K, n - p.row0, row.data());
+        data = row.data();
+      }
+      dispatch(p.type, [&]<int64_t T>() { dequantize_row<T>(data, l.K, out.data_ptr<float>() + t * l.K); });
+    }
   }
   return out;
 }

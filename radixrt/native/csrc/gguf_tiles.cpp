@@ -71,7 +71,43 @@ void tile_block(const Part& p, int64_t n0, int64_t b, uint8_t* out) {
   }
 }
 
+// Code j (0..31) of column c in a tile's 4 vectors of nibbles (tile_block's inverse).
+uint8_t tile_nibble(const uint8_t* codes, int64_t c, int j) {
+  const int half = j / 16, k = j % 16;  // high nibbles hold codes 16..31
+  return codes[64 * (k / 4) + 4 * c + k % 4] >> 4 * half & 0xF;
+}
+
 }  // namespace
+
+bool untile_supported(int64_t type) {
+  return type == Q4_0 || type == Q4_1 || five_bit(type) || type == Q8_0;
+}
+
+void untile_row(const Part& p, int64_t K, int64_t n, uint8_t* row) {
+  const int64_t nb = K / 32, step = tile_block_bytes(p.type), bytes = block_bytes(p.type);
+  const int64_t c = n % kTileColumns;
+  const uint8_t* tile = p.tiles + n / kTileColumns * nb * step;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* tb = tile + b * step;
+    const uint8_t* codes = tb + scale_bytes(p.type);
+    uint8_t* blk = row + b * bytes;
+    std::memcpy(blk, tb + 2 * c, 2);  // d
+    if (p.type == Q8_0) {
+      for (int v = 0; v < 8; ++v) std::memcpy(blk + 2 + 4 * v, codes + 64 * v + 4 * c, 4);
+      continue;
+    }
+    if (has_min(p.type)) std::memcpy(blk + 2, tb + 32 + 2 * c, 2);  // m
+    uint8_t* qh = blk + scale_bytes(p.type) / 16;
+    uint8_t* qs = qh + (five_bit(p.type) ? 4 : 0);
+    for (int j = 0; j < 16; ++j)
+      qs[j] = static_cast<uint8_t>(tile_nibble(codes, c, j) | tile_nibble(codes, c, 16 + j) << 4);
+    if (!five_bit(p.type)) continue;
+    uint32_t fifth = 0;
+    for (int v = 0; v < 8; ++v)
+      for (int i = 0; i < 4; ++i) fifth |= static_cast<uint32_t>(codes[256 + 4 * c + i] >> v & 1) << (4 * v + i);
+    std::memcpy(qh, &fifth, 4);
+  }
+}
 
 bool tiles_supported(int64_t type) {
 #if !(defined(__AVX512F__) && defined(__AVX512BW__))
