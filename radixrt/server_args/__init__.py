@@ -80,7 +80,8 @@ class ServerArgs:
         1.0,
         "0 turns the int8 kernel's tiles off. Under int8 activations at every step (bfloat16's "
         "default) the tiles replace the rows of Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K "
-        "weights whatever this says, and only a tied embedding's tiles count against it. With "
+        "weights whatever this says (a tied Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 embedding's too), and only a "
+        "tied K-quant embedding's tiles, kept beside its rows, count against it. With "
         "--cpu-gguf-int8-rows 1 or more: GiB for bfloat16 copies of packed weights that wider "
         "steps multiply with oneDNN on a bf16 CPU, and for the tiles beside them (each all or "
         "none; see docs/quantization.md)",
