@@ -314,3 +314,29 @@ def test_forming_merges_tokenize_as_llama_cpp():
         for _ in range(50):
             text = "".join(rng.choices("ab▁c", k=rng.randint(1, 30)))
             assert [t.value for t in bpe.tokenize(text)] == spm(text, ids, scores)[0], text
+
+
+@pytest.mark.parametrize("kind", ["byte_level", "sentencepiece"])
+def test_a_decode_only_backend_decodes_every_id_as_the_whole_tokenizer(
+    default_gguf, tmp_path, kind
+):
+    """The detokenizer's backend (build_gguf_backend) has no merges, which only encoding reads:
+    random id sequences over the whole vocabulary (special, byte and added tokens among them)
+    decode to the same text, skipping special tokens or not."""
+    from radixrt.loader.gguf_tokenizer import build_gguf_backend, build_gguf_tokenizer
+
+    if kind == "byte_level":
+        path = tiny_byte_level(default_gguf, tmp_path, "default")
+    else:
+        path = tiny_sentencepiece(default_gguf, tmp_path, prefix=True)
+    whole = build_gguf_tokenizer(path).backend_tokenizer
+    decode_only = build_gguf_backend(path)
+    assert whole.get_vocab_size() == decode_only.get_vocab_size()
+    merges = [len(json.loads(t.to_str())["model"]["merges"]) for t in (decode_only, whole)]
+    assert merges[0] == 0 < merges[1]
+    rng = random.Random(3)
+    for _ in range(200):
+        ids = [rng.randrange(whole.get_vocab_size()) for _ in range(rng.randint(1, 24))]
+        for skip in (True, False):
+            want = whole.decode(ids, skip_special_tokens=skip)
+            assert decode_only.decode(ids, skip_special_tokens=skip) == want, ids
