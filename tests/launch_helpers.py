@@ -55,6 +55,14 @@ def _stop_with_pytest() -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def fresh_python_lines(code: str, timeout_s: float = 300) -> list[str]:
+    """What `code` prints, run by a fresh interpreter: its imports are its own, not pytest's."""
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s, check=True
+    )
+    return out.stdout.strip().splitlines()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

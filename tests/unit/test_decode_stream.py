@@ -6,10 +6,9 @@ decode, with skip_special_tokens on and off; stop strings behave as before."""
 from __future__ import annotations
 
 import random
-import subprocess
-import sys
 
 import pytest
+from launch_helpers import fresh_python_lines
 from transformers import AutoTokenizer
 
 from radixrt.detokenizer.decode_stream import StreamDecoder, WindowDecoder, new_decoder
@@ -190,8 +189,5 @@ def test_the_detokenizer_of_a_gguf_file_does_not_import_transformers():
         "print(repr(detok.finish([19556, 905], None)))\n"
         "print('transformers' in sys.modules)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
-    )
-    text, imported = out.stdout.strip().splitlines()[-2:]
-    assert text != "''" and imported == "False", out.stdout
+    text, imported = fresh_python_lines(code)[-2:]
+    assert text != "''" and imported == "False"

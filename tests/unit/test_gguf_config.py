@@ -6,11 +6,10 @@ transformers unimported."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from typing import Any
 
 import pytest
+from launch_helpers import fresh_python_lines
 
 from radixrt.loader.default_model import default_model_path
 from radixrt.loader.gguf_config import HF_DEFAULTS, gguf_config
@@ -99,7 +98,4 @@ def test_loading_a_gguf_model_does_not_import_transformers():
         "load_model(default_model_path(), 'bfloat16', 'cpu', int8_rows=-1)\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'transformers')[:3])\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
-    )
-    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+    assert fresh_python_lines(code)[-1] == "[]"

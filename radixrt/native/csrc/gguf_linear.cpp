@@ -178,7 +178,7 @@ at::Tensor gguf_dequantize(const at::Tensor& packed) {
 // back from them first: the same bytes, so the same floats.
 at::Tensor gguf_rows(const at::Tensor& packed, const at::Tensor& ids, int64_t in_features) {
   const Layout l = read_layout(packed);
-  for (const Part& p : l.parts)
+  for (const Part& p : l.parts)  // tiles alone of a type untile_row cannot read: refused
     if (p.data == nullptr && !untile_supported(p.type)) require_rows(l, "gguf_rows");
   TORCH_CHECK(in_features == l.K, "gguf_rows: the weight has ", l.K, " features, not ", in_features);
   TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong, "gguf_rows: ids must be int64 [T]");
